@@ -1,0 +1,51 @@
+// The interface every attention backend implements. A backend sees only validated problems, never
+// throws out of these calls, and must not reach into anything above the attention library.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "kallpa/attention.h"
+#include "kallpa/status.h"
+
+namespace kallpa {
+
+// A backend's verdict on a problem: yes, or a reason a person can act on.
+struct Support {
+  bool ok = true;
+  std::string why_not;
+
+  static Support yes() { return {}; }
+  static Support no(std::string reason) { return {false, std::move(reason)}; }
+};
+
+// Scratch memory the dispatcher hands to run(); at least workspace_size(problem) bytes, 64-aligned.
+struct Workspace {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+
+  virtual std::string_view name() const noexcept = 0;
+  virtual std::string_view version() const noexcept = 0;
+  virtual DeviceKind device_kind() const noexcept = 0;
+  // Higher wins in automatic selection. reference uses 0; fast paths use more.
+  virtual int priority() const noexcept = 0;
+  // One line on what the backend is, for `kallpa backends`.
+  virtual std::string_view description() const noexcept { return {}; }
+
+  // Cheap and side-effect free. Takes the signature, not the tensors, so that verdicts can be
+  // cached per signature and explained for a problem that was never allocated.
+  virtual Support supports(const ProblemSignature& signature) const noexcept = 0;
+  virtual std::size_t workspace_size(const ValidatedProblem& /*problem*/) const noexcept { return 0; }
+  // Writes o (and lse when requested). May be called concurrently from several threads.
+  virtual Status run(const ValidatedProblem& problem, Workspace workspace) noexcept = 0;
+};
+
+}  // namespace kallpa

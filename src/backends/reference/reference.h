@@ -1,0 +1,24 @@
+// The oracle: plain loops over the contract's definition, double accumulation, every feature.
+// Clarity over speed. The conformance suite compares every backend with compute_f64().
+#pragma once
+
+#include <vector>
+
+#include "kallpa/attention.h"
+
+namespace kallpa::reference {
+
+// Results in logical order: row r = (sum of Sq over earlier sequences) + i.
+struct Output64 {
+  std::vector<double> o;    // [total_q, hq, dv]
+  std::vector<double> lse;  // [total_q, hq]; -inf for rows with no visible key
+};
+
+Output64 compute_f64(const ValidatedProblem& problem);
+
+// Loads element `index` (in elements from data) of a tensor as double.
+double load(const TensorView& t, std::int64_t index) noexcept;
+// Stores `value` rounded to the tensor's dtype.
+void store(const TensorView& t, std::int64_t index, double value) noexcept;
+
+}  // namespace kallpa::reference

@@ -1,0 +1,270 @@
+#include "kallpa/dispatcher.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace kallpa {
+namespace {
+
+// 64-byte aligned scratch that only grows.
+class ScratchBuffer {
+ public:
+  ScratchBuffer() = default;
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  ~ScratchBuffer() { std::free(data_); }
+
+  void* reserve(std::size_t bytes) noexcept {
+    if (bytes <= capacity_) return data_;
+    const std::size_t rounded = (bytes + 63) / 64 * 64;
+    void* fresh = std::aligned_alloc(64, rounded);
+    if (fresh == nullptr) return nullptr;
+    std::free(data_);
+    data_ = fresh;
+    capacity_ = rounded;
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t capacity_ = 0;
+};
+
+}  // namespace
+
+Result<std::vector<std::string>> DispatchOptions::parse_backend_list(std::string_view text) {
+  std::vector<std::string> names;
+  std::size_t pos = 0;
+  while (true) {
+    const std::size_t comma = std::min(text.find(',', pos), text.size());
+    std::string_view item = text.substr(pos, comma - pos);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    if (item.empty()) {
+      return Status(ErrorCode::parse_error, "backends",
+                    fmt::format("empty backend name at offset {} in '{}'", pos, text));
+    }
+    names.emplace_back(item);
+    if (comma == text.size()) break;
+    pos = comma + 1;
+  }
+  return names;
+}
+
+Result<DispatchOptions> DispatchOptions::from_env() {
+  DispatchOptions options;
+  if (const char* list = std::getenv("KALLPA_ATTENTION"); list != nullptr && *list != '\0') {
+    auto names = parse_backend_list(list);
+    if (!names) return Status(ErrorCode::parse_error, "KALLPA_ATTENTION", names.status().message());
+    options.backends = std::move(*names);
+  }
+  if (const char* strict = std::getenv("KALLPA_ATTENTION_STRICT"); strict != nullptr && *strict != '\0') {
+    const std::string_view v(strict);
+    if (v == "1" || v == "true") {
+      options.strict = true;
+    } else if (v != "0" && v != "false") {
+      return Status(ErrorCode::parse_error, "KALLPA_ATTENTION_STRICT",
+                    fmt::format("'{}' is not 0/1/true/false", v));
+    }
+  }
+  return options;
+}
+
+Dispatcher::Dispatcher(DispatchOptions options, BackendRegistry* registry)
+    : options_(std::move(options)),
+      registry_(registry),
+      observers_(std::make_shared<const std::vector<std::shared_ptr<DispatchObserver>>>()) {}
+
+void Dispatcher::add_observer(std::shared_ptr<DispatchObserver> observer) {
+  // Copy-on-write, so that dispatching threads read the list without taking this lock for long.
+  std::lock_guard lock(observers_mu_);
+  auto next = std::make_shared<std::vector<std::shared_ptr<DispatchObserver>>>(*observers_);
+  next->push_back(std::move(observer));
+  observers_ = std::move(next);
+}
+
+void Dispatcher::notify(const DispatchEvent& event) const noexcept {
+  std::shared_ptr<const std::vector<std::shared_ptr<DispatchObserver>>> observers;
+  {
+    std::lock_guard lock(observers_mu_);
+    observers = observers_;
+  }
+  for (const auto& o : *observers) o->on_dispatch(event);
+}
+
+void Dispatcher::warn_once(const std::string& key, const std::string& message) {
+  {
+    std::lock_guard lock(warned_mu_);
+    if (std::find(warned_.begin(), warned_.end(), key) != warned_.end()) return;
+    warned_.push_back(key);
+  }
+  spdlog::warn("kallpa: {}", message);
+}
+
+Result<std::vector<AttentionBackend*>> Dispatcher::compute_candidates(const ProblemSignature& sig) const {
+  const std::vector<BackendInfo> all = registry_->list();
+  std::vector<AttentionBackend*> chosen;
+  std::vector<std::string> reasons;
+
+  auto consider = [&](const BackendInfo& info) {
+    AttentionBackend& b = *info.backend;
+    if (std::find(chosen.begin(), chosen.end(), &b) != chosen.end()) return;
+    if (info.health == Health::quarantined) {
+      reasons.push_back(fmt::format("{}: quarantined ({})", b.name(), info.health_reason));
+      return;
+    }
+    if (b.device_kind() != sig.device.kind) {
+      reasons.push_back(fmt::format("{}: runs on {}, the tensors are on {}", b.name(),
+                                    device_kind_name(b.device_kind()), sig.device.to_string()));
+      return;
+    }
+    Support s = b.supports(sig);
+    if (!s.ok) {
+      reasons.push_back(fmt::format("{}: {}", b.name(), s.why_not));
+      return;
+    }
+    chosen.push_back(&b);
+  };
+
+  for (const std::string& name : options_.backends) {
+    auto it = std::find_if(all.begin(), all.end(),
+                           [&](const BackendInfo& i) { return i.backend->name() == name; });
+    if (it == all.end()) {
+      if (options_.strict) {
+        return Status(ErrorCode::not_found, "attention",
+                      fmt::format("no backend named '{}' (strict mode)", name));
+      }
+      reasons.push_back(fmt::format("{}: no such backend", name));
+      continue;
+    }
+    consider(*it);
+  }
+  if (!options_.strict) {
+    // Automatic order; after an explicit list these are the fallbacks.
+    for (const BackendInfo& info : all) consider(info);
+  }
+  if (chosen.empty()) {
+    std::string why = fmt::format("no {}backend can run [{}]",
+                                  options_.strict && !options_.backends.empty() ? "chosen " : "",
+                                  sig.to_string());
+    for (const std::string& r : reasons) why += "; " + r;
+    return Status(ErrorCode::unsupported, "attention", std::move(why));
+  }
+  return chosen;
+}
+
+Result<Dispatcher::Candidates> Dispatcher::lookup(const ProblemSignature& sig) {
+  const std::uint64_t generation = registry_->generation();
+  {
+    std::shared_lock lock(cache_mu_);
+    if (cache_generation_ == generation) {
+      auto it = cache_.find(sig);
+      if (it != cache_.end()) return it->second;
+    }
+  }
+  auto computed = compute_candidates(sig);
+  if (!computed) return computed.status();
+  auto shared = std::make_shared<const std::vector<AttentionBackend*>>(std::move(*computed));
+  std::unique_lock lock(cache_mu_);
+  if (generation > cache_generation_) {
+    cache_.clear();
+    cache_generation_ = generation;
+  }
+  if (generation == cache_generation_) cache_.insert_or_assign(sig, shared);
+  return Candidates(shared);
+}
+
+Result<std::vector<AttentionBackend*>> Dispatcher::candidates(const ProblemSignature& sig) {
+  auto found = lookup(sig);
+  if (!found) return found.status();
+  return std::vector<AttentionBackend*>(**found);
+}
+
+Status Dispatcher::run(const AttentionProblem& problem) {
+  auto validated = validate(problem);
+  if (!validated) return validated.status();
+  return run(*validated);
+}
+
+Status Dispatcher::run(const ValidatedProblem& problem) {
+  auto found = lookup(problem.signature());
+  if (!found) return found.status();
+  const std::vector<AttentionBackend*>& candidates = **found;
+
+  // Scratch memory is reused per thread, so a warm call allocates nothing.
+  thread_local ScratchBuffer scratch;
+  Status last;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    AttentionBackend& backend = *candidates[i];
+    const std::size_t bytes = backend.workspace_size(problem);
+    Status status;
+    const auto start = std::chrono::steady_clock::now();
+    if (void* memory = scratch.reserve(bytes); bytes > 0 && memory == nullptr) {
+      status = Status(ErrorCode::out_of_memory, "workspace",
+                      fmt::format("could not allocate {} bytes for {}", bytes, backend.name()));
+    } else {
+      status = backend.run(problem, Workspace{memory, bytes});
+    }
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    DispatchEvent event;
+    event.backend = backend.name();
+    event.signature = &problem.signature();
+    event.duration = std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed);
+    event.outcome = status ? Outcome::ok : Outcome::failed;
+    event.fallback = i > 0;
+    event.error = status ? nullptr : &status;
+    notify(event);
+    if (status) return status;
+
+    warn_once(fmt::format("{}/{}", backend.name(), error_code_name(status.code())),
+              fmt::format("backend '{}' failed on [{}]: {}{}", backend.name(),
+                          problem.signature().to_string(), status.to_string(),
+                          options_.strict ? " (strict mode: no fallback)"
+                          : i + 1 < candidates.size()
+                              ? fmt::format("; falling back to '{}'", candidates[i + 1]->name())
+                              : std::string("; no candidate left")));
+    last = Status(ErrorCode::backend_failure, std::string(backend.name()), status.to_string());
+    if (options_.strict) return last;
+  }
+  return last;
+}
+
+std::vector<Verdict> Dispatcher::explain(const ProblemSignature& sig) const {
+  auto order = compute_candidates(sig);
+  std::vector<Verdict> out;
+  for (const BackendInfo& info : registry_->list()) {
+    Verdict v;
+    v.backend = std::string(info.backend->name());
+    v.health = info.health;
+    const Support s = info.backend->supports(sig);
+    v.supported = s.ok;
+    if (order) {
+      auto it = std::find(order->begin(), order->end(), info.backend);
+      if (it != order->end()) v.rank = static_cast<int>(it - order->begin());
+    }
+    v.selected = v.rank == 0;
+    if (!s.ok) {
+      v.reason = s.why_not;
+    } else if (info.health == Health::quarantined) {
+      v.reason = fmt::format("quarantined: {}", info.health_reason);
+    } else if (info.backend->device_kind() != sig.device.kind) {
+      v.reason = fmt::format("runs on {}, the problem is on {}", device_kind_name(info.backend->device_kind()),
+                             sig.device.to_string());
+    } else if (v.rank < 0) {
+      v.reason = "not in the explicit backend list (strict mode)";
+    } else if (v.rank > 0) {
+      v.reason = fmt::format("supported; fallback #{} after {}", v.rank, (*order)[0]->name());
+    } else {
+      v.reason = options_.backends.empty() ? "selected: highest priority that supports the problem"
+                                           : "selected: first supported in the explicit list";
+    }
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+}  // namespace kallpa
