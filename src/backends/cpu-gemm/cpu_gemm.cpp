@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <mutex>
 
+#include "core/parallel.h"
 #include "kallpa/backend.h"
 #include "kallpa/half.h"
 #include "kallpa/registry.h"
@@ -88,6 +90,9 @@ class CpuGemmBackend final : public AttentionBackend {
     if (ws.bytes < sz.total()) {
       return Status(ErrorCode::internal, "workspace", "smaller than cpu-gemm's workspace_size()");
     }
+    // OpenBLAS keeps its own threads; size them like every other CPU kernel (KALLPA_THREADS).
+    static std::once_flag threads_set;
+    std::call_once(threads_set, [] { openblas_set_num_threads(parallel::default_num_threads()); });
     char* cursor = static_cast<char*>(ws.data);
     Scratch scratch{carve(cursor, sz.k), carve(cursor, sz.v), carve(cursor, sz.q), carve(cursor, sz.s),
                     carve(cursor, sz.o)};

@@ -1,0 +1,185 @@
+#include "harness/attention_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "harness/alloc_tracker.h"
+#include "harness/problem_instance.h"
+#include "kallpa/dispatcher.h"
+#include "kallpa/registry.h"
+
+namespace kallpa::harness {
+
+std::vector<ProblemSpec> default_suite() {
+  std::vector<ProblemSpec> out;
+  for (int d : {64, 128}) {
+    for (bool causal : {false, true}) {
+      for (std::int64_t n : {512, 1024, 2048, 4096, 8192}) {
+        ProblemSpec s;
+        s.seqlen_q = s.seqlen_k = n;
+        s.hq = 8;
+        s.head_dim = d;
+        s.dtype = DType::f16;
+        s.causal = causal;
+        out.push_back(s);
+      }
+    }
+  }
+  for (std::int64_t n : {512, 2048}) {  // GQA 32/8
+    ProblemSpec s;
+    s.seqlen_q = s.seqlen_k = n;
+    s.hq = 32;
+    s.hkv = 8;
+    s.head_dim = 128;
+    s.dtype = DType::f16;
+    s.causal = true;
+    out.push_back(s);
+  }
+  for (DType kv : {DType::f16, DType::bf16}) {
+    for (std::int64_t n : {512, 2048, 8192, 32768}) {
+      ProblemSpec s;
+      s.seqlen_q = 1;
+      s.seqlen_k = n;
+      s.hq = 32;
+      s.hkv = 8;
+      s.head_dim = 64;
+      s.dtype = kv;
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
+std::vector<BenchRow> run_attention_bench(const BenchOptions& options, const MachinePeak& peak,
+                                          const std::function<void(const BenchRow&)>& on_row) {
+  std::vector<std::string> names = options.backends;
+  if (names.empty()) {
+    for (const BackendInfo& info : BackendRegistry::global().list()) names.emplace_back(info.backend->name());
+  }
+  const std::vector<ProblemSpec> shapes = options.shapes.empty() ? default_suite() : options.shapes;
+  std::map<std::string, double> rate;  // backend -> flops per second seen so far (its slowest)
+
+  std::vector<BenchRow> rows;
+  for (const ProblemSpec& spec : shapes) {
+    auto made = ProblemInstance::create(spec);
+    for (const std::string& name : names) {
+      BenchRow row;
+      row.backend = name;
+      row.shape = spec.to_string();
+      row.decode = spec.seqlen_q == 1;
+      auto finish = [&] {
+        if (on_row) on_row(row);
+        rows.push_back(row);
+      };
+      if (!made) {
+        row.note = made.status().to_string();
+        finish();
+        continue;
+      }
+      ProblemInstance& inst = **made;
+      AttentionBackend* backend = BackendRegistry::global().find(name);
+      if (!backend) {
+        row.note = "no such backend";
+        finish();
+        continue;
+      }
+      auto vp = validate(inst.problem());
+      if (!vp) {
+        row.note = vp.status().to_string();
+        finish();
+        continue;
+      }
+      if (Support s = backend->supports(vp->signature()); !s.ok) {
+        row.note = "unsupported: " + s.why_not;
+        finish();
+        continue;
+      }
+      if (auto it = rate.find(name); it != rate.end() && inst.flops() / it->second > options.max_seconds_per_run) {
+        row.note = fmt::format("skipped: estimated {:.0f} s per run", inst.flops() / it->second);
+        finish();
+        continue;
+      }
+      row.workspace_bytes = backend->workspace_size(*vp);
+      Dispatcher dispatcher({{name}, true});
+
+      // The first call warms caches, thread pools and page tables; it also gives the heap figure.
+      reset_heap_peak();
+      const std::size_t heap_before = heap_bytes_in_use();
+      Status status = dispatcher.run(*vp);
+      row.heap_bytes = heap_peak_bytes() - heap_before;
+      std::vector<double> times;
+      const auto bench_start = std::chrono::steady_clock::now();
+      while (status) {
+        const auto t0 = std::chrono::steady_clock::now();
+        status = dispatcher.run(*vp);
+        const auto t1 = std::chrono::steady_clock::now();
+        times.push_back(std::chrono::duration<double>(t1 - t0).count());
+        const double elapsed = std::chrono::duration<double>(t1 - bench_start).count();
+        if (static_cast<int>(times.size()) >= options.min_runs && elapsed >= options.min_seconds) break;
+        if (elapsed > options.max_seconds_per_run * 2) break;  // slow case: a few runs are enough
+      }
+      if (!status) {
+        row.note = status.to_string();
+        finish();
+        continue;
+      }
+      std::sort(times.begin(), times.end());
+      row.ran = true;
+      row.runs = static_cast<int>(times.size());
+      row.seconds = times[times.size() / 2];
+      row.gflops = inst.flops() / row.seconds / 1e9;
+      row.peak_fraction = peak.fma_gflops > 0 ? row.gflops / peak.fma_gflops : 0.0;
+      row.gbps = inst.kv_bytes() / row.seconds / 1e9;
+      row.bandwidth_fraction = peak.dram_read_gbps > 0 ? row.gbps / peak.dram_read_gbps : 0.0;
+      const double r = inst.flops() / row.seconds;
+      auto [it, fresh] = rate.emplace(name, r);
+      if (!fresh) it->second = std::min(it->second, r);
+      finish();
+    }
+  }
+  return rows;
+}
+
+std::string format_bench_table(const std::vector<BenchRow>& rows, const MachinePeak& peak) {
+  std::string out = fmt::format("machine: {} threads, {}, f32 FMA peak {:.1f} GFLOP/s, DRAM read {:.1f} GB/s\n",
+                                peak.threads, peak.simd_target, peak.fma_gflops, peak.dram_read_gbps);
+  out += fmt::format("{:<62} {:<10} {:>10} {:>9} {:>6} {:>8} {:>6} {:>10} {:>9}\n", "shape", "backend", "ms",
+                     "GFLOP/s", "%peak", "GB/s", "%bw", "workspace", "heap");
+  std::string last_shape;
+  for (const BenchRow& r : rows) {
+    const std::string shape = r.shape == last_shape ? "" : r.shape;
+    last_shape = r.shape;
+    if (!r.ran) {
+      out += fmt::format("{:<62} {:<10} {}\n", shape, r.backend, r.note);
+      continue;
+    }
+    out += fmt::format("{:<62} {:<10} {:>10.3f} {:>9.1f} {:>5.1f}% {:>8.1f} {:>5.1f}% {:>10} {:>9}\n", shape,
+                       r.backend, r.seconds * 1e3, r.gflops, r.peak_fraction * 100, r.gbps,
+                       r.bandwidth_fraction * 100, r.workspace_bytes, r.heap_bytes);
+  }
+  return out;
+}
+
+nlohmann::json bench_to_json(const std::vector<BenchRow>& rows, const MachinePeak& peak) {
+  nlohmann::json results = nlohmann::json::array();
+  for (const BenchRow& r : rows) {
+    nlohmann::json j = {{"backend", r.backend},         {"shape", r.shape},
+                        {"decode", r.decode},           {"ran", r.ran},
+                        {"threads", peak.threads},      {"machine_fma_gflops", peak.fma_gflops},
+                        {"machine_dram_gbps", peak.dram_read_gbps}, {"simd", peak.simd_target}};
+    if (r.ran) {
+      j.update({{"seconds", r.seconds}, {"gflops", r.gflops}, {"peak_fraction", r.peak_fraction},
+                {"gbps", r.gbps}, {"bandwidth_fraction", r.bandwidth_fraction}, {"runs", r.runs},
+                {"workspace_bytes", r.workspace_bytes}, {"heap_bytes", r.heap_bytes}});
+    } else {
+      j.update({{"seconds", nullptr}, {"gflops", nullptr}, {"gbps", nullptr}, {"note", r.note}});
+    }
+    results.push_back(std::move(j));
+  }
+  return results;
+}
+
+}  // namespace kallpa::harness

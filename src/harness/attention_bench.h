@@ -1,0 +1,53 @@
+// `kallpa bench attention`: every selected backend on every shape, side by side in one run, with
+// figures relative to the machine's measured peaks.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/peak.h"
+#include "kallpa/problem_spec.h"
+
+namespace kallpa::harness {
+
+struct BenchOptions {
+  std::vector<std::string> backends;  // empty: every registered backend
+  std::vector<ProblemSpec> shapes;    // empty: default_suite()
+  double min_seconds = 0.3;           // keep timing one case until this much time has passed
+  int min_runs = 3;
+  // A backend is skipped on a shape when its speed on earlier shapes predicts a single run longer
+  // than this (the reference on 8k x 8k would take minutes).
+  double max_seconds_per_run = 4.0;
+};
+
+struct BenchRow {
+  std::string backend;
+  std::string shape;     // canonical spec text
+  bool decode = false;   // Sq == 1: judged by bandwidth
+  bool ran = false;
+  std::string note;      // why it did not run, or what went wrong
+  int runs = 0;
+  double seconds = 0.0;  // median over runs
+  double gflops = 0.0;
+  double peak_fraction = 0.0;  // of the measured f32 FMA peak
+  double gbps = 0.0;           // K/V bytes read per second
+  double bandwidth_fraction = 0.0;
+  std::size_t workspace_bytes = 0;  // declared by the backend, provided by the dispatcher
+  std::size_t heap_bytes = 0;       // extra heap high-water mark during one call
+};
+
+// Prefill: B=1, H=8, D=64 and 128, Sq=Skv 512..8192, causal and not, f16; GQA 32/8 at D=128;
+// decode: Sq=1 against Skv 512..32768 with f16 and bf16 K/V.
+std::vector<ProblemSpec> default_suite();
+
+std::vector<BenchRow> run_attention_bench(const BenchOptions& options, const MachinePeak& peak,
+                                          const std::function<void(const BenchRow&)>& on_row = {});
+
+std::string format_bench_table(const std::vector<BenchRow>& rows, const MachinePeak& peak);
+// One object per backend x shape, each carrying the machine's measured peaks.
+nlohmann::json bench_to_json(const std::vector<BenchRow>& rows, const MachinePeak& peak);
+
+}  // namespace kallpa::harness

@@ -1,0 +1,19 @@
+// The machine's own ceilings, measured rather than looked up, so that every benchmark figure can
+// be given as a fraction of what this machine can do.
+#pragma once
+
+#include <string>
+
+namespace kallpa::harness {
+
+struct MachinePeak {
+  int threads = 1;
+  double fma_gflops = 0.0;          // f32 fused multiply-add throughput, all threads
+  double dram_read_gbps = 0.0;      // streaming reads of a buffer far larger than the caches
+  std::string simd_target;          // the Highway target that ran, e.g. "AVX2" or "AVX3"
+};
+
+// Takes about a second. `threads` <= 0 means the default thread count.
+MachinePeak measure_peak(int threads);
+
+}  // namespace kallpa::harness

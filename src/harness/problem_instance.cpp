@@ -1,0 +1,140 @@
+#include "harness/problem_instance.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <numeric>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "kallpa/half.h"
+
+namespace kallpa::harness {
+namespace {
+
+void fill_random(std::vector<std::byte>& bytes, DType dtype, std::int64_t count, std::mt19937_64& rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  bytes.resize(static_cast<std::size_t>(count) * dtype_size(dtype));
+  for (std::int64_t n = 0; n < count; ++n) {
+    const float x = dist(rng);
+    switch (dtype) {
+      case DType::f32: std::memcpy(bytes.data() + n * 4, &x, 4); break;
+      case DType::f16: {
+        const std::uint16_t h = f32_to_f16(x);
+        std::memcpy(bytes.data() + n * 2, &h, 2);
+        break;
+      }
+      case DType::bf16: {
+        const std::uint16_t h = f32_to_bf16(x);
+        std::memcpy(bytes.data() + n * 2, &h, 2);
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ProblemInstance>> ProblemInstance::create(const ProblemSpec& spec, std::uint64_t seed,
+                                                                 std::size_t max_bytes) {
+  std::unique_ptr<ProblemInstance> inst(new ProblemInstance());
+  inst->spec_ = spec;
+  const std::int64_t b = spec.batch, sq = spec.seqlen_q, skv = spec.seqlen_k;
+  const std::int64_t hq = spec.hq, hkv = spec.effective_hkv(), d = spec.head_dim, dv = spec.effective_dv();
+  const DType qt = spec.dtype, kvt = spec.effective_kv_dtype();
+  const std::int64_t page = spec.page_size;
+  const std::int64_t blocks_per_seq = spec.kv_layout == KvLayout::paged ? (skv + page - 1) / page : 0;
+  const std::int64_t kv_rows = spec.kv_layout == KvLayout::paged ? b * blocks_per_seq * page : b * skv;
+
+  const double need = static_cast<double>(b * sq * hq) * static_cast<double>(d + dv) * static_cast<double>(dtype_size(qt)) +
+                      static_cast<double>(kv_rows * hkv) * static_cast<double>(d + dv) * static_cast<double>(dtype_size(kvt));
+  if (need > static_cast<double>(max_bytes)) {
+    return Status(ErrorCode::out_of_memory, "spec",
+                  fmt::format("[{}] needs {:.1f} GiB of tensors, over the {:.1f} GiB limit", spec.to_string(),
+                              need / double(1 << 30), static_cast<double>(max_bytes) / double(1 << 30)));
+  }
+
+  try {
+    std::mt19937_64 rng(seed);
+    fill_random(inst->q_, qt, b * sq * hq * d, rng);
+    fill_random(inst->k_, kvt, kv_rows * hkv * d, rng);
+    fill_random(inst->v_, kvt, kv_rows * hkv * dv, rng);
+    inst->o_.assign(static_cast<std::size_t>(b * sq * hq * dv) * dtype_size(qt), std::byte{0});
+
+    AttentionProblem& p = inst->problem_;
+    p.q_layout = spec.q_layout;
+    p.kv_layout = spec.kv_layout;
+    p.causal = spec.causal;
+    p.window_left = spec.window_left;
+    p.window_right = spec.window_right;
+    p.softcap = spec.softcap;
+    p.scale = spec.scale;
+    if (spec.q_layout == QLayout::packed) {
+      p.q = make_contiguous_view(inst->q_.data(), qt, {b * sq, hq, d}, spec.device);
+      p.o = make_contiguous_view(inst->o_.data(), qt, {b * sq, hq, dv}, spec.device);
+      inst->cu_q_.resize(static_cast<std::size_t>(b + 1));
+      for (std::int64_t i = 0; i <= b; ++i) inst->cu_q_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i * sq);
+      p.cu_seqlens_q = inst->cu_q_.data();
+    } else {
+      p.q = make_contiguous_view(inst->q_.data(), qt, {b, sq, hq, d}, spec.device);
+      p.o = make_contiguous_view(inst->o_.data(), qt, {b, sq, hq, dv}, spec.device);
+    }
+    p.batch = static_cast<int>(b);
+    switch (spec.kv_layout) {
+      case KvLayout::dense:
+        p.k = make_contiguous_view(inst->k_.data(), kvt, {b, skv, hkv, d}, spec.device);
+        p.v = make_contiguous_view(inst->v_.data(), kvt, {b, skv, hkv, dv}, spec.device);
+        break;
+      case KvLayout::packed:
+        p.k = make_contiguous_view(inst->k_.data(), kvt, {b * skv, hkv, d}, spec.device);
+        p.v = make_contiguous_view(inst->v_.data(), kvt, {b * skv, hkv, dv}, spec.device);
+        inst->cu_k_.resize(static_cast<std::size_t>(b + 1));
+        for (std::int64_t i = 0; i <= b; ++i) inst->cu_k_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i * skv);
+        p.cu_seqlens_k = inst->cu_k_.data();
+        break;
+      case KvLayout::paged: {
+        const std::int64_t blocks = b * blocks_per_seq;
+        p.k = make_contiguous_view(inst->k_.data(), kvt, {blocks, page, hkv, d}, spec.device);
+        p.v = make_contiguous_view(inst->v_.data(), kvt, {blocks, page, hkv, dv}, spec.device);
+        // A permuted table, as a cache allocator would leave it after some churn.
+        inst->block_table_.resize(static_cast<std::size_t>(blocks));
+        std::iota(inst->block_table_.begin(), inst->block_table_.end(), 0);
+        std::shuffle(inst->block_table_.begin(), inst->block_table_.end(), rng);
+        inst->seqlens_k_.assign(static_cast<std::size_t>(b), static_cast<std::int32_t>(skv));
+        p.block_table = inst->block_table_.data();
+        p.max_blocks_per_seq = static_cast<std::int32_t>(blocks_per_seq);
+        p.seqlens_k = inst->seqlens_k_.data();
+        break;
+      }
+    }
+    if (spec.lse) {
+      inst->lse_.assign(static_cast<std::size_t>(b * sq * hq), 0.0f);
+      p.lse = spec.q_layout == QLayout::packed
+                  ? make_contiguous_view(inst->lse_.data(), DType::f32, {hq, b * sq}, spec.device)
+                  : make_contiguous_view(inst->lse_.data(), DType::f32, {b, hq, sq}, spec.device);
+    }
+    if (spec.alibi) {
+      // The usual geometric slopes 2^(-8 h / H).
+      for (std::int64_t h = 0; h < hq; ++h) inst->alibi_.push_back(std::exp2(-8.0f * float(h + 1) / float(hq)));
+      p.alibi_slopes = inst->alibi_.data();
+    }
+  } catch (const std::bad_alloc&) {
+    return Status(ErrorCode::out_of_memory, "spec", fmt::format("could not allocate [{}]", spec.to_string()));
+  }
+  return inst;
+}
+
+double ProblemInstance::flops() const noexcept {
+  double f = 4.0 * double(spec_.batch) * double(spec_.seqlen_q) * double(spec_.seqlen_k) * double(spec_.head_dim) *
+             double(spec_.hq);
+  if (spec_.causal && spec_.seqlen_q == spec_.seqlen_k) f *= 0.5;
+  return f;
+}
+
+double ProblemInstance::kv_bytes() const noexcept {
+  return double(spec_.batch) * double(spec_.seqlen_k) * double(spec_.effective_hkv()) *
+         double(spec_.head_dim + spec_.effective_dv()) * double(dtype_size(spec_.effective_kv_dtype()));
+}
+
+}  // namespace kallpa::harness

@@ -1,0 +1,36 @@
+// A problem built from a ProblemSpec with memory that it owns: seeded random inputs in the spec's
+// dtypes, packed layouts with equal-length sequences, paged K/V with a permuted block table.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kallpa/attention.h"
+#include "kallpa/problem_spec.h"
+
+namespace kallpa::harness {
+
+class ProblemInstance {
+ public:
+  // Fails (out_of_memory / invalid_argument) rather than allocating more than max_bytes.
+  static Result<std::unique_ptr<ProblemInstance>> create(const ProblemSpec& spec, std::uint64_t seed = 1,
+                                                         std::size_t max_bytes = std::size_t{8} << 30);
+
+  const ProblemSpec& spec() const noexcept { return spec_; }
+  const AttentionProblem& problem() const noexcept { return problem_; }
+  // Bytes of K and V a single pass reads (each visible row once), for bandwidth figures.
+  double kv_bytes() const noexcept;
+  // 4 * Sq * Skv * D * Hq * B, halved for causal when Sq == Skv (the convention).
+  double flops() const noexcept;
+
+ private:
+  ProblemInstance() = default;
+  ProblemSpec spec_;
+  std::vector<std::byte> q_, k_, v_, o_;
+  std::vector<float> lse_, alibi_;
+  std::vector<std::int32_t> cu_q_, cu_k_, block_table_, seqlens_k_;
+  AttentionProblem problem_;
+};
+
+}  // namespace kallpa::harness
