@@ -1,0 +1,50 @@
+// Turning logits into the next token: repetition penalty, temperature, then top-k, top-p and
+// min-p filters, then a seeded draw. Temperature 0 is greedy. The same seed and the same logits
+// always give the same token.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "kallpa/status.h"
+
+namespace kallpa::runtime {
+
+struct SamplingParams {
+  float temperature = 0.8f;         // 0: greedy (argmax), ignoring the filters below
+  std::int32_t top_k = 40;          // <= 0: off
+  float top_p = 0.95f;              // 1: off
+  float min_p = 0.05f;              // 0: off; keeps tokens with p >= min_p * p_max
+  float repetition_penalty = 1.0f;  // 1: off; > 1 discourages tokens in the recent window
+  std::int32_t repetition_window = 64;
+  std::uint64_t seed = 0;
+
+  // Typed error naming the field for out-of-range values (negative temperature, top_p outside
+  // (0, 1], min_p outside [0, 1], penalty <= 0).
+  Status validate() const;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(SamplingParams params);
+
+  const SamplingParams& params() const noexcept { return params_; }
+  // Picks a token from `logits` (modified in place by the penalty). `recent` are the tokens
+  // generated or prompted so far, most recent last.
+  std::int32_t sample(std::span<float> logits, std::span<const std::int32_t> recent);
+  // Restarts the random stream from the seed.
+  void reset();
+
+ private:
+  struct Candidate {
+    float logit;
+    std::int32_t id;
+  };
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<Candidate> candidates_;  // reused across calls
+};
+
+}  // namespace kallpa::runtime
