@@ -1,0 +1,71 @@
+// The Llama-family forward pass, written once against the op interface (runtime/ops.h) and the
+// attention dispatcher, so that it reads top to bottom like the architecture and never names a
+// device or an attention backend.
+//
+// One forward() call runs a batch of sequence chunks together: every chunk's tokens go through the
+// matrix products as one matrix, and attention sees them as one packed (ragged) problem against
+// the paged KV cache. A prefill chunk, a decode step and a mix of both are the same call.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kallpa/dispatcher.h"
+#include "kallpa/model/gguf.h"
+#include "kallpa/model/llama.h"
+#include "kallpa/model/quant.h"
+#include "kallpa/runtime/kv_cache.h"
+#include "kallpa/runtime/ops.h"
+
+namespace kallpa::model {
+
+struct ForwardItem {
+  runtime::SeqId seq = 0;
+  std::span<const std::int32_t> tokens;  // the chunk
+  std::int64_t start_pos = 0;            // position of tokens[0]; the cache holds [0, start_pos)
+  bool want_logits = true;               // logits of the chunk's last token
+};
+
+class LlamaModel {
+ public:
+  // Validates the file's config and weights (typed errors naming the key or tensor).
+  static Result<std::unique_ptr<LlamaModel>> load(std::shared_ptr<const GgufFile> file);
+
+  const ModelConfig& config() const noexcept { return config_; }
+  const GgufFile& file() const noexcept { return *file_; }
+
+  // A KV cache shaped for this model.
+  Result<std::unique_ptr<runtime::KvCache>> make_cache(runtime::KvCacheOptions options) const;
+
+  // Runs the items; writes their K/V into `cache` and, for each item with want_logits, the last
+  // token's logits (vocab_size floats) into `logits`, in item order. Not reentrant: one forward()
+  // at a time per model (it reuses its activation buffers).
+  Status forward(std::span<const ForwardItem> items, runtime::KvCache& cache, runtime::Ops& ops,
+                 Dispatcher& attention, float* logits);
+
+ private:
+  struct Layer {
+    const float* attn_norm;
+    WeightMatrix wq, wk, wv, wo;
+    const float* ffn_norm;
+    WeightMatrix gate, up, down;
+  };
+
+  LlamaModel() = default;
+  Status attention(std::int32_t layer, std::span<const ForwardItem> items, runtime::KvCache& cache,
+                   Dispatcher& dispatcher);
+
+  std::shared_ptr<const GgufFile> file_;
+  ModelConfig config_;
+  WeightMatrix token_embd_, output_;
+  const float* output_norm_ = nullptr;
+  std::vector<Layer> layers_;
+
+  // Activations, grown on demand: x (residual), h (normed), q/k/v, att, ffn gate/up, tmp.
+  std::vector<float> x_, h_, q_, k_, v_, att_, gate_, up_, tmp_;
+  std::vector<std::int32_t> positions_, cu_q_, block_table_, seqlens_k_;
+};
+
+}  // namespace kallpa::model

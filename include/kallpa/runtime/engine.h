@@ -1,0 +1,111 @@
+// The engine: a model file made runnable — weights, tokenizer, KV cache, device ops and the
+// attention dispatcher — and sessions that generate text with it.
+//
+//   auto engine = Engine::load({.model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf"});
+//   Session session(**engine, {.temperature = 0});
+//   auto result = generate(session, prompt_ids, {.max_tokens = 64}, [](std::string_view t) { ... });
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kallpa/dispatcher.h"
+#include "kallpa/model/llama_model.h"
+#include "kallpa/observer.h"
+#include "kallpa/runtime/kv_cache.h"
+#include "kallpa/runtime/ops.h"
+#include "kallpa/runtime/sampler.h"
+#include "kallpa/tokenizer/chat.h"
+#include "kallpa/tokenizer/tokenizer.h"
+
+namespace kallpa::runtime {
+
+struct EngineOptions {
+  std::string model_path;
+  DispatchOptions attention;     // which attention backends; default: automatic
+  KvCacheOptions cache;          // capacity over all sessions
+  std::int64_t prefill_chunk = 256;  // prompt tokens per forward pass
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> load(const EngineOptions& options);
+
+  const EngineOptions& options() const noexcept { return options_; }
+  const model::ModelConfig& config() const noexcept { return model_->config(); }
+  model::LlamaModel& model() noexcept { return *model_; }
+  KvCache& cache() noexcept { return *cache_; }
+  Ops& ops() noexcept { return *ops_; }
+  Dispatcher& dispatcher() noexcept { return *dispatcher_; }
+  const tokenizer::Tokenizer& tokenizer() const noexcept { return *tokenizer_; }
+  const tokenizer::ChatMlOptions& chat_options() const noexcept { return chat_; }
+  // Per-backend attention calls and latency since load.
+  const StatsObserver& attention_stats() const noexcept { return *stats_; }
+
+ private:
+  Engine() = default;
+  EngineOptions options_;
+  std::unique_ptr<model::LlamaModel> model_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<Dispatcher> dispatcher_;
+  std::shared_ptr<StatsObserver> stats_;
+  std::optional<tokenizer::Tokenizer> tokenizer_;
+  tokenizer::ChatMlOptions chat_;
+};
+
+// One conversation's state: a sequence in the engine's KV cache, the tokens so far, the sampler
+// and the logits of the last token. One thread at a time.
+class Session {
+ public:
+  Session(Engine& engine, SamplingParams sampling);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Runs tokens through the model (in chunks), after what is already there.
+  Status feed(std::span<const std::int32_t> tokens);
+  // Picks the next token from the last logits (does not feed it).
+  Result<std::int32_t> sample();
+  // Empties the context and restarts the sampler's random stream.
+  void reset();
+
+  std::int64_t position() const noexcept { return static_cast<std::int64_t>(tokens_.size()); }
+  const std::vector<std::int32_t>& tokens() const noexcept { return tokens_; }
+  std::span<const float> logits() const noexcept { return logits_; }
+  Engine& engine() noexcept { return *engine_; }
+
+ private:
+  Engine* engine_;
+  Sampler sampler_;
+  SeqId seq_;
+  std::vector<std::int32_t> tokens_;
+  std::vector<float> logits_;
+  std::vector<float> scratch_;
+};
+
+struct GenerateOptions {
+  std::int64_t max_tokens = 128;
+  std::vector<std::string> stop;  // stop strings (not included in the text)
+  bool stop_at_eos = true;
+};
+
+struct GenerateResult {
+  std::string text;
+  std::int64_t prompt_tokens = 0;
+  std::int64_t generated_tokens = 0;
+  std::string finish_reason;  // "stop" (EOS or a stop string) or "length"
+  double prefill_seconds = 0.0;
+  double decode_seconds = 0.0;
+};
+
+// Feeds the prompt, then samples and feeds until EOS, a stop string, max_tokens or the context
+// limit (an error when even the prompt does not fit). on_text receives text as it becomes final
+// (never text that could still turn out to be part of a stop string).
+Result<GenerateResult> generate(Session& session, std::span<const std::int32_t> prompt, const GenerateOptions& options,
+                                const std::function<void(std::string_view)>& on_text = {});
+
+}  // namespace kallpa::runtime

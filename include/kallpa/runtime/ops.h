@@ -1,0 +1,41 @@
+// The operations the model's forward pass is written against. A device implements them over its
+// own memory; the forward pass (src/model/llama_model.cpp) calls only these and the attention
+// dispatcher, so it never changes per device. Activations are row-major f32 matrices.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "kallpa/model/quant.h"
+#include "kallpa/status.h"
+
+namespace kallpa::runtime {
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual std::string_view device_name() const noexcept = 0;
+
+  // out[t] = row ids[t] of the table, dequantised (out: ids.size() x table.cols).
+  virtual Status embedding(const model::WeightMatrix& table, std::span<const std::int32_t> ids, float* out) = 0;
+  // y = x / rms(x) * weight, per row of `dim` (x and y may alias).
+  virtual void rmsnorm(const float* x, const float* weight, float eps, float* y, std::int64_t rows,
+                       std::int64_t dim) = 0;
+  // y[rows, w.rows] = x[rows, w.cols] . W^T
+  virtual Status matmul(const model::WeightMatrix& w, const float* x, std::int64_t rows, float* y) = 0;
+  // Rotary embedding in GGUF's llama convention: adjacent pairs (x[2i], x[2i+1]) of the first
+  // n_rot dims of each head rotate by pos * theta^(-2i / n_rot). x: rows x (heads * head_dim).
+  virtual void rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
+                    std::int64_t n_rot, float theta) = 0;
+  // out = silu(gate) * up, element-wise (out may alias gate).
+  virtual void swiglu(const float* gate, const float* up, float* out, std::int64_t n) = 0;
+  // x += y, element-wise.
+  virtual void add(float* x, const float* y, std::int64_t n) = 0;
+};
+
+// Host implementation, threaded through the kallpa thread pool.
+std::unique_ptr<Ops> make_cpu_ops();
+
+}  // namespace kallpa::runtime

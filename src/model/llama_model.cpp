@@ -1,0 +1,176 @@
+#include "kallpa/model/llama_model.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace kallpa::model {
+namespace {
+
+Result<WeightMatrix> matrix(const TensorView* t) {
+  if (t == nullptr) return Status(ErrorCode::internal, "weights", "missing tensor view");
+  return as_weight_matrix(*t);
+}
+
+template <typename T>
+void grow(std::vector<T>& v, std::int64_t n) {
+  if (static_cast<std::int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufFile> file) {
+  LlamaWeights w;
+  auto config = load_llama_config(*file, &w);
+  if (!config) return config.status();
+  std::unique_ptr<LlamaModel> m(new LlamaModel());
+  m->file_ = std::move(file);
+  m->config_ = *config;
+
+  auto take = [](const TensorView* t, WeightMatrix* out) -> Status {
+    auto r = matrix(t);
+    if (!r) return r.status();
+    *out = *r;
+    return {};
+  };
+  Status s;
+  if (!(s = take(w.token_embd, &m->token_embd_)) || !(s = take(w.output, &m->output_))) return s;
+  m->output_norm_ = static_cast<const float*>(w.output_norm->data);
+  for (const LlamaLayerWeights& lw : w.layers) {
+    Layer l{};
+    l.attn_norm = static_cast<const float*>(lw.attn_norm->data);
+    l.ffn_norm = static_cast<const float*>(lw.ffn_norm->data);
+    if (!(s = take(lw.attn_q, &l.wq)) || !(s = take(lw.attn_k, &l.wk)) || !(s = take(lw.attn_v, &l.wv)) ||
+        !(s = take(lw.attn_output, &l.wo)) || !(s = take(lw.ffn_gate, &l.gate)) || !(s = take(lw.ffn_up, &l.up)) ||
+        !(s = take(lw.ffn_down, &l.down))) {
+      return s;
+    }
+    m->layers_.push_back(l);
+  }
+  return m;
+}
+
+Result<std::unique_ptr<runtime::KvCache>> LlamaModel::make_cache(runtime::KvCacheOptions options) const {
+  return runtime::KvCache::create(static_cast<std::int32_t>(config_.n_layer), static_cast<std::int32_t>(config_.n_head_kv),
+                                  static_cast<std::int32_t>(config_.head_dim), options);
+}
+
+Status LlamaModel::forward(std::span<const ForwardItem> items, runtime::KvCache& cache, runtime::Ops& ops,
+                           Dispatcher& dispatcher, float* logits) {
+  const std::int64_t embd = config_.n_embd, qd = config_.q_dim(), kvd = config_.kv_dim(), ff = config_.n_ff;
+  std::int64_t total = 0;
+  for (const ForwardItem& it : items) {
+    if (it.tokens.empty()) return Status::invalid("tokens", "a forward item has no tokens");
+    if (it.start_pos < 0) return Status::invalid("start_pos", "is negative");
+    const std::int64_t end = it.start_pos + static_cast<std::int64_t>(it.tokens.size());
+    if (end > config_.context_length) {
+      return Status::invalid("tokens", fmt::format("{} positions exceed the model's context length {}", end,
+                                                   config_.context_length));
+    }
+    Status s = cache.reserve(it.seq, end);
+    if (!s) return s;
+    total += static_cast<std::int64_t>(it.tokens.size());
+  }
+  if (total == 0) return {};
+
+  grow(x_, total * embd);
+  grow(h_, total * embd);
+  grow(q_, total * qd);
+  grow(k_, total * kvd);
+  grow(v_, total * kvd);
+  grow(att_, total * qd);
+  grow(gate_, total * ff);
+  grow(up_, total * ff);
+  grow(tmp_, total * std::max(embd, qd));
+  positions_.clear();
+  std::vector<std::int32_t> tokens;
+  tokens.reserve(static_cast<std::size_t>(total));
+  for (const ForwardItem& it : items) {
+    for (std::size_t t = 0; t < it.tokens.size(); ++t) {
+      tokens.push_back(it.tokens[t]);
+      positions_.push_back(static_cast<std::int32_t>(it.start_pos + static_cast<std::int64_t>(t)));
+    }
+  }
+
+  Status s = ops.embedding(token_embd_, tokens, x_.data());
+  if (!s) return s;
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    // Attention block.
+    ops.rmsnorm(x_.data(), L.attn_norm, config_.rms_norm_eps, h_.data(), total, embd);
+    if (!(s = ops.matmul(L.wq, h_.data(), total, q_.data())) || !(s = ops.matmul(L.wk, h_.data(), total, k_.data())) ||
+        !(s = ops.matmul(L.wv, h_.data(), total, v_.data()))) {
+      return s;
+    }
+    ops.rope(q_.data(), positions_, config_.n_head, config_.head_dim, config_.n_rot, config_.rope_freq_base);
+    ops.rope(k_.data(), positions_, config_.n_head_kv, config_.head_dim, config_.n_rot, config_.rope_freq_base);
+    std::int64_t row = 0;
+    for (const ForwardItem& it : items) {
+      const auto n = static_cast<std::int64_t>(it.tokens.size());
+      cache.write(static_cast<std::int32_t>(l), it.seq, it.start_pos, k_.data() + row * kvd, v_.data() + row * kvd, n);
+      row += n;
+    }
+    if (!(s = attention(static_cast<std::int32_t>(l), items, cache, dispatcher))) return s;
+    if (!(s = ops.matmul(L.wo, att_.data(), total, tmp_.data()))) return s;
+    ops.add(x_.data(), tmp_.data(), total * embd);
+    // Feed-forward block (SwiGLU).
+    ops.rmsnorm(x_.data(), L.ffn_norm, config_.rms_norm_eps, h_.data(), total, embd);
+    if (!(s = ops.matmul(L.gate, h_.data(), total, gate_.data())) || !(s = ops.matmul(L.up, h_.data(), total, up_.data()))) {
+      return s;
+    }
+    ops.swiglu(gate_.data(), up_.data(), gate_.data(), total * ff);
+    if (!(s = ops.matmul(L.down, gate_.data(), total, tmp_.data()))) return s;
+    ops.add(x_.data(), tmp_.data(), total * embd);
+  }
+
+  // Output head, only for the rows whose logits are wanted.
+  std::int64_t row = 0, wanted = 0;
+  for (const ForwardItem& it : items) {
+    row += static_cast<std::int64_t>(it.tokens.size());
+    if (it.want_logits) {
+      std::copy_n(x_.data() + (row - 1) * embd, embd, h_.data() + wanted * embd);
+      ++wanted;
+    }
+  }
+  if (wanted == 0) return {};
+  ops.rmsnorm(h_.data(), output_norm_, config_.rms_norm_eps, h_.data(), wanted, embd);
+  return ops.matmul(output_, h_.data(), wanted, logits);
+}
+
+Status LlamaModel::attention(std::int32_t layer, std::span<const ForwardItem> items, runtime::KvCache& cache,
+                             Dispatcher& dispatcher) {
+  const auto batch = static_cast<std::int32_t>(items.size());
+  cu_q_.assign(1, 0);
+  seqlens_k_.clear();
+  std::vector<std::vector<std::int32_t>> tables;
+  std::int32_t max_blocks = 1;
+  for (const ForwardItem& it : items) {
+    cu_q_.push_back(cu_q_.back() + static_cast<std::int32_t>(it.tokens.size()));
+    seqlens_k_.push_back(static_cast<std::int32_t>(it.start_pos + static_cast<std::int64_t>(it.tokens.size())));
+    tables.push_back(cache.blocks(it.seq));
+    max_blocks = std::max(max_blocks, static_cast<std::int32_t>(tables.back().size()));
+  }
+  block_table_.assign(static_cast<std::size_t>(batch) * static_cast<std::size_t>(max_blocks), 0);
+  for (std::int32_t b = 0; b < batch; ++b) {
+    std::copy(tables[static_cast<std::size_t>(b)].begin(), tables[static_cast<std::size_t>(b)].end(),
+              block_table_.begin() + static_cast<std::ptrdiff_t>(b) * max_blocks);
+  }
+
+  const std::int64_t total = cu_q_.back();
+  AttentionProblem p;
+  p.q_layout = QLayout::packed;
+  p.kv_layout = KvLayout::paged;
+  p.q = make_contiguous_view(q_.data(), DType::f32, {total, config_.n_head, config_.head_dim});
+  p.o = make_contiguous_view(att_.data(), DType::f32, {total, config_.n_head, config_.head_dim});
+  p.k = cache.k_view(layer);
+  p.v = cache.v_view(layer);
+  p.batch = batch;
+  p.cu_seqlens_q = cu_q_.data();
+  p.block_table = block_table_.data();
+  p.max_blocks_per_seq = max_blocks;
+  p.seqlens_k = seqlens_k_.data();
+  p.causal = true;
+  return dispatcher.run(p);
+}
+
+}  // namespace kallpa::model

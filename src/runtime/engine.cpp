@@ -1,0 +1,170 @@
+#include "kallpa/runtime/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "kallpa/model/gguf_tokenizer.h"
+
+namespace kallpa::runtime {
+
+Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
+  auto file = model::GgufFile::open(options.model_path);
+  if (!file) return file.status();
+  std::unique_ptr<Engine> e(new Engine());
+  e->options_ = options;
+  auto model = model::LlamaModel::load(*file);
+  if (!model) return model.status();
+  e->model_ = std::move(*model);
+  auto tok = model::tokenizer_from_gguf(**file);
+  if (!tok) return tok.status();
+  e->tokenizer_.emplace(std::move(*tok));
+  e->chat_ = model::chat_options_from_gguf(**file);
+  if (e->tokenizer_->vocab_size() != e->model_->config().vocab_size) {
+    return Status::invalid("tokenizer.ggml.tokens", fmt::format("{} tokens, but the model's output has {} rows",
+                                                                e->tokenizer_->vocab_size(), e->model_->config().vocab_size));
+  }
+  KvCacheOptions cache = options.cache;
+  cache.max_tokens = std::min<std::int64_t>(cache.max_tokens, e->model_->config().context_length);
+  auto kv = e->model_->make_cache(cache);
+  if (!kv) return kv.status();
+  e->cache_ = std::move(*kv);
+  e->ops_ = make_cpu_ops();
+  e->dispatcher_ = std::make_unique<Dispatcher>(options.attention);
+  e->stats_ = std::make_shared<StatsObserver>();
+  e->dispatcher_->add_observer(e->stats_);
+  return e;
+}
+
+Session::Session(Engine& engine, SamplingParams sampling)
+    : engine_(&engine), sampler_(sampling), seq_(engine.cache().add_sequence()) {}
+
+Session::~Session() { engine_->cache().remove(seq_); }
+
+void Session::reset() {
+  engine_->cache().truncate(seq_, 0);
+  tokens_.clear();
+  logits_.clear();
+  sampler_.reset();
+}
+
+Status Session::feed(std::span<const std::int32_t> tokens) {
+  const std::int64_t chunk = std::max<std::int64_t>(1, engine_->options().prefill_chunk);
+  const std::int64_t vocab = engine_->config().vocab_size;
+  for (std::size_t done = 0; done < tokens.size();) {
+    const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(chunk), tokens.size() - done);
+    model::ForwardItem item;
+    item.seq = seq_;
+    item.tokens = tokens.subspan(done, n);
+    item.start_pos = position();
+    item.want_logits = done + n == tokens.size();
+    logits_.resize(static_cast<std::size_t>(vocab));
+    Status s = engine_->model().forward({&item, 1}, engine_->cache(), engine_->ops(), engine_->dispatcher(),
+                                        logits_.data());
+    if (!s) {
+      engine_->cache().truncate(seq_, position());  // the failed chunk never happened
+      return s;
+    }
+    tokens_.insert(tokens_.end(), item.tokens.begin(), item.tokens.end());
+    done += n;
+  }
+  return {};
+}
+
+Result<std::int32_t> Session::sample() {
+  if (logits_.empty()) return Status(ErrorCode::invalid_argument, "session", "no logits yet: feed a prompt first");
+  scratch_ = logits_;  // the repetition penalty edits its input
+  return sampler_.sample(scratch_, tokens_);
+}
+
+namespace {
+
+// Length of the longest suffix of text that is a proper prefix of some stop string: that much
+// text must be held back, since the next token may complete the stop string.
+std::size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
+  std::size_t hold = 0;
+  for (const std::string& stop : stops) {
+    for (std::size_t n = std::min(stop.size() - 1, text.size()); n > hold; --n) {
+      if (text.substr(text.size() - n) == std::string_view(stop).substr(0, n)) {
+        hold = n;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+}  // namespace
+
+Result<GenerateResult> generate(Session& session, std::span<const std::int32_t> prompt, const GenerateOptions& options,
+                                const std::function<void(std::string_view)>& on_text) {
+  using clock = std::chrono::steady_clock;
+  Engine& engine = session.engine();
+  const std::int64_t context = engine.config().context_length;
+  GenerateResult result;
+  result.prompt_tokens = static_cast<std::int64_t>(prompt.size());
+  if (prompt.empty() && session.position() == 0) return Status::invalid("prompt", "is empty");
+  if (session.position() + static_cast<std::int64_t>(prompt.size()) >= context) {
+    return Status::invalid("prompt", fmt::format("{} tokens (with {} already in context) leave no room in the "
+                                                 "model's context of {}",
+                                                 prompt.size(), session.position(), context));
+  }
+  for (const std::string& s : options.stop) {
+    if (s.empty()) return Status::invalid("stop", "stop strings must not be empty");
+  }
+
+  const auto t0 = clock::now();
+  if (Status s = session.feed(prompt); !s) return s;
+  const auto t1 = clock::now();
+  result.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+
+  tokenizer::StreamDecoder decoder(engine.tokenizer(), {.skip_special = true});
+  std::string pending;  // decoded, not yet emitted
+  auto emit = [&](std::string_view text) {
+    result.text += text;
+    if (on_text && !text.empty()) on_text(text);
+  };
+  const auto eos = engine.tokenizer().eos_id();
+  result.finish_reason = "length";
+  while (result.generated_tokens < options.max_tokens) {
+    if (session.position() >= context) break;
+    auto next = session.sample();
+    if (!next) return next.status();
+    if (options.stop_at_eos && eos && *next == *eos) {
+      result.finish_reason = "stop";
+      break;
+    }
+    ++result.generated_tokens;
+    auto piece = decoder.push(*next);
+    if (!piece) return piece.status();
+    pending += *piece;
+    bool stopped = false;
+    for (const std::string& stop : options.stop) {
+      if (auto at = pending.find(stop); at != std::string::npos) {
+        pending.resize(at);
+        stopped = true;
+      }
+    }
+    if (stopped) {
+      emit(pending);
+      pending.clear();
+      result.finish_reason = "stop";
+      break;
+    }
+    const std::size_t hold = held_back(pending, options.stop);
+    emit(std::string_view(pending).substr(0, pending.size() - hold));
+    pending.erase(0, pending.size() - hold);
+    if (result.generated_tokens == options.max_tokens) break;  // no need to feed the last token
+    const std::int32_t token = *next;
+    if (Status s = session.feed({&token, 1}); !s) return s;
+  }
+  if (result.finish_reason != "stop") {
+    pending += decoder.flush();
+    emit(pending);
+  }
+  result.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
+  return result;
+}
+
+}  // namespace kallpa::runtime

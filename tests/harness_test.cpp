@@ -1,0 +1,116 @@
+// The benchmark harness: instances are valid problems in every layout, figures follow the issue's
+// conventions, and a bench run reports every backend x shape.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "backends/reference/reference.h"
+#include "harness/alloc_tracker.h"
+#include "harness/attention_bench.h"
+#include "harness/problem_instance.h"
+
+namespace kallpa::harness {
+namespace {
+
+ProblemSpec spec(const char* text) {
+  auto r = parse_problem_spec(text);
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  return *r;
+}
+
+TEST(ProblemInstance, EveryLayoutValidates) {
+  for (const char* text : {"b=2,sq=5,skv=9,hq=4,hkv=2,d=16,dtype=f16",
+                           "b=2,sq=5,skv=9,hq=4,hkv=2,d=16,dv=8,q=packed,kv=packed,lse,dtype=bf16",
+                           "b=3,sq=1,skv=37,hq=4,hkv=1,d=16,kv=paged,page=7,alibi,causal",
+                           "b=1,sq=4,skv=4,hq=2,d=8,window=2:0,softcap=5,kv_dtype=f16"}) {
+    auto inst = ProblemInstance::create(spec(text));
+    ASSERT_TRUE(inst.is_ok()) << inst.status().to_string();
+    auto vp = validate((*inst)->problem());
+    ASSERT_TRUE(vp.is_ok()) << text << ": " << vp.status().to_string();
+    EXPECT_EQ(vp->signature(), spec(text).signature()) << text;
+  }
+}
+
+TEST(ProblemInstance, PagedBlockTableGivesEveryKeyItsOwnSlot) {
+  // A permuted table must still map every (sequence, key) to a distinct slot of the pool.
+  auto inst = ProblemInstance::create(spec("b=2,sq=1,skv=20,hq=1,d=4,kv=paged,page=3"));
+  ASSERT_TRUE(inst.is_ok());
+  auto vp = validate((*inst)->problem());
+  ASSERT_TRUE(vp.is_ok());
+  std::vector<std::int64_t> rows;
+  for (std::int32_t b = 0; b < 2; ++b) {
+    for (std::int64_t j = 0; j < 20; ++j) rows.push_back(vp->k_row_offset(b, j));
+  }
+  std::sort(rows.begin(), rows.end());
+  EXPECT_EQ(std::unique(rows.begin(), rows.end()), rows.end()) << "two keys share a slot";
+}
+
+TEST(ProblemInstance, FlopsFollowTheIssueConvention) {
+  auto full = ProblemInstance::create(spec("b=2,sq=8,skv=8,hq=3,d=16"));
+  auto causal = ProblemInstance::create(spec("b=2,sq=8,skv=8,hq=3,d=16,causal"));
+  auto decode = ProblemInstance::create(spec("b=1,sq=1,skv=100,hq=4,hkv=2,d=16,dtype=f16"));
+  EXPECT_DOUBLE_EQ((*full)->flops(), 4.0 * 8 * 8 * 16 * 3 * 2);
+  EXPECT_DOUBLE_EQ((*causal)->flops(), 2.0 * 8 * 8 * 16 * 3 * 2);
+  EXPECT_DOUBLE_EQ((*decode)->kv_bytes(), 100.0 * 2 * (16 + 16) * 2);
+}
+
+TEST(ProblemInstance, RefusesOversizedRequests) {
+  auto r = ProblemInstance::create(spec("b=64,sq=32768,skv=32768,hq=64,d=256"), 1, std::size_t{1} << 30);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::out_of_memory);
+  EXPECT_NE(r.status().message().find("GiB"), std::string::npos);
+}
+
+TEST(AttentionBench, ReportsEveryBackendOnEveryShape) {
+  BenchOptions options;
+  options.backends = {"reference", "cpu-gemm", "nosuch"};
+  options.shapes = {spec("b=1,sq=16,skv=16,hq=2,d=16,causal"), spec("b=1,sq=1,skv=64,hq=2,d=16,dtype=bf16")};
+  options.min_seconds = 0.0;
+  options.min_runs = 2;
+  MachinePeak peak;
+  peak.fma_gflops = 100.0;
+  peak.dram_read_gbps = 10.0;
+  auto rows = run_attention_bench(options, peak);
+  ASSERT_EQ(rows.size(), 6u);
+  for (const BenchRow& r : rows) {
+    if (r.backend == "nosuch") {
+      EXPECT_FALSE(r.ran);
+      EXPECT_EQ(r.note, "no such backend");
+      continue;
+    }
+    ASSERT_TRUE(r.ran) << r.backend << " " << r.shape << ": " << r.note;
+    EXPECT_GE(r.runs, 2);
+    EXPECT_GT(r.seconds, 0.0);
+    EXPECT_NEAR(r.peak_fraction, r.gflops / 100.0, 1e-12);
+    EXPECT_NEAR(r.bandwidth_fraction, r.gbps / 10.0, 1e-12);
+  }
+  auto json = bench_to_json(rows, peak);
+  ASSERT_TRUE(json.is_array());
+  for (const auto& j : json) {
+    for (const char* key : {"backend", "shape", "seconds", "gflops", "gbps"}) EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_NE(format_bench_table(rows, peak).find("cpu-gemm"), std::string::npos);
+}
+
+TEST(AllocTracker, SeesAllocationsInsideACall) {
+  reset_heap_peak();
+  const std::size_t before = heap_bytes_in_use();
+  {
+    std::vector<char> big(1 << 20);
+    big[0] = 1;
+  }
+  EXPECT_GE(heap_peak_bytes() - before, std::size_t{1} << 20);
+  EXPECT_LT(heap_bytes_in_use(), before + 4096);
+}
+
+TEST(MachinePeakTest, MeasuresPositiveCeilings) {
+  // Only that the measurement runs and gives plausible positive numbers: speed is not asserted.
+  MachinePeak p = measure_peak(1);
+  EXPECT_EQ(p.threads, 1);
+  EXPECT_GT(p.fma_gflops, 0.1);
+  EXPECT_GT(p.dram_read_gbps, 0.1);
+  EXPECT_FALSE(p.simd_target.empty());
+}
+
+}  // namespace
+}  // namespace kallpa::harness
