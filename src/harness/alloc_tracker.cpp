@@ -42,6 +42,28 @@ void* operator new(std::size_t n) { return kallpa::harness::allocate(n, 0); }
 void* operator new[](std::size_t n) { return kallpa::harness::allocate(n, 0); }
 void* operator new(std::size_t n, std::align_val_t a) { return kallpa::harness::allocate(n, static_cast<std::size_t>(a)); }
 void* operator new[](std::size_t n, std::align_val_t a) { return kallpa::harness::allocate(n, static_cast<std::size_t>(a)); }
+// The nothrow forms too: a library that allocates with them (std::stable_sort's buffer) would
+// otherwise free through ours memory it got from the default allocator.
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return kallpa::harness::allocate(n, 0);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
+void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  try {
+    return kallpa::harness::allocate(n, static_cast<std::size_t>(a));
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t& t) noexcept { return operator new(n, a, t); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { kallpa::harness::note_free(p); std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { kallpa::harness::note_free(p); std::free(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { kallpa::harness::note_free(p); std::free(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { kallpa::harness::note_free(p); std::free(p); }
 void operator delete(void* p) noexcept { kallpa::harness::note_free(p); std::free(p); }
 void operator delete[](void* p) noexcept { kallpa::harness::note_free(p); std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { kallpa::harness::note_free(p); std::free(p); }

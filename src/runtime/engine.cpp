@@ -12,15 +12,19 @@ namespace kallpa::runtime {
 Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   auto file = model::GgufFile::open(options.model_path);
   if (!file) return file.status();
+  return load(*file, options);
+}
+
+Result<std::unique_ptr<Engine>> Engine::load(std::shared_ptr<const model::GgufFile> file, const EngineOptions& options) {
   std::unique_ptr<Engine> e(new Engine());
   e->options_ = options;
-  auto model = model::LlamaModel::load(*file);
+  auto model = model::LlamaModel::load(file);
   if (!model) return model.status();
   e->model_ = std::move(*model);
-  auto tok = model::tokenizer_from_gguf(**file);
+  auto tok = model::tokenizer_from_gguf(*file);
   if (!tok) return tok.status();
   e->tokenizer_.emplace(std::move(*tok));
-  e->chat_ = model::chat_options_from_gguf(**file);
+  e->chat_ = model::chat_options_from_gguf(*file);
   if (e->tokenizer_->vocab_size() != e->model_->config().vocab_size) {
     return Status::invalid("tokenizer.ggml.tokens", fmt::format("{} tokens, but the model's output has {} rows",
                                                                 e->tokenizer_->vocab_size(), e->model_->config().vocab_size));

@@ -33,6 +33,9 @@ struct EngineOptions {
 class Engine {
  public:
   static Result<std::unique_ptr<Engine>> load(const EngineOptions& options);
+  // From a file already opened (tests, tools); options.model_path is ignored.
+  static Result<std::unique_ptr<Engine>> load(std::shared_ptr<const model::GgufFile> file,
+                                              const EngineOptions& options);
 
   const EngineOptions& options() const noexcept { return options_; }
   const model::ModelConfig& config() const noexcept { return model_->config(); }

@@ -1,0 +1,111 @@
+// The conformance suite: generated attention problems that every backend must solve like the
+// reference (double-precision oracle), with tolerances by dtype, sentinel guard regions around the
+// outputs to catch stray writes, and NaN/Inf rules from the contract. It is a product: the
+// `kallpa conformance` command and the GoogleTest suite both run it, and so can a plugin's author.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kallpa/attention.h"
+#include "kallpa/backend.h"
+
+namespace kallpa::conformance {
+
+// Special inputs that probe the contract's edge rules.
+enum class Edge : std::uint8_t {
+  none = 0,
+  all_masked,        // window/lengths such that some rows see no key: o = 0, lse = -inf
+  huge_logits,       // scale ~1e4: softmax saturates; must not overflow to NaN
+  neg_inf_keys,      // some keys score -inf (k = -inf against q > 0): they get weight 0
+  all_neg_inf_row,   // every visible key scores -inf: o = 0, lse = -inf
+  nan_in_q,          // a NaN in one q row: that row's outputs are NaN, others unaffected
+  nan_in_masked_kv,  // NaN/Inf stored in keys/values no query can see: no effect
+};
+
+struct CaseSpec {
+  DType dtype = DType::f32;  // q, k, v and o
+  std::vector<std::int32_t> seqlens_q;  // one per sequence (size = batch)
+  std::vector<std::int32_t> seqlens_k;
+  std::int32_t hq = 1;
+  std::int32_t hkv = 1;
+  std::int32_t head_dim = 64;
+  std::int32_t head_dim_v = 64;
+  QLayout q_layout = QLayout::dense;   // dense requires equal seqlens_q
+  KvLayout kv_layout = KvLayout::dense;  // dense requires equal seqlens_k
+  std::int32_t page_size = 0;          // paged only
+  bool permute_blocks = true;          // paged: block table is a random permutation
+  bool padded_strides = false;         // non-contiguous views (row padding between heads/tokens)
+  std::int32_t q_tail_rows = 0;        // packed q: rows after the last sequence (o there: untouched)
+  std::int32_t kv_tail_rows = 0;       // packed kv: rows after the last sequence (never read)
+  std::int32_t table_stride_pad = 0;   // paged: block_table_stride - max_blocks_per_seq
+  bool causal = false;
+  std::int64_t window_left = -1;
+  std::int64_t window_right = -1;
+  float softcap = 0.0f;
+  bool alibi = false;
+  bool lse = false;
+  std::optional<float> scale;
+  Edge edge = Edge::none;
+  std::uint64_t seed = 0;
+};
+
+struct Case {
+  std::string name;  // unique, stable, human-readable: "f16/d80/sq65_skv129/causal/gqa3/paged7/lse"
+  CaseSpec spec;
+};
+
+// Tolerances by input dtype; see anchors.md "How we judge numerics".
+struct Tolerance {
+  double atol;
+  double rtol;
+  double naive_multiple;  // error may grow to this multiple of same-dtype naive attention's error
+};
+Tolerance tolerance_for(DType dtype) noexcept;
+
+// The full matrix (~1200 cases) or a quick subset (~220) for fast checks. Deterministic: the same
+// names, in the same order, with the same data on every platform.
+std::vector<Case> generate_cases(bool quick);
+
+struct CaseResult {
+  std::string backend;
+  std::string case_name;
+  bool skipped = false;      // backend does not support the case's signature
+  std::string skip_reason;
+  bool passed = false;
+  double max_abs_error = 0.0;  // over o (and lse when requested)
+  double allowed_error = 0.0;  // the absolute tolerance o was held to (atol_eff; + rtol * |ref|)
+  std::string failure;         // first problem found: element index, values, or the status
+};
+
+// Builds the case's tensors (inputs, outputs with guard regions), runs `backend` directly (not
+// through the dispatcher) and judges it against the reference. A case fails when run() returns an
+// error, an input (tensor, index array, slopes) changed, a byte outside o/lse or past the
+// workspace changed, an output element was never written, a packed row after the last sequence
+// was written, or an element is out of tolerance or breaks the NaN/Inf rules.
+CaseResult run_case(AttentionBackend& backend, const Case& c);
+
+struct Report {
+  std::string backend;
+  std::vector<CaseResult> results;
+  std::size_t passed() const;
+  std::size_t failed() const;
+  std::size_t skipped() const;
+  double max_abs_error() const;
+};
+
+// Runs every case; `progress` (optional) is called after each one.
+Report run_suite(AttentionBackend& backend, const std::vector<Case>& cases,
+                 const std::function<void(const CaseResult&)>& progress = {});
+
+// Runs every case on each backend (one Report per backend, in the given order). Each case's inputs
+// and double-precision reference are built once and shared by all backends, which is what makes
+// running the full matrix over many backends affordable.
+std::vector<Report> run_suites(const std::vector<AttentionBackend*>& backends,
+                               const std::vector<Case>& cases,
+                               const std::function<void(const CaseResult&)>& progress = {});
+
+}  // namespace kallpa::conformance

@@ -1,0 +1,80 @@
+// Tensor-type kernels: dequantisation to f32 and (quantised) matrix products for the tensor types
+// the engine computes with: F32, F16, BF16, Q8_0, Q4_0, Q4_1 (ggml block layouts).
+//
+// matmul computes y[b][i] = sum_j W[i][j] * x[b][j] for a GGUF matrix W (ne = {k, n}: n rows of k).
+// For Q8_0/Q4_0/Q4_1 weights MatmulOptions::activations picks how x enters the product:
+//   - Activations::f32 (the default): x is used as given. Weights are dequantised in registers (or
+//     into a per-thread f32 tile for large batches) to exactly the values dequantize_row gives, and
+//     the products are f32 FMAs. The only error is f32 rounding: |y - exact| <~ k/8 * 2^-24 *
+//     sum_j |W[i][j] x[j]| (in practice far less; the tests bound it by 1e-5 * sum_j |W x|).
+//   - Activations::q8: each x row is first quantised to Q8 blocks of 32 (one scale per block,
+//     round-to-nearest-even) and the products run in integer arithmetic (llama.cpp does the same);
+//     the result differs from the exact product by at most sum_j |W[i][j]| * max|x_block| / 254
+//     (plus float rounding). Faster for large batches, but the noise (~0.5% per dot) can change a
+//     small model's greedy answers.
+// F32/F16/BF16 weights always use f32 x directly (the option is ignored for them).
+//
+// Every output element is computed by the same sequence of operations whatever batch size, batch
+// position, tile or thread count it is part of (work is split over kallpa::parallel::ThreadPool::
+// global() by output rows and batch rows), so results do not depend on the number of threads or on
+// the batch size. In the f32 path each output is accumulated in 8 f32 lanes (lane l takes
+// j = l mod 8, FMAs in increasing j), then summed ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)); the scalar
+// reference kernels follow the same order, so they agree with the AVX2 ones bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "kallpa/model/ggml_type.h"
+#include "kallpa/model/gguf.h"
+#include "kallpa/status.h"
+
+namespace kallpa::model {
+
+// A row-major weight matrix: rows x cols elements of `type`, row_bytes apart.
+struct WeightMatrix {
+  GgmlType type = GgmlType::f32;
+  const void* data = nullptr;
+  std::int64_t rows = 0;        // n (outputs)
+  std::int64_t cols = 0;        // k (inputs), a multiple of the type's block size
+  std::uint64_t row_bytes = 0;  // bytes per row
+};
+
+// The 2-D view of a tensor (ne = {cols, rows}); invalid_argument (field = tensor name) if it has
+// more than two non-trivial dims, unsupported if its type has no kernels.
+Result<WeightMatrix> as_weight_matrix(const TensorView& t);
+
+// Bytes of one row of `cols` elements of `type` (0 if the type is unknown or cols not a multiple
+// of its block size).
+std::uint64_t row_size(GgmlType type, std::int64_t cols) noexcept;
+
+// Dequantises n elements (a multiple of the type's block size) starting at src into dst.
+Status dequantize_row(GgmlType type, const void* src, float* dst, std::int64_t n);
+// Quantises n floats (a multiple of the block size) to `type` with ggml's reference rounding
+// (bit-identical to ggml-quants.c and gguf-py's gguf.quants for Q8_0, Q4_0, Q4_1; F16/BF16 round to
+// nearest even). dst receives row_size(type, n) bytes.
+Status quantize_row(GgmlType type, const float* src, void* dst, std::int64_t n);
+// Dequantises rows [first, first + count) of a matrix into dst (count x cols floats), e.g. an
+// embedding lookup. invalid_argument when the rows are out of range.
+Status dequantize_rows(const WeightMatrix& w, std::int64_t first, std::int64_t count, float* dst);
+
+struct MatmulOptions {
+  // How activations enter products with quantised (Q8_0/Q4_0/Q4_1) weights; see the top of this file.
+  enum class Activations {
+    f32,  // exact activations: f32 FMAs with in-register dequantised weights (f32 rounding only)
+    q8,   // activations quantised to Q8 blocks, integer dot products (llama.cpp style, faster prefill)
+  };
+  int max_threads = 0;        // 0: all of the pool's threads
+  bool force_scalar = false;  // use the scalar reference kernels (tests, debugging)
+  Activations activations = Activations::f32;  // ignored for F32/F16/BF16 weights
+};
+
+// y[b * ldy + i] = sum_j W[i][j] * x[b * ldx + j] for b < batch, i < w.rows. ldx >= w.cols,
+// ldy >= w.rows. x and y must not overlap.
+Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::int64_t ldx, float* y,
+              std::int64_t ldy, const MatmulOptions& options = {});
+
+// The SIMD path the kernels use on this machine: "avx2" or "scalar".
+std::string_view quant_kernel_isa() noexcept;
+
+}  // namespace kallpa::model

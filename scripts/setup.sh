@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Sets up kallpa on a fresh Debian 12 machine: installs the packages it needs (apt-get, only when
+# something is missing), makes .venv with the Python packages the cross-check tests use, fetches
+# the default model (SmolLM2-135M-Instruct Q4_1, pinned SHA-256) into models/, builds Release into
+# build/, and runs the main job.
+# Idempotent: a second run installs nothing and rebuilds only what changed.
+#
+#   bash scripts/setup.sh            # install, build, run the demo
+#   bash scripts/setup.sh --no-run   # install and build only
+#
+# Environment: KALLPA_JOBS (parallel build jobs, default 2), KALLPA_CMAKE_ARGS (extra configure
+# arguments, e.g. "-DKALLPA_WERROR=ON").
+set -euo pipefail
+
+# Debian packages the project uses. Later work appends to this list (and adds steps below, such as
+# fetching a model); keep it the single place that names them.
+KALLPA_APT_PACKAGES=(
+  cmake g++ make pkg-config python3
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
+  libhwy-dev libopenblas-dev libpcre2-dev
+  python3-venv python3-pip
+)
+
+run_main_job=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-run) run_main_job=0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+jobs="${KALLPA_JOBS:-2}"
+
+# 1. Packages: install only what is missing; `apt-get update` only when something is.
+missing=()
+for pkg in "${KALLPA_APT_PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$pkg")
+  fi
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=()
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || { echo "setup: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" apt-get update
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all ${#KALLPA_APT_PACKAGES[@]} packages present"
+fi
+
+# 2. Python packages for the tests' independent cross-checks, in the project's own venv (Debian's
+#    system Python refuses global pip installs). Skipped when already satisfied.
+python="${PYTHON:-python3}"
+if [[ ! -x .venv/bin/python3 ]]; then
+  "$python" -m venv .venv
+fi
+if ! .venv/bin/python3 -m pip install --disable-pip-version-check -q -r scripts/requirements.txt; then
+  echo "setup: could not install scripts/requirements.txt; the Python cross-check tests will be skipped" >&2
+fi
+
+# 3. The default model (idempotent; verified by SHA-256).
+bash scripts/fetch_model.sh >/dev/null
+
+# 4. Build (Release, incremental).
+# shellcheck disable=SC2086  # KALLPA_CMAKE_ARGS is a list of arguments on purpose
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${KALLPA_CMAKE_ARGS:-}
+cmake --build build -j"$jobs"
+
+# 5. The main job.
+if ((run_main_job)); then
+  echo
+  build/tools/kallpa/kallpa demo
+fi

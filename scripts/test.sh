@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Builds kallpa (Release, build/, incremental) and runs every test; exits non-zero on any failure.
+#
+#   bash scripts/test.sh                 # all tests
+#   bash scripts/test.sh --sanitize      # also build build-san (ASan + UBSan) and run them there
+#   bash scripts/test.sh -- -R cli       # extra arguments after -- go to ctest
+#
+# Environment: KALLPA_JOBS (default 2), KALLPA_CMAKE_ARGS (extra configure arguments),
+# KALLPA_TEST_SANITIZE=1 (same as --sanitize).
+set -euo pipefail
+
+sanitize="${KALLPA_TEST_SANITIZE:-0}"
+ctest_args=()
+while (($#)); do
+  case "$1" in
+    --sanitize) sanitize=1 ;;
+    --) shift; ctest_args=("$@"); break ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "test.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+jobs="${KALLPA_JOBS:-2}"
+
+build_and_test() {  # build_and_test DIR BUILD_TYPE
+  local dir=$1 type=$2 start=$SECONDS
+  echo "== $type build in $dir"
+  # shellcheck disable=SC2086  # KALLPA_CMAKE_ARGS is a list of arguments on purpose
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE="$type" ${KALLPA_CMAKE_ARGS:-}
+  cmake --build "$dir" -j"$jobs"
+  echo "== $type build took $((SECONDS - start)) s; testing"
+  start=$SECONDS
+  ctest --test-dir "$dir" -j"$jobs" --output-on-failure "${ctest_args[@]}"
+  echo "== $type tests took $((SECONDS - start)) s"
+}
+
+build_and_test build Release
+if [[ $sanitize == 1 ]]; then
+  export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
+  export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+  build_and_test build-san Sanitize
+fi
+echo "== all tests passed"

@@ -1,0 +1,351 @@
+// cpu-flash driver: support verdicts, the shape-only work plan (tasks, splits, workspace), the
+// generic scalar path and the split-KV combine. The SIMD kernels live in flash_kernels.cpp.
+#include "backends/cpu-flash/cpu_flash.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "backends/cpu-flash/flash_internal.h"
+#include "core/parallel.h"
+#include "kallpa/half.h"
+#include "kallpa/registry.h"
+
+namespace kallpa::cpu_flash {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline float load_f(const TensorView& t, std::int64_t idx) noexcept {
+  switch (t.dtype) {
+    case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(t.data)[idx]);
+    case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(t.data)[idx]);
+    case DType::f32: break;
+  }
+  return static_cast<const float*>(t.data)[idx];
+}
+
+inline void store_f(const TensorView& t, std::int64_t idx, float v) noexcept {
+  switch (t.dtype) {
+    case DType::f16: static_cast<std::uint16_t*>(t.data)[idx] = f32_to_f16(v); return;
+    case DType::bf16: static_cast<std::uint16_t*>(t.data)[idx] = f32_to_bf16(v); return;
+    case DType::f32: break;
+  }
+  static_cast<float*>(t.data)[idx] = v;
+}
+
+inline std::int64_t head_stride(const TensorView& t) { return t.stride[static_cast<std::size_t>(t.rank - 2)]; }
+inline std::int64_t dim_stride(const TensorView& t) { return t.stride[static_cast<std::size_t>(t.rank - 1)]; }
+
+// ---------------------------------------------------------------------------------------------
+// Generic path: one query row at a time, scalar online softmax over its visible keys.
+
+Status run_generic(const ValidatedProblem& vp, int max_threads) {
+  const AttentionProblem& p = vp.problem();
+  const std::int32_t hq = vp.hq();
+  const std::int32_t group = vp.group_size();
+  const std::int64_t d = vp.head_dim();
+  const std::int64_t dv = vp.head_dim_v();
+  const float scale = vp.scale();
+  const float softcap = p.softcap;
+  constexpr std::int64_t kRowsPerTask = 32;
+
+  struct Item {
+    std::int32_t b;
+    std::int32_t h;
+    std::int64_t i0;
+  };
+  std::vector<Item> items;
+  for (std::int32_t b = 0; b < vp.batch(); ++b) {
+    const std::int64_t sq = vp.seqlen_q(b);
+    for (std::int32_t h = 0; h < hq; ++h)
+      for (std::int64_t i0 = 0; i0 < sq; i0 += kRowsPerTask) items.push_back({b, h, i0});
+  }
+  const std::int64_t qhs = head_stride(p.q), qds = dim_stride(p.q);
+  const std::int64_t khs = head_stride(p.k), kds = dim_stride(p.k);
+  const std::int64_t vhs = head_stride(p.v), vds = dim_stride(p.v);
+  const std::int64_t ohs = head_stride(p.o), ods = dim_stride(p.o);
+
+  auto task = [&](std::int64_t t, int /*worker*/) {
+    const Item it = items[static_cast<std::size_t>(t)];
+    const std::int64_t sq = vp.seqlen_q(it.b);
+    const std::int64_t skv = vp.seqlen_k(it.b);
+    const std::int32_t kvh = it.h / group;
+    const float slope = p.alibi_slopes ? p.alibi_slopes[it.h] : 0.0f;
+    std::vector<float> qf(static_cast<std::size_t>(d));
+    std::vector<float> acc(static_cast<std::size_t>(dv));
+    const std::int64_t i1 = std::min(sq, it.i0 + kRowsPerTask);
+    for (std::int64_t i = it.i0; i < i1; ++i) {
+      const std::int64_t qoff = vp.q_row_offset(it.b, i) + it.h * qhs;
+      for (std::int64_t x = 0; x < d; ++x) qf[static_cast<std::size_t>(x)] = load_f(p.q, qoff + x * qds);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      float m = kNegInf;
+      float l = 0.0f;
+      const auto range = vp.visible_keys(it.b, i);
+      const std::int64_t pos = i + skv - sq;
+      for (std::int64_t j = range.first; j <= range.last; ++j) {
+        const std::int64_t koff = vp.k_row_offset(it.b, j) + kvh * khs;
+        float s = 0.0f;
+        for (std::int64_t x = 0; x < d; ++x) s += qf[static_cast<std::size_t>(x)] * load_f(p.k, koff + x * kds);
+        s *= scale;
+        if (softcap > 0.0f) s = softcap * std::tanh(s / softcap);
+        if (p.alibi_slopes) s -= slope * static_cast<float>(std::llabs(pos - j));
+        if (s > m) {
+          const float alpha = m == kNegInf ? 0.0f : std::exp(m - s);
+          l *= alpha;
+          for (auto& a : acc) a *= alpha;
+          m = s;
+        }
+        const float pj = std::exp(s - (m == kNegInf ? 0.0f : m));  // NaN stays NaN; -inf gives 0
+        l += pj;
+        const std::int64_t voff = vp.v_row_offset(it.b, j) + kvh * vhs;
+        for (std::int64_t x = 0; x < dv; ++x) acc[static_cast<std::size_t>(x)] += pj * load_f(p.v, voff + x * vds);
+      }
+      const std::int64_t ooff = vp.o_row_offset(it.b, i) + it.h * ohs;
+      if (l == 0.0f) {  // no visible key, or all visible scores -inf
+        for (std::int64_t x = 0; x < dv; ++x) store_f(p.o, ooff + x * ods, 0.0f);
+        if (p.lse.present()) static_cast<float*>(p.lse.data)[vp.lse_offset(it.b, it.h, i)] = kNegInf;
+      } else {
+        const float inv = 1.0f / l;
+        for (std::int64_t x = 0; x < dv; ++x) store_f(p.o, ooff + x * ods, acc[static_cast<std::size_t>(x)] * inv);
+        if (p.lse.present()) static_cast<float*>(p.lse.data)[vp.lse_offset(it.b, it.h, i)] = m + std::log(l);
+      }
+    }
+  };
+  parallel::ThreadPool::global().parallel_for(static_cast<std::int64_t>(items.size()), task, max_threads);
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Split-KV combine: merges the partial (m, l, o) of each split of a query tile.
+
+void combine_rows(const ValidatedProblem& vp, const Plan& plan, const Combine& c, const std::byte* partials) {
+  const AttentionProblem& p = vp.problem();
+  const std::int64_t dv = vp.head_dim_v();
+  const std::int64_t rows_max = plan.rows_max;
+  const std::int64_t ohs = head_stride(p.o), ods = dim_stride(p.o);
+  const std::int32_t group = vp.group_size();
+  std::vector<float> acc(static_cast<std::size_t>(dv));
+  for (std::int64_t pi = 0; pi < c.rows.ni; ++pi) {
+    for (std::int32_t hh = 0; hh < c.rows.nh; ++hh) {
+      const std::int64_t r = pi * c.rows.nh + hh;
+      float mx = kNegInf;
+      bool nan = false;
+      for (std::int32_t s = 0; s < c.splits; ++s) {
+        const auto* slot = reinterpret_cast<const float*>(
+            partials + static_cast<std::size_t>(c.first_partial + s) * plan.partial_bytes);
+        const float ms = slot[r];
+        if (std::isnan(ms)) nan = true;
+        else mx = std::max(mx, ms);
+      }
+      const float muse = nan ? std::numeric_limits<float>::quiet_NaN() : (mx == kNegInf ? 0.0f : mx);
+      float l = 0.0f;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (std::int32_t s = 0; s < c.splits; ++s) {
+        const auto* slot = reinterpret_cast<const float*>(
+            partials + static_cast<std::size_t>(c.first_partial + s) * plan.partial_bytes);
+        const float w = std::exp(slot[r] - muse);
+        l += w * slot[rows_max + r];
+        const float* o = slot + 2 * rows_max + r * dv;
+        for (std::int64_t x = 0; x < dv; ++x) acc[static_cast<std::size_t>(x)] += w * o[x];
+      }
+      const std::int32_t h = c.rows.kvh * group + c.rows.h0 + hh;
+      const std::int64_t i = c.rows.i0 + pi;
+      const std::int64_t ooff = vp.o_row_offset(c.rows.b, i) + h * ohs;
+      if (l == 0.0f) {
+        for (std::int64_t x = 0; x < dv; ++x) store_f(p.o, ooff + x * ods, 0.0f);
+        if (p.lse.present()) static_cast<float*>(p.lse.data)[vp.lse_offset(c.rows.b, h, i)] = kNegInf;
+      } else {
+        const float inv = 1.0f / l;
+        for (std::int64_t x = 0; x < dv; ++x) store_f(p.o, ooff + x * ods, acc[static_cast<std::size_t>(x)] * inv);
+        if (p.lse.present()) static_cast<float*>(p.lse.data)[vp.lse_offset(c.rows.b, h, i)] = muse + std::log(l);
+      }
+    }
+  }
+}
+
+bool fast_applicable(const ValidatedProblem& vp) noexcept {
+  return vp.head_dim() <= kMaxFastHeadDim && vp.head_dim_v() <= kMaxFastHeadDim;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+Plan make_plan(const ValidatedProblem& vp) {
+  Plan plan;
+  const std::int32_t group = vp.group_size();
+  const std::int32_t hchunks = static_cast<std::int32_t>((group + kRowTarget - 1) / kRowTarget);
+  const std::int32_t nh = (group + hchunks - 1) / hchunks;
+  const std::int64_t mq = std::max<std::int64_t>(1, kRowTarget / nh);
+
+  struct Base {
+    std::int32_t b;
+    std::int64_t i0, ni, k_begin, k_end;
+    double cost;
+  };
+  std::vector<Base> bases;
+  for (std::int32_t b = 0; b < vp.batch(); ++b) {
+    const std::int64_t sq = vp.seqlen_q(b);
+    for (std::int64_t i0 = 0; i0 < sq; i0 += mq) {
+      const std::int64_t ni = std::min(mq, sq - i0);
+      std::int64_t lo = std::numeric_limits<std::int64_t>::max(), hi = -1;
+      double keys = 0.0;
+      for (std::int64_t i = i0; i < i0 + ni; ++i) {
+        const auto r = vp.visible_keys(b, i);
+        if (r.first > r.last) continue;
+        lo = std::min(lo, r.first);
+        hi = std::max(hi, r.last);
+        keys += static_cast<double>(r.last - r.first + 1);
+      }
+      if (hi < 0) lo = hi = 0;  // no visible key: the task only writes zeros
+      else ++hi;
+      bases.push_back({b, i0, ni, lo, hi, keys});
+    }
+  }
+  const std::int64_t n_base = static_cast<std::int64_t>(bases.size()) * vp.hkv() * hchunks;
+  constexpr std::int64_t kParallelUnits = 32;
+  constexpr std::int64_t kMinSplitKeys = 4 * kKeyTile;
+  const std::int64_t want_splits = n_base > 0 ? std::max<std::int64_t>(1, kParallelUnits / n_base) : 1;
+
+  for (const Base& base : bases) {
+    const std::int64_t span = base.k_end - base.k_begin;
+    std::int64_t splits = std::min<std::int64_t>(want_splits, span / kMinSplitKeys);
+    if (splits < 2) splits = 1;
+    const std::int64_t tiles = (span + kKeyTile - 1) / kKeyTile;
+    const std::int64_t tiles_per_split = (tiles + splits - 1) / std::max<std::int64_t>(1, splits);
+    if (splits > 1) splits = (tiles + tiles_per_split - 1) / tiles_per_split;
+    for (std::int32_t kvh = 0; kvh < vp.hkv(); ++kvh) {
+      for (std::int32_t hc = 0; hc < hchunks; ++hc) {
+        Task t;
+        t.b = base.b;
+        t.kvh = kvh;
+        t.h0 = hc * nh;
+        t.nh = std::min(nh, group - hc * nh);
+        t.i0 = base.i0;
+        t.ni = base.ni;
+        plan.rows_max = std::max(plan.rows_max, t.ni * t.nh);
+        const double row_cost = static_cast<double>(vp.head_dim() + vp.head_dim_v()) * t.nh;
+        if (splits == 1) {
+          t.k_begin = base.k_begin;
+          t.k_end = base.k_end;
+          t.cost = base.cost * row_cost + 1.0;
+          plan.tasks.push_back(t);
+          continue;
+        }
+        Combine c;
+        c.rows = t;
+        c.first_partial = plan.n_partials;
+        c.splits = static_cast<std::int32_t>(splits);
+        for (std::int64_t s = 0; s < splits; ++s) {
+          Task st = t;
+          st.k_begin = base.k_begin + s * tiles_per_split * kKeyTile;
+          st.k_end = std::min(base.k_end, st.k_begin + tiles_per_split * kKeyTile);
+          st.partial = plan.n_partials++;
+          st.cost = base.cost * row_cost / static_cast<double>(splits) + 1.0;
+          plan.tasks.push_back(st);
+        }
+        plan.combines.push_back(c);
+      }
+    }
+  }
+  // Head-major (consecutive tasks reuse the same K/V from L2), heaviest query tile first within a
+  // head, so that the last tasks handed out are light ones and the threads finish together.
+  std::stable_sort(plan.tasks.begin(), plan.tasks.end(), [](const Task& a, const Task& b) {
+    if (a.b != b.b) return a.b < b.b;
+    if (a.kvh != b.kvh) return a.kvh < b.kvh;
+    if (a.h0 != b.h0) return a.h0 < b.h0;
+    return a.cost > b.cost;
+  });
+  const auto layout = scratch_layout(plan.rows_max, vp.head_dim(), vp.head_dim_v());
+  plan.worker_bytes = layout.total;
+  plan.partial_bytes = static_cast<std::size_t>(round_up((2 * plan.rows_max + plan.rows_max * vp.head_dim_v()) * 4, 64));
+  return plan;
+}
+
+// Above reference (0): the default CPU backend. Passes the full conformance matrix.
+int CpuFlashBackend::priority() const noexcept { return 100; }
+
+Support CpuFlashBackend::supports(const ProblemSignature& sig) const noexcept {
+  if (sig.device.kind != DeviceKind::cpu) {
+    return Support::no("cpu-flash runs on the CPU; the tensors are on " + sig.device.to_string());
+  }
+  return Support::yes();
+}
+
+bool CpuFlashBackend::uses_fast_path(const ValidatedProblem& vp) const noexcept {
+  return options_.path != Path::generic && fast_applicable(vp);
+}
+
+std::size_t CpuFlashBackend::workspace_size(const ValidatedProblem& vp) const noexcept {
+  if (!uses_fast_path(vp) || vp.total_q() == 0) return 0;
+  try {
+    const Plan plan = make_plan(vp);
+    return plan.workspace_bytes(parallel::ThreadPool::global().threads_for(options_.threads));
+  } catch (...) {
+    return 0;
+  }
+}
+
+std::string CpuFlashBackend::simd_target() { return fast_target_name(); }
+std::vector<std::string> CpuFlashBackend::simd_targets() { return fast_target_names(); }
+bool CpuFlashBackend::force_simd_target(const std::string& name) { return force_fast_target(name); }
+
+Status CpuFlashBackend::run(const ValidatedProblem& vp, Workspace workspace) noexcept {
+  try {
+    if (vp.total_q() == 0) return Status::ok();
+    if (!uses_fast_path(vp)) return run_generic(vp, options_.threads);
+
+    const Plan plan = make_plan(vp);
+    auto& pool = parallel::ThreadPool::global();
+    const int threads = pool.threads_for(options_.threads);
+    const std::size_t need = plan.workspace_bytes(threads);
+    std::unique_ptr<std::byte[]> owned;
+    std::byte* base = static_cast<std::byte*>(workspace.data);
+    if (base == nullptr || workspace.bytes < need) {
+      owned.reset(new (std::nothrow) std::byte[need]);
+      if (!owned) return Status(ErrorCode::out_of_memory, "workspace", "cpu-flash could not allocate scratch");
+      base = owned.get();
+    }
+    const auto addr = reinterpret_cast<std::uintptr_t>(base);
+    base += (64 - addr % 64) % 64;
+    std::byte* partials = base + static_cast<std::size_t>(threads) * plan.worker_bytes;
+
+    pool.parallel_for(
+        static_cast<std::int64_t>(plan.tasks.size()),
+        [&](std::int64_t t, int worker) {
+          const Task& task = plan.tasks[static_cast<std::size_t>(t)];
+          float* partial = task.partial < 0 ? nullptr
+                                            : reinterpret_cast<float*>(
+                                                  partials + static_cast<std::size_t>(task.partial) * plan.partial_bytes);
+          run_fast_task(vp, plan, task, base + static_cast<std::size_t>(worker) * plan.worker_bytes, partial);
+        },
+        threads);
+    if (!plan.combines.empty()) {
+      pool.parallel_for(
+          static_cast<std::int64_t>(plan.combines.size()),
+          [&](std::int64_t c, int) { combine_rows(vp, plan, plan.combines[static_cast<std::size_t>(c)], partials); },
+          threads);
+    }
+    return Status::ok();
+  } catch (const std::bad_alloc&) {
+    return Status(ErrorCode::out_of_memory, "", "cpu-flash ran out of memory");
+  } catch (const std::exception& e) {
+    return Status(ErrorCode::internal, "", std::string("cpu-flash: ") + e.what());
+  } catch (...) {
+    return Status(ErrorCode::internal, "", "cpu-flash: unknown error");
+  }
+}
+
+}  // namespace kallpa::cpu_flash
+
+namespace {
+using CpuFlashBackend = kallpa::cpu_flash::CpuFlashBackend;
+KALLPA_REGISTER_BACKEND(CpuFlashBackend);
+}  // namespace

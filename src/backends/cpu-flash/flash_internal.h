@@ -1,0 +1,107 @@
+// Internals of cpu-flash shared by the driver (cpu_flash.cpp) and the SIMD kernels
+// (flash_kernels.cpp). Not a public header.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kallpa/attention.h"
+
+namespace kallpa::cpu_flash {
+
+inline constexpr std::int64_t kKeyTile = 128;   // keys per tile
+inline constexpr std::int64_t kRowTarget = 128; // query rows (positions x heads) per task
+inline constexpr std::int64_t kAlign = 16;      // floats; rows and head dims pad to this
+inline constexpr std::int64_t kMaxFastHeadDim = 1024;
+
+inline constexpr std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+
+// One unit of work: query heads [kvh*G + h0, +nh) x query positions [i0, i0+ni) of sequence b,
+// against the keys [k_begin, k_end) (already the visible union of those rows, or a split of it).
+struct Task {
+  std::int32_t b = 0;
+  std::int32_t kvh = 0;
+  std::int32_t h0 = 0;
+  std::int32_t nh = 0;
+  std::int64_t i0 = 0;
+  std::int64_t ni = 0;
+  std::int64_t k_begin = 0;
+  std::int64_t k_end = 0;
+  std::int64_t partial = -1;  // -1: write o/lse; else the partial-result slot for a split
+  double cost = 0.0;
+};
+
+// The splits of one query tile, merged after all its split tasks ran.
+struct Combine {
+  Task rows;  // b, kvh, h0, nh, i0, ni
+  std::int64_t first_partial = 0;
+  std::int32_t splits = 0;
+};
+
+struct Plan {
+  std::vector<Task> tasks;  // heaviest first
+  std::vector<Combine> combines;
+  std::int64_t rows_max = 0;  // max rows (nh * ni) of any task
+  std::int64_t n_partials = 0;
+  std::size_t worker_bytes = 0;   // scratch per worker
+  std::size_t partial_bytes = 0;  // one partial slot: m[rows_max], l[rows_max], o[rows_max * dv]
+
+  std::size_t workspace_bytes(int threads) const {
+    return static_cast<std::size_t>(threads) * worker_bytes +
+           static_cast<std::size_t>(n_partials) * partial_bytes + 64;
+  }
+};
+
+// Per-worker scratch, byte offsets (each 64-aligned). Rp, Dp, Dvp: rows, D, Dv padded to kAlign.
+struct ScratchLayout {
+  std::int64_t rp = 0, dp = 0, dvp = 0;
+  std::size_t q = 0;      // rows kernel: q^T [D][Rp]; decode kernel: q [R][Dp] (scaled)
+  std::size_t s = 0;      // rows kernel: scores [Nk][Rp]; decode kernel: [R][Nk]
+  std::size_t o = 0;      // rows kernel: o^T [Dv][Rp]; decode kernel: o [R][Dvp]
+  std::size_t k = 0;      // key tile, f32 [Nk][Dp]
+  std::size_t v = 0;      // value tile, f32 [Nk][Dvp]
+  std::size_t m = 0, l = 0, slope = 0, posf = 0;  // f32 [Rp]
+  std::size_t lo = 0, hi = 0;                     // int32 [Rp]: visible keys per row
+  std::size_t total = 0;
+};
+
+inline ScratchLayout scratch_layout(std::int64_t rows_max, std::int64_t d, std::int64_t dv) {
+  ScratchLayout L;
+  L.rp = round_up(rows_max < 1 ? 1 : rows_max, kAlign);
+  L.dp = round_up(d, kAlign);
+  L.dvp = round_up(dv, kAlign);
+  std::size_t at = 0;
+  auto take = [&](std::int64_t elems) {
+    const std::size_t off = at;
+    at += static_cast<std::size_t>(round_up(elems * 4, 64));
+    return off;
+  };
+  L.q = take(L.rp * L.dp);
+  L.s = take(kKeyTile * L.rp);
+  L.o = take(L.rp * L.dvp);
+  L.k = take(kKeyTile * L.dp);
+  L.v = take(kKeyTile * L.dvp);
+  L.m = take(L.rp);
+  L.l = take(L.rp);
+  L.slope = take(L.rp);
+  L.posf = take(L.rp);
+  L.lo = take(L.rp);
+  L.hi = take(L.rp);
+  L.total = at;
+  return L;
+}
+
+// Shape-only (never thread-count dependent), so results do not depend on the number of threads.
+Plan make_plan(const ValidatedProblem& problem);
+
+// Runs one task of the fast path. `scratch` is worker_bytes, 64-aligned; `partial` is the task's
+// partial slot (null when the task writes o/lse directly).
+void run_fast_task(const ValidatedProblem& problem, const Plan& plan, const Task& task, void* scratch,
+                   float* partial);
+std::string fast_target_name();              // the target the dispatcher uses now
+std::vector<std::string> fast_target_names();  // compiled and supported by this CPU, best first
+bool force_fast_target(const std::string& name);  // tests: pin one target ("" restores)
+
+}  // namespace kallpa::cpu_flash

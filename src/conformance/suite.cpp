@@ -1,0 +1,210 @@
+// Running cases: build a case once (inputs, reference, naive bounds), then for each backend reset
+// the outputs to poison, run it directly (not through the dispatcher), and check everything it
+// could have got wrong: its status, its inputs, its workspace bounds, the guards around and
+// between its outputs, and finally the numbers.
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <future>
+#include <new>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "backends/reference/reference.h"
+#include "conformance/case_data.h"
+#include "conformance/judge.h"
+#include "conformance/naive.h"
+#include "kallpa/conformance.h"
+
+namespace kallpa::conformance {
+
+// Output tolerances by input dtype. The output is stored in the input dtype, so one rounding of
+// the result alone costs half an ulp: 2^-24 (f32), 2^-11 (f16), 2^-8 (bf16) relative.
+//  * rtol: two full ulps for f16 (2^-9) and bf16 (2^-6), i.e. that rounding plus as much again for
+//    a summation order different from the reference's; f32 gets 1e-5 (~80 ulps) because a 4k-key
+//    row accumulated in f32 in any order can drift that far, and nothing is rounded afterwards.
+//  * atol: values near zero, where relative error means nothing. A kernel may (as FlashAttention
+//    does) round the probabilities to the dtype before P.V, which costs about one ulp of the
+//    largest |v| (inputs lie in [-1, 1]): 2^-10 ~ 1e-3 for f16 -> 2e-3, 2^-7 ~ 7.8e-3 for
+//    bf16 -> 1.6e-2. f32 kernels keep f32 probabilities; 1e-5 is ~100x their rounding error.
+//  * naive_multiple 2 is FlashAttention's own rule: no worse than twice the error of attention
+//    computed naively in the same dtype. It is what widens the bound where the dtype itself
+//    forces error (huge logits, softcap, long rows), instead of loosening atol everywhere.
+Tolerance tolerance_for(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::f32: return {1e-5, 1e-5, 2.0};
+    case DType::f16: return {2e-3, 0x1p-9, 2.0};
+    case DType::bf16: return {1.6e-2, 0x1p-6, 2.0};
+  }
+  return {1e-5, 1e-5, 2.0};
+}
+
+namespace {
+
+using detail::Bounds;
+using detail::CaseData;
+
+// A case made ready to run on any number of backends.
+struct Prepared {
+  const Case* c = nullptr;
+  std::unique_ptr<CaseData> data;
+  std::optional<ValidatedProblem> problem;
+  reference::Output64 ref;
+  Bounds bounds;
+  std::string setup_failure;  // a suite (or core) bug: every backend fails the case with it
+};
+
+Prepared prepare(const Case& c) {
+  Prepared p;
+  p.c = &c;
+  try {
+    p.data = detail::build_case_data(c);
+    Result<ValidatedProblem> v = validate(p.data->problem);
+    if (!v) {
+      p.setup_failure = "suite bug: the generated problem does not validate: " + v.status().to_string();
+      return p;
+    }
+    p.problem.emplace(std::move(v).value());
+    p.ref = reference::compute_f64(*p.problem);
+    p.bounds = detail::bounds_for(*p.data, p.ref, detail::naive_attention(*p.data));
+    p.setup_failure = p.bounds.self_check_failure;
+  } catch (const std::exception& e) {
+    p.setup_failure = fmt::format("suite bug: could not build the case: {}", e.what());
+  }
+  return p;
+}
+
+// Scratch memory with a guard tail: a backend may use exactly what it asked for.
+class GuardedWorkspace {
+ public:
+  explicit GuardedWorkspace(std::size_t bytes) : bytes_(bytes) {
+    storage_.reset(static_cast<std::byte*>(::operator new[](bytes + kGuard, std::align_val_t{64})));
+    std::memset(storage_.get() + bytes, 0x5a, kGuard);
+  }
+  Workspace workspace() const noexcept { return {storage_.get(), bytes_}; }
+  bool guard_intact() const noexcept {
+    const std::byte* g = storage_.get() + bytes_;
+    return std::all_of(g, g + kGuard, [](std::byte x) { return x == std::byte{0x5a}; });
+  }
+
+ private:
+  static constexpr std::size_t kGuard = 256;
+  struct Free {
+    void operator()(std::byte* p) const noexcept { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  std::size_t bytes_;
+  std::unique_ptr<std::byte[], Free> storage_;
+};
+
+CaseResult run_prepared(AttentionBackend& backend, Prepared& p) {
+  CaseResult r;
+  r.backend = std::string(backend.name());
+  r.case_name = p.c->name;
+  auto fail = [&](std::string why) {
+    r.passed = false;
+    r.failure = std::move(why);
+    return r;
+  };
+  if (!p.setup_failure.empty()) return fail(p.setup_failure);
+  const ValidatedProblem& vp = *p.problem;
+  CaseData& data = *p.data;
+  r.allowed_error = p.bounds.atol_o;
+
+  const Support support = backend.supports(vp.signature());
+  if (!support.ok) {
+    r.skipped = true;
+    r.skip_reason = support.why_not.empty() ? "unsupported (no reason given)" : support.why_not;
+    return r;
+  }
+  data.ob->reset_output(detail::poison_bits(data.spec.dtype));
+  if (data.lseb) data.lseb->reset_output(detail::poison_bits(DType::f32));
+  const std::size_t ws_bytes = backend.workspace_size(vp);
+  std::optional<GuardedWorkspace> ws;
+  try {
+    ws.emplace(ws_bytes);
+  } catch (const std::bad_alloc&) {
+    return fail(fmt::format("could not allocate the {} workspace bytes the backend asked for", ws_bytes));
+  }
+
+  const Status status = backend.run(vp, ws->workspace());
+  if (!status) return fail("run() failed: " + status.to_string());
+  if (auto what = detail::find_input_change(data)) {
+    detail::restore_inputs(data);
+    return fail("the backend modified its input " + *what);
+  }
+  if (!ws->guard_intact()) {
+    return fail(fmt::format("out-of-bounds write past the end of the workspace ({} bytes requested)", ws_bytes));
+  }
+  if (auto where = data.ob->find_stray_write()) return fail("out-of-bounds write at o: " + *where);
+  if (data.lseb) {
+    if (auto where = data.lseb->find_stray_write()) return fail("out-of-bounds write at lse: " + *where);
+  }
+  const detail::Verdict verdict = detail::judge_outputs(data, p.ref, p.bounds);
+  r.max_abs_error = verdict.max_abs_error;
+  r.passed = verdict.passed;
+  r.failure = verdict.failure;
+  return r;
+}
+
+}  // namespace
+
+std::size_t Report::passed() const {
+  return static_cast<std::size_t>(std::count_if(results.begin(), results.end(),
+                                                [](const CaseResult& r) { return !r.skipped && r.passed; }));
+}
+
+std::size_t Report::failed() const {
+  return static_cast<std::size_t>(std::count_if(results.begin(), results.end(),
+                                                [](const CaseResult& r) { return !r.skipped && !r.passed; }));
+}
+
+std::size_t Report::skipped() const {
+  return static_cast<std::size_t>(
+      std::count_if(results.begin(), results.end(), [](const CaseResult& r) { return r.skipped; }));
+}
+
+double Report::max_abs_error() const {
+  double m = 0.0;
+  for (const CaseResult& r : results) {
+    if (!r.skipped) m = std::max(m, r.max_abs_error);
+  }
+  return m;
+}
+
+CaseResult run_case(AttentionBackend& backend, const Case& c) {
+  Prepared p = prepare(c);
+  return run_prepared(backend, p);
+}
+
+std::vector<Report> run_suites(const std::vector<AttentionBackend*>& backends,
+                               const std::vector<Case>& cases,
+                               const std::function<void(const CaseResult&)>& progress) {
+  std::vector<Report> reports(backends.size());
+  for (std::size_t n = 0; n < backends.size(); ++n) {
+    reports[n].backend = std::string(backends[n]->name());
+    reports[n].results.reserve(cases.size());
+  }
+  // Two-stage pipeline: the next case's inputs and double-precision reference are built on a
+  // second thread while the backends run the current one. The oracle is most of the suite's
+  // cost, so this nearly halves the wall time on two cores and costs nothing on one.
+  std::future<Prepared> next;
+  if (!cases.empty()) next = std::async(std::launch::async, prepare, std::cref(cases.front()));
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    Prepared p = next.get();
+    if (c + 1 < cases.size()) next = std::async(std::launch::async, prepare, std::cref(cases[c + 1]));
+    for (std::size_t n = 0; n < backends.size(); ++n) {
+      reports[n].results.push_back(run_prepared(*backends[n], p));
+      if (progress) progress(reports[n].results.back());
+    }
+  }
+  return reports;
+}
+
+Report run_suite(AttentionBackend& backend, const std::vector<Case>& cases,
+                 const std::function<void(const CaseResult&)>& progress) {
+  return std::move(run_suites({&backend}, cases, progress).front());
+}
+
+}  // namespace kallpa::conformance

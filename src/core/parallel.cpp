@@ -1,0 +1,93 @@
+#include "core/parallel.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+
+namespace kallpa::parallel {
+
+int default_num_threads() noexcept {
+  if (const char* env = std::getenv("KALLPA_THREADS")) {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && v > 0 && v <= 4096) return static_cast<int>(v);
+  }
+  const unsigned hc = std::thread::hardware_concurrency();
+  return hc == 0 ? 1 : static_cast<int>(std::min(hc, 4096u));
+}
+
+ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+ThreadPool& ThreadPool::global() {
+  // Leaked on purpose: workers must not be joined during static destruction of a shared library.
+  static ThreadPool* pool = new ThreadPool(default_num_threads());
+  return *pool;
+}
+
+int ThreadPool::threads_for(int max_threads) const noexcept {
+  return max_threads <= 0 ? num_threads_ : std::min(max_threads, num_threads_);
+}
+
+void ThreadPool::start_workers() {
+  std::call_once(started_, [this] {
+    workers_.reserve(static_cast<std::size_t>(num_threads_ - 1));
+    for (int w = 1; w < num_threads_; ++w) workers_.emplace_back([this, w] { worker_loop(w); });
+  });
+}
+
+void ThreadPool::worker_loop(int worker) {
+  std::uint64_t seen = 0;
+  for (;;) {
+    const TaskFn* fn = nullptr;
+    std::int64_t n = 0;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stop_ || (job_id_ != seen && worker <= active_workers_); });
+      if (stop_) return;
+      seen = job_id_;
+      fn = fn_;
+      n = n_;
+    }
+    for (std::int64_t t; (t = next_.fetch_add(1, std::memory_order_relaxed)) < n;) (*fn)(t, worker);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--running_ == 0) done_.notify_all();
+    }
+  }
+}
+
+void ThreadPool::parallel_for(std::int64_t n, const TaskFn& fn, int max_threads) {
+  if (n <= 0) return;
+  const int threads = static_cast<int>(std::min<std::int64_t>(threads_for(max_threads), n));
+  std::unique_lock<std::mutex> job(job_mu_, std::try_to_lock);
+  if (threads <= 1 || !job.owns_lock()) {
+    for (std::int64_t t = 0; t < n; ++t) fn(t, 0);
+    return;
+  }
+  start_workers();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn_ = &fn;
+    n_ = n;
+    next_.store(0, std::memory_order_relaxed);
+    active_workers_ = threads - 1;
+    running_ = threads - 1;
+    ++job_id_;
+  }
+  wake_.notify_all();
+  for (std::int64_t t; (t = next_.fetch_add(1, std::memory_order_relaxed)) < n;) fn(t, 0);
+  std::unique_lock<std::mutex> lock(mu_);
+  done_.wait(lock, [&] { return running_ == 0; });
+  fn_ = nullptr;
+}
+
+}  // namespace kallpa::parallel

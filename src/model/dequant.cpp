@@ -1,0 +1,74 @@
+// Dequantisation of rows to f32 (embedding lookup, tests, tools).
+#include <fmt/format.h>
+
+#include "kallpa/model/quant.h"
+#include "model/quant_kernels.h"
+
+namespace kallpa::model {
+
+std::uint64_t row_size(GgmlType type, std::int64_t cols) noexcept {
+  const auto traits = ggml_type_traits(static_cast<std::uint32_t>(type));
+  if (!traits || cols < 0 || cols % traits->block_size != 0) return 0;
+  return static_cast<std::uint64_t>(cols / traits->block_size) * static_cast<std::uint64_t>(traits->type_size);
+}
+
+Result<WeightMatrix> as_weight_matrix(const TensorView& t) {
+  if (t.ne[2] != 1 || t.ne[3] != 1) {
+    return Status(ErrorCode::invalid_argument, std::string(t.name),
+                  fmt::format("tensor '{}' of shape {} is not a matrix", t.name, t.shape_string()));
+  }
+  if (!is_compute_supported(t.type)) {
+    return Status(ErrorCode::unsupported, std::string(t.name),
+                  fmt::format("tensor '{}' has type {}, which has no kernels (supported: F32, F16, BF16, Q8_0, "
+                              "Q4_0, Q4_1)",
+                              t.name, ggml_type_name(t.type)));
+  }
+  WeightMatrix w;
+  w.type = t.type;
+  w.data = t.data;
+  w.cols = t.ne[0];
+  w.rows = t.ne[1];
+  w.row_bytes = row_size(t.type, t.ne[0]);
+  return w;
+}
+
+Status dequantize_row(GgmlType type, const void* src, float* dst, std::int64_t n) {
+  if (!is_compute_supported(type)) {
+    return {ErrorCode::unsupported, "type", fmt::format("cannot dequantise {}", ggml_type_name(type))};
+  }
+  const auto traits = ggml_type_traits(static_cast<std::uint32_t>(type));
+  if (n < 0 || n % traits->block_size != 0) {
+    return {ErrorCode::invalid_argument, "n",
+            fmt::format("{} elements is not a multiple of {}'s block size {}", n, traits->name, traits->block_size)};
+  }
+  kernels::dequantize_row_scalar(type, src, dst, n);
+  return {};
+}
+
+Status quantize_row(GgmlType type, const float* src, void* dst, std::int64_t n) {
+  if (!is_compute_supported(type)) {
+    return {ErrorCode::unsupported, "type", fmt::format("cannot quantise to {}", ggml_type_name(type))};
+  }
+  const auto traits = ggml_type_traits(static_cast<std::uint32_t>(type));
+  if (n < 0 || n % traits->block_size != 0) {
+    return {ErrorCode::invalid_argument, "n",
+            fmt::format("{} elements is not a multiple of {}'s block size {}", n, traits->name, traits->block_size)};
+  }
+  kernels::quantize_row_scalar(type, src, dst, n);
+  return {};
+}
+
+Status dequantize_rows(const WeightMatrix& w, std::int64_t first, std::int64_t count, float* dst) {
+  if (first < 0 || count < 0 || first > w.rows || count > w.rows - first) {
+    return {ErrorCode::invalid_argument, "rows",
+            fmt::format("rows [{}, {}) out of range for a matrix of {} rows", first, first + count, w.rows)};
+  }
+  for (std::int64_t r = 0; r < count; ++r) {
+    const auto* src = static_cast<const std::byte*>(w.data) + static_cast<std::size_t>(first + r) * w.row_bytes;
+    Status st = dequantize_row(w.type, src, dst + r * w.cols, w.cols);
+    if (!st) return st;
+  }
+  return {};
+}
+
+}  // namespace kallpa::model

@@ -1,0 +1,481 @@
+// AVX2 + FMA + F16C kernels (run-time selected; see quant_kernels.h). Quantised weights are dotted
+// with Q8 activation blocks in integer arithmetic (maddubs/madd), one float FMA per block and
+// pair of rows; tiles of up to 4 weight rows x 4 activation rows share every load. The exact-
+// activation kernels (gemm_qf) expand weight blocks to f32 in registers (small batches) or into a
+// per-thread f32 tile run through a 3 x 4 f32 micro-kernel (larger batches), same FMA order.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "model/quant_kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KALLPA_X86 1
+#endif
+
+namespace kallpa::model::kernels {
+
+#if KALLPA_X86
+
+bool avx2_available() noexcept {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                         __builtin_cpu_supports("f16c");
+  return ok;
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float half(const std::byte* p) {
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+inline __m256i unpack_q4(const std::uint8_t* qs) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
+template <GgmlType T>
+constexpr std::size_t block_bytes() {
+  if constexpr (T == GgmlType::q8_0) return sizeof(BlockQ8_0);
+  if constexpr (T == GgmlType::q4_0) return sizeof(BlockQ4_0);
+  return sizeof(BlockQ4_1);
+}
+
+// Blocks per chunk of the constant-term pass (Q4_0's -8d, Q4_1's m): their per-block weight
+// constants are collected during the integer pass, then dotted with the activation block sums.
+constexpr std::int64_t kMChunk = 64;
+
+inline float dot_f32(const float* a, const float* b, std::int64_t n) {
+  __m256 s = _mm256_setzero_ps();
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s);
+  float r = hsum(s);
+  for (; i < n; ++i) r = std::fma(a[i], b[i], r);
+  return r;
+}
+
+// One tile: NW weight rows x NX activation rows. Per block and pair: integer dot (maddubs, madd),
+// then acc += (float(isum) * dx) * dw -- the same operations whatever the tile shape.
+// xs: the activations' block sums (BlockQ8x::s), NX rows of nb floats.
+template <GgmlType T, int NW, int NX>
+void tile_q(const std::byte* w, std::size_t row_bytes, const BlockQ8x* xq, const float* xs, std::int64_t nb,
+            float* y, std::int64_t ldy) {
+  __m256 acc[NW][NX];
+  float macc[NW][NX];
+  for (int r = 0; r < NW; ++r) {
+    for (int x = 0; x < NX; ++x) {
+      acc[r][x] = _mm256_setzero_ps();
+      macc[r][x] = 0.0f;
+    }
+  }
+  alignas(32) float marr[NW][kMChunk];
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (std::int64_t b0 = 0; b0 < nb; b0 += kMChunk) {
+    const std::int64_t bn = nb - b0 < kMChunk ? nb - b0 : kMChunk;
+    for (std::int64_t j = 0; j < bn; ++j) {
+      const std::int64_t b = b0 + j;
+      __m256i wv[NW];
+      __m256 dw[NW];
+      for (int r = 0; r < NW; ++r) {
+        const std::byte* blk =
+            w + static_cast<std::size_t>(r) * row_bytes + static_cast<std::size_t>(b) * block_bytes<T>();
+        const float d = half(blk);
+        dw[r] = _mm256_set1_ps(d);
+        if constexpr (T == GgmlType::q8_0) {
+          wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+        } else if constexpr (T == GgmlType::q4_0) {
+          wv[r] = unpack_q4(reinterpret_cast<const std::uint8_t*>(blk + 2));
+          marr[r][j] = -8.0f * d;
+        } else {
+          wv[r] = unpack_q4(reinterpret_cast<const std::uint8_t*>(blk + 4));
+          marr[r][j] = half(blk + 2);
+        }
+      }
+      for (int x = 0; x < NX; ++x) {
+        const BlockQ8x& xb = xq[static_cast<std::int64_t>(x) * nb + b];
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+        const __m256 dx = _mm256_broadcast_ss(&xb.d);
+        for (int r = 0; r < NW; ++r) {
+          __m256i p;
+          if constexpr (T == GgmlType::q8_0) {
+            p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv[r], wv[r]), _mm256_sign_epi8(xv, wv[r]));
+          } else {
+            p = _mm256_maddubs_epi16(wv[r], xv);
+          }
+          const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+          acc[r][x] = _mm256_fmadd_ps(_mm256_mul_ps(s, dx), dw[r], acc[r][x]);
+        }
+      }
+    }
+    if constexpr (T != GgmlType::q8_0) {
+      for (int r = 0; r < NW; ++r) {
+        for (int x = 0; x < NX; ++x) macc[r][x] += dot_f32(marr[r], xs + static_cast<std::int64_t>(x) * nb + b0, bn);
+      }
+    }
+  }
+  for (int x = 0; x < NX; ++x) {
+    for (int r = 0; r < NW; ++r) y[static_cast<std::int64_t>(x) * ldy + r] = hsum(acc[r][x]) + macc[r][x];
+  }
+}
+
+template <GgmlType T>
+void gemm_q_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ8x* xq, std::int64_t nx,
+                  std::int64_t k, float* y, std::int64_t ldy) {
+  const std::int64_t nb = k / kQK;
+  thread_local std::vector<float> xs_buf;
+  if constexpr (T != GgmlType::q8_0) {
+    xs_buf.resize(static_cast<std::size_t>(nx * nb));
+    for (std::int64_t i = 0; i < nx * nb; ++i) xs_buf[static_cast<std::size_t>(i)] = xq[i].s;
+  }
+  std::int64_t x = 0;
+  for (; x < nx;) {
+    const std::int64_t xn = nx - x >= 4 ? 4 : nx - x;
+    const BlockQ8x* xt = xq + x * nb;
+    const float* xs = xs_buf.data() + x * nb;
+    float* yt = y + x * ldy;
+    std::int64_t r = 0;
+    if (xn == 1) {
+      for (; r + 4 <= nw; r += 4) tile_q<T, 4, 1>(w + static_cast<std::size_t>(r) * row_bytes, row_bytes, xt, xs, nb, yt + r, ldy);
+    }
+    for (; r + 2 <= nw; r += 2) {
+      const std::byte* wt = w + static_cast<std::size_t>(r) * row_bytes;
+      switch (xn) {
+        case 4: tile_q<T, 2, 4>(wt, row_bytes, xt, xs, nb, yt + r, ldy); break;
+        case 3: tile_q<T, 2, 3>(wt, row_bytes, xt, xs, nb, yt + r, ldy); break;
+        case 2: tile_q<T, 2, 2>(wt, row_bytes, xt, xs, nb, yt + r, ldy); break;
+        default: tile_q<T, 2, 1>(wt, row_bytes, xt, xs, nb, yt + r, ldy); break;
+      }
+    }
+    for (; r < nw; ++r) {
+      const std::byte* wt = w + static_cast<std::size_t>(r) * row_bytes;
+      switch (xn) {
+        case 4: tile_q<T, 1, 4>(wt, row_bytes, xt, xs, nb, yt + r, ldy); break;
+        case 3: tile_q<T, 1, 3>(wt, row_bytes, xt, xs, nb, yt + r, ldy); break;
+        case 2: tile_q<T, 1, 2>(wt, row_bytes, xt, xs, nb, yt + r, ldy); break;
+        default: tile_q<T, 1, 1>(wt, row_bytes, xt, xs, nb, yt + r, ldy); break;
+      }
+    }
+    x += xn;
+  }
+}
+
+template <GgmlType T>
+inline __m256 load8(const std::byte* p) {
+  if constexpr (T == GgmlType::f32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  } else if constexpr (T == GgmlType::f16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else {
+    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+  }
+}
+
+template <GgmlType T>
+inline float load1(const std::byte* p) {
+  if constexpr (T == GgmlType::f32) {
+    float v;
+    std::memcpy(&v, p, 4);
+    return v;
+  } else if constexpr (T == GgmlType::f16) {
+    return half(p);
+  } else {
+    std::uint16_t h;
+    std::memcpy(&h, p, 2);
+    const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
+    float v;
+    std::memcpy(&v, &u, 4);
+    return v;
+  }
+}
+
+template <GgmlType T, int NW, int NX>
+void tile_f(const std::byte* w, std::size_t row_bytes, const float* x, std::int64_t ldx, std::int64_t k, float* y,
+            std::int64_t ldy) {
+  constexpr std::size_t esz = T == GgmlType::f32 ? 4 : 2;
+  __m256 acc[NW][NX];
+  for (int r = 0; r < NW; ++r) {
+    for (int c = 0; c < NX; ++c) acc[r][c] = _mm256_setzero_ps();
+  }
+  std::int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    __m256 wv[NW];
+    for (int r = 0; r < NW; ++r) wv[r] = load8<T>(w + static_cast<std::size_t>(r) * row_bytes + static_cast<std::size_t>(i) * esz);
+    for (int c = 0; c < NX; ++c) {
+      const __m256 xv = _mm256_loadu_ps(x + static_cast<std::int64_t>(c) * ldx + i);
+      for (int r = 0; r < NW; ++r) acc[r][c] = _mm256_fmadd_ps(wv[r], xv, acc[r][c]);
+    }
+  }
+  for (int c = 0; c < NX; ++c) {
+    for (int r = 0; r < NW; ++r) {
+      float s = hsum(acc[r][c]);
+      for (std::int64_t j = i; j < k; ++j) {
+        s += load1<T>(w + static_cast<std::size_t>(r) * row_bytes + static_cast<std::size_t>(j) * esz) *
+             x[static_cast<std::int64_t>(c) * ldx + j];
+      }
+      y[static_cast<std::int64_t>(c) * ldy + r] = s;
+    }
+  }
+}
+
+template <GgmlType T>
+void gemm_f_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x, std::int64_t ldx,
+                  std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  for (std::int64_t c = 0; c < nx;) {
+    const std::int64_t xn = nx - c >= 4 ? 4 : nx - c;
+    const float* xt = x + c * ldx;
+    float* yt = y + c * ldy;
+    std::int64_t r = 0;
+    for (; r + 2 <= nw; r += 2) {
+      const std::byte* wt = w + static_cast<std::size_t>(r) * row_bytes;
+      switch (xn) {
+        case 4: tile_f<T, 2, 4>(wt, row_bytes, xt, ldx, k, yt + r, ldy); break;
+        case 3: tile_f<T, 2, 3>(wt, row_bytes, xt, ldx, k, yt + r, ldy); break;
+        case 2: tile_f<T, 2, 2>(wt, row_bytes, xt, ldx, k, yt + r, ldy); break;
+        default: tile_f<T, 2, 1>(wt, row_bytes, xt, ldx, k, yt + r, ldy); break;
+      }
+    }
+    for (; r < nw; ++r) {
+      const std::byte* wt = w + static_cast<std::size_t>(r) * row_bytes;
+      switch (xn) {
+        case 4: tile_f<T, 1, 4>(wt, row_bytes, xt, ldx, k, yt + r, ldy); break;
+        case 3: tile_f<T, 1, 3>(wt, row_bytes, xt, ldx, k, yt + r, ldy); break;
+        case 2: tile_f<T, 1, 2>(wt, row_bytes, xt, ldx, k, yt + r, ldy); break;
+        default: tile_f<T, 1, 1>(wt, row_bytes, xt, ldx, k, yt + r, ldy); break;
+      }
+    }
+    c += xn;
+  }
+}
+
+// --- exact activations (gemm_qf): weights dequantised to f32, f32 FMAs in the canonical order ---
+
+// The 32 weights of one block as 4 x 8 floats, bit-identical to dequantize_row_scalar: q*d is exact
+// in f32 (|q| < 2^8, d an f16), so fma(q, d, m) rounds q*d + m once, like the scalar q*d + m.
+template <GgmlType T>
+inline void expand_block(const std::byte* blk, __m256 (&w)[4]) {
+  const float dv = half(blk);
+  const __m256 d = _mm256_set1_ps(dv);
+  if constexpr (T == GgmlType::q8_0) {
+    for (int i = 0; i < 4; ++i) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * i));
+      w[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+    }
+  } else {
+    const std::byte* qs = blk + (T == GgmlType::q4_0 ? 2 : 4);
+    const __m256 m = _mm256_set1_ps(T == GgmlType::q4_0 ? -8.0f * dv : half(blk + 2));
+    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));      // bytes 0..7
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));  // bytes 8..15
+    const __m256i lo = _mm256_set1_epi32(0x0f);
+    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(a, lo)), d, m);  // elements 0..7
+    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, lo)), d, m);  // 8..15
+    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), d, m);  // 16..23
+    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), d, m);  // 24..31
+  }
+}
+
+// Small batches: NW weight rows x NX activation rows, weights expanded in registers block by block.
+template <GgmlType T, int NW, int NX>
+void tile_qf(const std::byte* w, std::size_t row_bytes, const float* x, std::int64_t ldx, std::int64_t nb, float* y,
+             std::int64_t ldy) {
+  __m256 acc[NW][NX];
+  for (int r = 0; r < NW; ++r) {
+    for (int c = 0; c < NX; ++c) acc[r][c] = _mm256_setzero_ps();
+  }
+  for (std::int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < NW; ++r) {
+      __m256 wv[4];
+      expand_block<T>(w + static_cast<std::size_t>(r) * row_bytes + static_cast<std::size_t>(b) * block_bytes<T>(), wv);
+      for (int c = 0; c < NX; ++c) {
+        const float* xb = x + static_cast<std::int64_t>(c) * ldx + b * kQK;
+        for (int i = 0; i < 4; ++i) acc[r][c] = _mm256_fmadd_ps(wv[i], _mm256_loadu_ps(xb + 8 * i), acc[r][c]);
+      }
+    }
+  }
+  for (int c = 0; c < NX; ++c) {
+    for (int r = 0; r < NW; ++r) y[static_cast<std::int64_t>(c) * ldy + r] = hsum(acc[r][c]);
+  }
+}
+
+// Larger batches: the f32 micro-kernel over dequantised weight rows (k floats apart).
+template <int NW, int NX>
+void tile_ff(const float* w, std::int64_t k, const float* x, std::int64_t ldx, float* y, std::int64_t ldy) {
+  __m256 acc[NW][NX];
+  for (int r = 0; r < NW; ++r) {
+    for (int c = 0; c < NX; ++c) acc[r][c] = _mm256_setzero_ps();
+  }
+  for (std::int64_t i = 0; i < k; i += 8) {
+    __m256 wv[NW];
+    for (int r = 0; r < NW; ++r) wv[r] = _mm256_loadu_ps(w + static_cast<std::int64_t>(r) * k + i);
+    for (int c = 0; c < NX; ++c) {
+      const __m256 xv = _mm256_loadu_ps(x + static_cast<std::int64_t>(c) * ldx + i);
+      for (int r = 0; r < NW; ++r) acc[r][c] = _mm256_fmadd_ps(wv[r], xv, acc[r][c]);
+    }
+  }
+  for (int c = 0; c < NX; ++c) {
+    for (int r = 0; r < NW; ++r) y[static_cast<std::int64_t>(c) * ldy + r] = hsum(acc[r][c]);
+  }
+}
+
+template <int NW>
+void tile_ff_cols(const float* w, std::int64_t k, const float* x, std::int64_t ldx, std::int64_t nx, float* y,
+                  std::int64_t ldy) {
+  constexpr int kCols = 4;
+  std::int64_t c = 0;
+  for (; c + kCols <= nx; c += kCols) tile_ff<NW, kCols>(w, k, x + c * ldx, ldx, y + c * ldy, ldy);
+  switch (nx - c) {
+    case 3: tile_ff<NW, 3>(w, k, x + c * ldx, ldx, y + c * ldy, ldy); break;
+    case 2: tile_ff<NW, 2>(w, k, x + c * ldx, ldx, y + c * ldy, ldy); break;
+    case 1: tile_ff<NW, 1>(w, k, x + c * ldx, ldx, y + c * ldy, ldy); break;
+    default: break;
+  }
+}
+
+template <GgmlType T>
+void gemm_qf_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x, std::int64_t ldx,
+                   std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  const std::int64_t nb = k / kQK;
+  if (nx <= 2) {  // decode: fused, memory bound
+    std::int64_t r = 0;
+    for (; r + 4 <= nw; r += 4) {
+      const std::byte* wt = w + static_cast<std::size_t>(r) * row_bytes;
+      if (nx == 1) {
+        tile_qf<T, 4, 1>(wt, row_bytes, x, ldx, nb, y + r, ldy);
+      } else {
+        tile_qf<T, 4, 2>(wt, row_bytes, x, ldx, nb, y + r, ldy);
+      }
+    }
+    for (; r < nw; ++r) {
+      const std::byte* wt = w + static_cast<std::size_t>(r) * row_bytes;
+      if (nx == 1) {
+        tile_qf<T, 1, 1>(wt, row_bytes, x, ldx, nb, y + r, ldy);
+      } else {
+        tile_qf<T, 1, 2>(wt, row_bytes, x, ldx, nb, y + r, ldy);
+      }
+    }
+    return;
+  }
+  // Prefill: dequantise kRowTile weight rows once, then sweep the batch with the micro-kernel.
+  constexpr std::int64_t kRowTile = 24;
+  thread_local std::vector<float> wbuf;
+  wbuf.resize(static_cast<std::size_t>(kRowTile * k));
+  for (std::int64_t r0 = 0; r0 < nw; r0 += kRowTile) {
+    const std::int64_t nr = nw - r0 < kRowTile ? nw - r0 : kRowTile;
+    for (std::int64_t r = 0; r < nr; ++r) {
+      const std::byte* wr = w + static_cast<std::size_t>(r0 + r) * row_bytes;
+      float* dst = wbuf.data() + r * k;
+      for (std::int64_t b = 0; b < nb; ++b) {
+        __m256 wv[4];
+        expand_block<T>(wr + static_cast<std::size_t>(b) * block_bytes<T>(), wv);
+        for (int i = 0; i < 4; ++i) _mm256_storeu_ps(dst + b * kQK + 8 * i, wv[i]);
+      }
+    }
+    std::int64_t r = 0;
+    for (; r + 3 <= nr; r += 3) tile_ff_cols<3>(wbuf.data() + r * k, k, x, ldx, nx, y + r0 + r, ldy);
+    if (nr - r == 2) tile_ff_cols<2>(wbuf.data() + r * k, k, x, ldx, nx, y + r0 + r, ldy);
+    if (nr - r == 1) tile_ff_cols<1>(wbuf.data() + r * k, k, x, ldx, nx, y + r0 + r, ldy);
+  }
+}
+
+}  // namespace
+
+void quantize_row_q8x_avx2(const float* x, BlockQ8x* out, std::int64_t k) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (std::int64_t b = 0; b < k / kQK; ++b) {
+    const float* xb = x + b * kQK;
+    __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8), v2 = _mm256_loadu_ps(xb + 16),
+           v3 = _mm256_loadu_ps(xb + 24);
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                             _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 127.0f / amax : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, vid), kRound));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, vid), kRound));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, vid), kRound));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, vid), kRound));
+    __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+    i0 = _mm256_packs_epi32(i0, i1);
+    i2 = _mm256_packs_epi32(i2, i3);
+    i0 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i0, i2), perm);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs), i0);
+    out[b].d = d;
+    out[b].s = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+  }
+}
+
+void gemm_q_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ8x* xq,
+                 std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  switch (type) {
+    case GgmlType::q8_0: gemm_q_typed<GgmlType::q8_0>(w, row_bytes, nw, xq, nx, k, y, ldy); return;
+    case GgmlType::q4_0: gemm_q_typed<GgmlType::q4_0>(w, row_bytes, nw, xq, nx, k, y, ldy); return;
+    case GgmlType::q4_1: gemm_q_typed<GgmlType::q4_1>(w, row_bytes, nw, xq, nx, k, y, ldy); return;
+    default: return;
+  }
+}
+
+void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
+                 std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  switch (type) {
+    case GgmlType::f32: gemm_f_typed<GgmlType::f32>(w, row_bytes, nw, x, ldx, nx, k, y, ldy); return;
+    case GgmlType::f16: gemm_f_typed<GgmlType::f16>(w, row_bytes, nw, x, ldx, nx, k, y, ldy); return;
+    case GgmlType::bf16: gemm_f_typed<GgmlType::bf16>(w, row_bytes, nw, x, ldx, nx, k, y, ldy); return;
+    default: return;
+  }
+}
+
+void gemm_qf_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
+                  std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  switch (type) {
+    case GgmlType::q8_0: gemm_qf_typed<GgmlType::q8_0>(w, row_bytes, nw, x, ldx, nx, k, y, ldy); return;
+    case GgmlType::q4_0: gemm_qf_typed<GgmlType::q4_0>(w, row_bytes, nw, x, ldx, nx, k, y, ldy); return;
+    case GgmlType::q4_1: gemm_qf_typed<GgmlType::q4_1>(w, row_bytes, nw, x, ldx, nx, k, y, ldy); return;
+    default: return;
+  }
+}
+
+#pragma GCC pop_options
+
+#else  // not x86: the scalar kernels are used
+
+bool avx2_available() noexcept { return false; }
+void quantize_row_q8x_avx2(const float* x, BlockQ8x* out, std::int64_t k) { quantize_row_q8x_scalar(x, out, k); }
+void gemm_q_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ8x* xq,
+                 std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  gemm_q_scalar(type, w, row_bytes, nw, xq, nx, k, y, ldy);
+}
+void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
+                 std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  gemm_f_scalar(type, w, row_bytes, nw, x, ldx, nx, k, y, ldy);
+}
+void gemm_qf_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
+                  std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  gemm_qf_scalar(type, w, row_bytes, nw, x, ldx, nx, k, y, ldy);
+}
+
+#endif
+
+}  // namespace kallpa::model::kernels

@@ -1,0 +1,539 @@
+#include "kallpa/tokenizer/tokenizer.h"
+
+#include <algorithm>
+#include <array>
+#include <functional>
+#include <limits>
+#include <unordered_map>
+
+#include "tokenizer/byte_level.h"
+#include "tokenizer/pre_tokenizer.h"
+#include "tokenizer/utf8.h"
+
+namespace kallpa::tokenizer {
+
+using detail::ByteLevel;
+using detail::PreTokenizer;
+using detail::Span;
+
+namespace {
+
+struct StringHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+
+std::uint64_t pair_key(TokenId a, TokenId b) {
+  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a)) << 32) | static_cast<std::uint32_t>(b);
+}
+
+// "<0xNN>" -> NN, or -1.
+int parse_byte_token(std::string_view s) {
+  if (s.size() != 6 || s.substr(0, 3) != "<0x" || s[5] != '>') return -1;
+  auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  const int hi = hex(s[3]), lo = hex(s[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
+// The bytes a NORMAL token's byte-level text stands for. A code point outside the byte-level
+// alphabet (not produced by GPT-2 vocabularies) is kept as its UTF-8 text, as llama.cpp does.
+std::string byte_level_decode(std::string_view text) {
+  const ByteLevel& bl = ByteLevel::get();
+  std::string out;
+  out.reserve(text.size());
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const detail::Utf8Step st = detail::utf8_step(text, i);
+    if (st.kind != detail::Utf8Kind::ok) {  // not UTF-8 at all: keep the raw byte
+      out.push_back(text[i]);
+      ++i;
+      continue;
+    }
+    char32_t cp = 0;
+    const auto b0 = static_cast<std::uint8_t>(text[i]);
+    if (st.len == 1) {
+      cp = b0;
+    } else {
+      cp = static_cast<char32_t>(b0 & (0xFF >> (st.len + 1)));
+      for (std::size_t k = 1; k < st.len; ++k) cp = (cp << 6) | (static_cast<std::uint8_t>(text[i + k]) & 0x3F);
+    }
+    if (cp < bl.cp_to_byte.size() && bl.cp_to_byte[cp] >= 0) {
+      out.push_back(static_cast<char>(bl.cp_to_byte[cp]));
+    } else {
+      out.append(text.substr(i, st.len));
+    }
+    i += st.len;
+  }
+  return out;
+}
+
+struct Merge {
+  std::int32_t rank;
+  TokenId result;
+};
+
+// Merge table: open addressing, linear probing, keyed by the (left, right) id pair. Far fewer
+// cache misses than std::unordered_map's nodes; the lookup is the BPE loop's hot spot.
+class MergeTable {
+ public:
+  void reserve(std::size_t n) {
+    std::size_t cap = 16;
+    int bits = 4;
+    while (cap < 2 * n) {
+      cap <<= 1;
+      ++bits;
+    }
+    slots_.assign(cap, Slot{kEmptyKey, {0, 0}});
+    mask_ = cap - 1;
+    shift_ = 64 - bits;
+  }
+  // Keeps the first value of a key; returns false if the key was already there.
+  bool insert(std::uint64_t key, Merge m) {
+    for (std::size_t i = index(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == kEmptyKey) {
+        slots_[i] = {key, m};
+        return true;
+      }
+      if (slots_[i].key == key) return false;
+    }
+  }
+  const Merge* find(std::uint64_t key) const {
+    if (slots_.empty()) return nullptr;
+    for (std::size_t i = index(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) return &slots_[i].value;
+      if (slots_[i].key == kEmptyKey) return nullptr;
+    }
+  }
+
+ private:
+  static constexpr std::uint64_t kEmptyKey = ~std::uint64_t{0};  // ids are < 2^31: never a real key
+  struct Slot {
+    std::uint64_t key;
+    Merge value;
+  };
+  std::size_t index(std::uint64_t key) const {
+    key ^= key >> 29;
+    key *= 0x9E3779B97F4A7C15ULL;  // Fibonacci hashing: the top bits are well mixed
+    return static_cast<std::size_t>(key >> shift_);
+  }
+  std::vector<Slot> slots_;
+  std::size_t mask_ = 0;
+  int shift_ = 60;
+};
+
+struct Special {
+  std::string text;
+  TokenId id;
+  bool always;  // USER_DEFINED: matched even when !parse_special
+};
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  std::vector<std::string> tokens;
+  std::vector<TokenType> types;
+  std::vector<std::string> bytes;  // what each token decodes to
+  std::unordered_map<std::string, TokenId, StringHash, std::equal_to<>> token_to_id;
+  std::array<TokenId, 256> byte_token{};     // token of each byte's byte-level symbol, or -1
+  std::array<TokenId, 256> byte_fallback{};  // <0xNN> BYTE token, or -1
+  MergeTable merges;
+  std::array<std::vector<Special>, 256> specials;  // by first byte, longest first
+  std::optional<PreTokenizer> pre;
+  std::optional<TokenId> bos, eos, unk, pad;
+  bool add_bos = false, add_eos = false;
+
+  std::optional<std::pair<std::size_t, TokenId>> match_special(std::string_view s, std::size_t i,
+                                                               bool parse_special) const {
+    for (const Special& sp : specials[static_cast<std::uint8_t>(s[i])]) {
+      if (!sp.always && !parse_special) continue;
+      if (s.size() - i >= sp.text.size() && s.compare(i, sp.text.size(), sp.text) == 0) {
+        return std::make_pair(sp.text.size(), sp.id);
+      }
+    }
+    return std::nullopt;
+  }
+
+  Status bpe(std::string_view piece, MissingByte missing, std::vector<TokenId>& out) const;
+  Status encode_fragment(std::string_view text, Span range, MissingByte missing, std::vector<TokenId>& out) const;
+};
+
+namespace {
+
+struct Symbol {
+  TokenId id;  // -1: a byte with no token of its own (never merged)
+  std::int32_t prev, next;
+  std::uint32_t pos;  // byte offset of the symbol in the piece (for the fallback of unknown bytes)
+};
+
+struct Candidate {
+  std::int32_t rank;
+  std::int32_t left;
+  TokenId left_id, right_id, result;
+  // Lowest rank first; among equal ranks, leftmost first (as Hugging Face and llama.cpp do).
+  bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+};
+
+}  // namespace
+
+Status Tokenizer::Impl::bpe(std::string_view piece, MissingByte missing, std::vector<TokenId>& out) const {
+  thread_local std::vector<Symbol> syms;
+  thread_local std::vector<Candidate> heap;
+  syms.clear();
+  for (std::size_t i = 0; i < piece.size(); ++i) {
+    const auto n = static_cast<std::int32_t>(i);
+    syms.push_back({byte_token[static_cast<std::uint8_t>(piece[i])], n - 1, n + 1, static_cast<std::uint32_t>(i)});
+  }
+  if (!syms.empty()) syms.back().next = -1;
+
+  heap.clear();  // a binary min-heap (std::greater) on (rank, position)
+  auto try_push = [&](std::int32_t left) {
+    if (left < 0) return;
+    const std::int32_t right = syms[static_cast<std::size_t>(left)].next;
+    if (right < 0) return;
+    const TokenId a = syms[static_cast<std::size_t>(left)].id, b = syms[static_cast<std::size_t>(right)].id;
+    if (a < 0 || b < 0) return;
+    const Merge* m = merges.find(pair_key(a, b));
+    if (m == nullptr) return;
+    heap.push_back({m->rank, left, a, b, m->result});
+    std::push_heap(heap.begin(), heap.end(), std::greater<>{});
+  };
+  for (std::int32_t i = 0; i + 1 < static_cast<std::int32_t>(syms.size()); ++i) try_push(i);
+
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>{});
+    const Candidate c = heap.back();
+    heap.pop_back();
+    Symbol& l = syms[static_cast<std::size_t>(c.left)];
+    if (l.id != c.left_id || l.next < 0) continue;  // stale: the left symbol changed or was absorbed
+    Symbol& r = syms[static_cast<std::size_t>(l.next)];
+    if (r.id != c.right_id) continue;  // stale: the right neighbour changed
+    l.id = c.result;
+    l.next = r.next;
+    if (r.next >= 0) syms[static_cast<std::size_t>(r.next)].prev = c.left;
+    r.id = -2;  // absorbed
+    r.next = -1;
+    try_push(l.prev);
+    try_push(c.left);
+  }
+
+  for (std::int32_t i = syms.empty() ? -1 : 0; i >= 0; i = syms[static_cast<std::size_t>(i)].next) {
+    const Symbol& s = syms[static_cast<std::size_t>(i)];
+    if (s.id >= 0) {
+      out.push_back(s.id);
+      continue;
+    }
+    const auto byte = static_cast<std::uint8_t>(piece[s.pos]);
+    if (byte_fallback[byte] >= 0) {
+      out.push_back(byte_fallback[byte]);
+    } else if (missing == MissingByte::unknown_token) {
+      if (unk) out.push_back(*unk);
+    } else if (missing == MissingByte::fail) {
+      return Status(ErrorCode::unsupported, "text",
+                    "byte 0x" + std::string(1, "0123456789ABCDEF"[byte >> 4]) + "0123456789ABCDEF"[byte & 15] +
+                        " has no token (neither its byte-level symbol nor <0xNN> is in the vocabulary)");
+    }
+  }
+  return {};
+}
+
+Status Tokenizer::Impl::encode_fragment(std::string_view text, Span range, MissingByte missing,
+                                        std::vector<TokenId>& out) const {
+  if (range.end <= range.begin) return {};
+  thread_local std::vector<Span> pieces;
+  pieces.clear();
+  if (Status st = pre->split(text, range, pieces); !st) return st;
+  for (const Span p : pieces) {
+    if (Status st = bpe(text.substr(p.begin, p.end - p.begin), missing, out); !st) return st;
+  }
+  return {};
+}
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+std::vector<std::string> known_pre_tokenizers() { return PreTokenizer::known_names(); }
+
+Result<Tokenizer> Tokenizer::create(TokenizerData data) {
+  if (data.model != "gpt2") {
+    return Status(ErrorCode::unsupported, "tokenizer.ggml.model",
+                  "tokenizer model '" + data.model + "' is not supported (only byte-level BPE, \"gpt2\")");
+  }
+  auto impl = std::make_unique<Impl>();
+  const std::size_t n = data.tokens.size();
+  if (n == 0) return Status::invalid("tokenizer.ggml.tokens", "the vocabulary is empty");
+  if (n > static_cast<std::size_t>(std::numeric_limits<TokenId>::max())) {
+    return Status::invalid("tokenizer.ggml.tokens", "too many tokens: " + std::to_string(n));
+  }
+  if (!data.token_types.empty() && data.token_types.size() != n) {
+    return Status::invalid("tokenizer.ggml.token_type", std::to_string(data.token_types.size()) +
+                                                            " token types for " + std::to_string(n) + " tokens");
+  }
+
+  auto pre = PreTokenizer::create(data.pre);
+  if (!pre) return pre.status();
+  impl->pre.emplace(std::move(pre).value());
+
+  impl->types.resize(n, TokenType::normal);
+  impl->bytes.resize(n);
+  impl->byte_token.fill(-1);
+  impl->byte_fallback.fill(-1);
+  impl->token_to_id.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto id = static_cast<TokenId>(i);
+    const std::string& text = data.tokens[i];
+    if (!data.token_types.empty()) {
+      const std::int32_t t = data.token_types[i];
+      if (t < 0 || t > static_cast<std::int32_t>(TokenType::byte)) {
+        return Status::invalid("tokenizer.ggml.token_type[" + std::to_string(i) + "]",
+                               "unknown token type " + std::to_string(t));
+      }
+      impl->types[i] = static_cast<TokenType>(t);
+    }
+    switch (impl->types[i]) {
+      case TokenType::control:
+      case TokenType::user_defined:
+      case TokenType::unknown:
+        impl->bytes[i] = text;
+        break;
+      case TokenType::byte: {
+        const int b = parse_byte_token(text);
+        if (b < 0) {
+          return Status::invalid("tokenizer.ggml.tokens[" + std::to_string(i) + "]",
+                                 "BYTE token '" + text + "' is not of the form <0xNN>");
+        }
+        impl->bytes[i] = std::string(1, static_cast<char>(b));
+        if (impl->byte_fallback[static_cast<std::size_t>(b)] < 0) impl->byte_fallback[static_cast<std::size_t>(b)] = id;
+        break;
+      }
+      default:
+        impl->bytes[i] = byte_level_decode(text);
+        break;
+    }
+    if (!text.empty()) impl->token_to_id[text] = id;  // a duplicate text: the last one wins (as HF and llama.cpp)
+    if ((impl->types[i] == TokenType::control || impl->types[i] == TokenType::user_defined) && !text.empty()) {
+      impl->specials[static_cast<std::uint8_t>(text[0])].push_back(
+          {text, id, impl->types[i] == TokenType::user_defined});
+    }
+  }
+  for (auto& bucket : impl->specials) {
+    std::stable_sort(bucket.begin(), bucket.end(),
+                     [](const Special& a, const Special& b) { return a.text.size() > b.text.size(); });
+  }
+  {
+    const ByteLevel& bl = ByteLevel::get();
+    for (std::size_t b = 0; b < 256; ++b) {
+      std::string sym;
+      detail::append_utf8(sym, bl.byte_to_cp[b]);
+      const auto it = impl->token_to_id.find(sym);
+      if (it != impl->token_to_id.end()) impl->byte_token[b] = it->second;
+    }
+  }
+
+  impl->merges.reserve(data.merges.size());
+  for (std::size_t i = 0; i < data.merges.size(); ++i) {
+    const std::string& m = data.merges[i];
+    const auto field = [i] { return "tokenizer.ggml.merges[" + std::to_string(i) + "]"; };
+    const std::size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
+    if (sp == std::string::npos || sp + 1 >= m.size()) {
+      return Status::invalid(field(), "merge '" + m + "' is not two tokens separated by a space");
+    }
+    const std::string_view left(m.data(), sp), right(m.data() + sp + 1, m.size() - sp - 1);
+    const auto l = impl->token_to_id.find(left), r = impl->token_to_id.find(right);
+    if (l == impl->token_to_id.end() || r == impl->token_to_id.end()) {
+      return Status::invalid(field(), "merge '" + m + "' refers to '" +
+                                          std::string(l == impl->token_to_id.end() ? left : right) +
+                                          "', which is not a token");
+    }
+    std::string joined;
+    joined.reserve(m.size() - 1);
+    joined.append(left).append(right);
+    const auto res = impl->token_to_id.find(joined);
+    if (res == impl->token_to_id.end()) {
+      return Status::invalid(field(), "merge '" + m + "' gives '" + joined + "', which is not a token");
+    }
+    if (i > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
+      return Status::invalid("tokenizer.ggml.merges", "too many merges");
+    }
+    // A repeated merge keeps its first (lowest) rank, as llama.cpp does.
+    impl->merges.insert(pair_key(l->second, r->second), Merge{static_cast<std::int32_t>(i), res->second});
+  }
+
+  auto special = [n](const std::optional<std::int64_t>& v, const char* key,
+                     std::optional<TokenId>& dst) -> Status {
+    if (!v) return {};
+    if (*v < 0 || *v >= static_cast<std::int64_t>(n)) {
+      return Status::invalid(key, "token id " + std::to_string(*v) + " is outside the vocabulary [0, " +
+                                      std::to_string(n) + ")");
+    }
+    dst = static_cast<TokenId>(*v);
+    return {};
+  };
+  if (Status st = special(data.bos_id, "tokenizer.ggml.bos_token_id", impl->bos); !st) return st;
+  if (Status st = special(data.eos_id, "tokenizer.ggml.eos_token_id", impl->eos); !st) return st;
+  if (Status st = special(data.unk_id, "tokenizer.ggml.unknown_token_id", impl->unk); !st) return st;
+  if (Status st = special(data.pad_id, "tokenizer.ggml.padding_token_id", impl->pad); !st) return st;
+  if (data.add_bos && !impl->bos) {
+    return Status::invalid("tokenizer.ggml.add_bos_token", "add_bos is set but there is no bos_token_id");
+  }
+  if (data.add_eos && !impl->eos) {
+    return Status::invalid("tokenizer.ggml.add_eos_token", "add_eos is set but there is no eos_token_id");
+  }
+  impl->add_bos = data.add_bos;
+  impl->add_eos = data.add_eos;
+  impl->tokens = std::move(data.tokens);
+  return Tokenizer(std::move(impl));
+}
+
+namespace {
+
+// Checks the text per the policy; returns the view to tokenize (possibly of `storage`).
+Result<std::string_view> checked_text(std::string_view text, InvalidUtf8 policy, std::string& storage) {
+  const auto bad = detail::first_invalid_utf8(text);
+  if (!bad) return text;
+  if (policy == InvalidUtf8::reject) {
+    return Status::invalid("text", "ill-formed UTF-8 at byte offset " + std::to_string(*bad));
+  }
+  storage.reserve(text.size() + 8);
+  detail::utf8_sanitize(text, storage, /*final=*/true);
+  return std::string_view(storage);
+}
+
+}  // namespace
+
+Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text, const EncodeOptions& options) const {
+  std::string storage;
+  auto checked = checked_text(text, options.invalid_utf8, storage);
+  if (!checked) return checked.status();
+  const std::string_view s = *checked;
+
+  std::vector<TokenId> ids;
+  ids.reserve(s.size() / 3 + 4);
+  if (options.add_special && impl_->add_bos) ids.push_back(*impl_->bos);
+  std::size_t frag = 0, i = 0;
+  while (i < s.size()) {
+    const auto m = impl_->match_special(s, i, options.parse_special);
+    if (!m) {
+      ++i;
+      continue;
+    }
+    if (Status st = impl_->encode_fragment(s, {frag, i}, options.missing_byte, ids); !st) return st;
+    ids.push_back(m->second);
+    i += m->first;
+    frag = i;
+  }
+  if (Status st = impl_->encode_fragment(s, {frag, s.size()}, options.missing_byte, ids); !st) return st;
+  if (options.add_special && impl_->add_eos) ids.push_back(*impl_->eos);
+  return ids;
+}
+
+Result<std::vector<std::string>> Tokenizer::pre_tokenize(std::string_view text) const {
+  std::string storage;
+  auto checked = checked_text(text, InvalidUtf8::replace, storage);
+  if (!checked) return checked.status();
+  const std::string_view s = *checked;
+  std::vector<Span> spans;
+  if (!s.empty()) {
+    if (Status st = impl_->pre->split(s, {0, s.size()}, spans); !st) return st;
+  }
+  std::vector<std::string> out;
+  out.reserve(spans.size());
+  for (const Span p : spans) out.emplace_back(s.substr(p.begin, p.end - p.begin));
+  return out;
+}
+
+Result<std::string> Tokenizer::decode_bytes(std::span<const TokenId> ids, const DecodeOptions& options) const {
+  std::string out;
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    const TokenId id = ids[k];
+    if (id < 0 || static_cast<std::size_t>(id) >= impl_->tokens.size()) {
+      return Status::invalid("ids[" + std::to_string(k) + "]", "token id " + std::to_string(id) +
+                                                                   " is outside the vocabulary [0, " +
+                                                                   std::to_string(impl_->tokens.size()) + ")");
+    }
+    if (options.skip_special && impl_->types[static_cast<std::size_t>(id)] == TokenType::control) continue;
+    out += impl_->bytes[static_cast<std::size_t>(id)];
+  }
+  return out;
+}
+
+Result<std::string> Tokenizer::decode(std::span<const TokenId> ids, const DecodeOptions& options) const {
+  auto raw = decode_bytes(ids, options);
+  if (!raw) return raw.status();
+  if (!detail::first_invalid_utf8(*raw)) return raw;
+  std::string out;
+  out.reserve(raw->size() + 8);
+  detail::utf8_sanitize(*raw, out, /*final=*/true);
+  return out;
+}
+
+std::size_t Tokenizer::vocab_size() const noexcept { return impl_->tokens.size(); }
+
+std::optional<TokenId> Tokenizer::token_id(std::string_view token_text) const {
+  const auto it = impl_->token_to_id.find(token_text);
+  if (it == impl_->token_to_id.end()) return std::nullopt;
+  return it->second;
+}
+
+namespace {
+const std::string kEmpty;
+}
+
+const std::string& Tokenizer::token_text(TokenId id) const {
+  if (id < 0 || static_cast<std::size_t>(id) >= impl_->tokens.size()) return kEmpty;
+  return impl_->tokens[static_cast<std::size_t>(id)];
+}
+
+const std::string& Tokenizer::token_bytes(TokenId id) const {
+  if (id < 0 || static_cast<std::size_t>(id) >= impl_->tokens.size()) return kEmpty;
+  return impl_->bytes[static_cast<std::size_t>(id)];
+}
+
+TokenType Tokenizer::token_type(TokenId id) const {
+  if (id < 0 || static_cast<std::size_t>(id) >= impl_->tokens.size()) return TokenType::undefined;
+  return impl_->types[static_cast<std::size_t>(id)];
+}
+
+bool Tokenizer::is_control(TokenId id) const { return token_type(id) == TokenType::control; }
+
+std::optional<TokenId> Tokenizer::bos_id() const noexcept { return impl_->bos; }
+std::optional<TokenId> Tokenizer::eos_id() const noexcept { return impl_->eos; }
+std::optional<TokenId> Tokenizer::unk_id() const noexcept { return impl_->unk; }
+std::optional<TokenId> Tokenizer::pad_id() const noexcept { return impl_->pad; }
+bool Tokenizer::add_bos() const noexcept { return impl_->add_bos; }
+bool Tokenizer::add_eos() const noexcept { return impl_->add_eos; }
+const std::string& Tokenizer::pre_tokenizer_name() const noexcept { return impl_->pre->name(); }
+bool Tokenizer::regex_jit() const noexcept { return impl_->pre->jit(); }
+
+// ---- StreamDecoder ----
+
+StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, DecodeOptions options)
+    : tokenizer_(&tokenizer), options_(options) {}
+
+Result<std::string> StreamDecoder::push(TokenId id) {
+  const TokenId one[1] = {id};
+  auto raw = tokenizer_->decode_bytes(one, options_);
+  if (!raw) return raw.status();
+  pending_ += *raw;
+  std::string out;
+  const std::size_t used = detail::utf8_sanitize(pending_, out, /*final=*/false);
+  pending_.erase(0, used);
+  return out;
+}
+
+std::string StreamDecoder::flush() {
+  std::string out;
+  detail::utf8_sanitize(pending_, out, /*final=*/true);
+  pending_.clear();
+  return out;
+}
+
+void StreamDecoder::reset() noexcept { pending_.clear(); }
+
+}  // namespace kallpa::tokenizer

@@ -1,0 +1,552 @@
+// Kernel-level tests for cpu-flash: fast path vs generic path vs the f64 reference on tricky
+// shapes, thread-count independence, edge rules, and the thread pool. The conformance suite covers
+// the full case matrix separately.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "backends/cpu-flash/cpu_flash.h"
+#include "backends/reference/reference.h"
+#include "core/parallel.h"
+#include "kallpa/half.h"
+
+namespace kallpa {
+namespace {
+
+using cpu_flash::CpuFlashBackend;
+using cpu_flash::Options;
+using cpu_flash::Path;
+
+struct Spec {
+  DType dt = DType::f32;
+  std::vector<std::int32_t> sq{16}, skv{16};
+  std::int32_t hq = 2, hkv = 1, d = 64, dv = 64;
+  QLayout ql = QLayout::dense;
+  KvLayout kvl = KvLayout::dense;
+  std::int32_t page = 16;
+  bool padded = false;  // extra elements between heads and tokens
+  bool causal = false;
+  std::int64_t wl = -1, wr = -1;
+  float softcap = 0.0f;
+  bool alibi = false;
+  bool lse = false;
+  unsigned seed = 1;
+};
+
+// Owns the buffers of one problem. Not copyable: the views point into the buffers.
+struct Built {
+  std::vector<std::uint16_t> q16, k16, v16, o16;
+  std::vector<float> q32, k32, v32, o32, lse, slopes;
+  std::vector<std::int32_t> cu_q, cu_k, table, seqlens;
+  AttentionProblem p;
+  Built() = default;
+  Built(const Built&) = delete;
+  Built& operator=(const Built&) = delete;
+};
+
+// A view over n logical rows of h heads of dim x, padded when asked; returns the element count.
+TensorView view(void* data, DType dt, std::vector<std::int64_t> shape, bool padded) {
+  TensorView t;
+  t.data = data;
+  t.dtype = dt;
+  t.rank = static_cast<int>(shape.size());
+  std::int64_t stride = 1;
+  for (int i = t.rank - 1; i >= 0; --i) {
+    const auto u = static_cast<std::size_t>(i);
+    t.shape[u] = shape[u];
+    t.stride[u] = stride;
+    stride = shape[u] * stride + (padded ? 3 : 0);
+  }
+  return t;
+}
+
+std::int64_t span_of(const TensorView& t) {
+  std::int64_t n = 1;
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[static_cast<std::size_t>(i)] == 0) return 1;
+  for (int i = 0; i < t.rank; ++i) n += (t.shape[static_cast<std::size_t>(i)] - 1) * t.stride[static_cast<std::size_t>(i)];
+  return n;
+}
+
+void fill(const Spec& s, TensorView& t, std::vector<std::uint16_t>& b16, std::vector<float>& b32, std::mt19937& rng,
+          std::vector<std::int64_t> shape) {
+  const bool half = s.dt != DType::f32;
+  t = view(nullptr, s.dt, shape, s.padded);
+  const auto n = static_cast<std::size_t>(span_of(t));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  if (half) {
+    b16.resize(n);
+    for (auto& e : b16) e = s.dt == DType::f16 ? f32_to_f16(dist(rng)) : f32_to_bf16(dist(rng));
+    t.data = b16.data();
+  } else {
+    b32.resize(n);
+    for (auto& e : b32) e = dist(rng);
+    t.data = b32.data();
+  }
+}
+
+void build(const Spec& s, Built& out) {
+  std::mt19937 rng(s.seed);
+  const auto B = static_cast<std::int32_t>(s.sq.size());
+  AttentionProblem& p = out.p;
+  p.q_layout = s.ql;
+  p.kv_layout = s.kvl;
+  p.batch = B;
+  const std::int64_t tq = std::accumulate(s.sq.begin(), s.sq.end(), std::int64_t{0});
+  const std::int64_t tk = std::accumulate(s.skv.begin(), s.skv.end(), std::int64_t{0});
+  out.cu_q.assign(1, 0);
+  out.cu_k.assign(1, 0);
+  for (std::int32_t b = 0; b < B; ++b) {
+    out.cu_q.push_back(out.cu_q.back() + s.sq[static_cast<std::size_t>(b)]);
+    out.cu_k.push_back(out.cu_k.back() + s.skv[static_cast<std::size_t>(b)]);
+  }
+  std::vector<std::int64_t> qshape, oshape, kshape, vshape;
+  if (s.ql == QLayout::dense) {
+    qshape = {B, s.sq[0], s.hq, s.d};
+    oshape = {B, s.sq[0], s.hq, s.dv};
+  } else {
+    qshape = {tq, s.hq, s.d};
+    oshape = {tq, s.hq, s.dv};
+    p.cu_seqlens_q = out.cu_q.data();
+  }
+  if (s.kvl == KvLayout::dense) {
+    kshape = {B, s.skv[0], s.hkv, s.d};
+    vshape = {B, s.skv[0], s.hkv, s.dv};
+  } else if (s.kvl == KvLayout::packed) {
+    kshape = {tk, s.hkv, s.d};
+    vshape = {tk, s.hkv, s.dv};
+    p.cu_seqlens_k = out.cu_k.data();
+  } else {
+    std::int32_t max_blocks = 1;
+    for (auto n : s.skv) max_blocks = std::max(max_blocks, (n + s.page - 1) / s.page);
+    const std::int32_t nblocks = B * max_blocks;
+    std::vector<std::int32_t> perm(static_cast<std::size_t>(nblocks));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    out.table = perm;
+    out.seqlens = s.skv;
+    p.block_table = out.table.data();
+    p.max_blocks_per_seq = max_blocks;
+    p.seqlens_k = out.seqlens.data();
+    kshape = {nblocks, s.page, s.hkv, s.d};
+    vshape = {nblocks, s.page, s.hkv, s.dv};
+  }
+  fill(s, p.q, out.q16, out.q32, rng, qshape);
+  fill(s, p.k, out.k16, out.k32, rng, kshape);
+  fill(s, p.v, out.v16, out.v32, rng, vshape);
+  fill(s, p.o, out.o16, out.o32, rng, oshape);
+  if (s.lse) {
+    if (s.ql == QLayout::dense) {
+      out.lse.assign(static_cast<std::size_t>(B * s.hq * s.sq[0]), 0.0f);
+      p.lse = make_contiguous_view(out.lse.data(), DType::f32, {B, s.hq, s.sq[0]});
+    } else {
+      out.lse.assign(static_cast<std::size_t>(s.hq * tq), 0.0f);
+      p.lse = make_contiguous_view(out.lse.data(), DType::f32, {s.hq, tq});
+    }
+  }
+  if (s.alibi) {
+    for (std::int32_t h = 0; h < s.hq; ++h) out.slopes.push_back(std::pow(2.0f, -0.5f * static_cast<float>(h + 1)));
+    p.alibi_slopes = out.slopes.data();
+  }
+  p.causal = s.causal;
+  p.window_left = s.wl;
+  p.window_right = s.wr;
+  p.softcap = s.softcap;
+}
+
+double tol(DType dt) { return dt == DType::f32 ? 2e-4 : dt == DType::f16 ? 4e-3 : 3e-2; }
+
+// Runs `backend` on a fresh copy of the problem; returns o in logical order and lse.
+struct Out {
+  std::vector<float> o, lse;
+};
+
+Out run(CpuFlashBackend& be, const Spec& s) {
+  Built b;
+  build(s, b);
+  auto vp = validate(b.p);
+  EXPECT_TRUE(vp.is_ok()) << vp.status().to_string();
+  Out out;
+  if (!vp.is_ok()) return out;
+  std::vector<std::byte> ws(be.workspace_size(*vp) + 64);
+  const Status st = be.run(*vp, {ws.data(), ws.size()});
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  const AttentionProblem& p = vp->problem();
+  const std::int64_t ohs = p.o.stride[static_cast<std::size_t>(p.o.rank - 2)];
+  const std::int64_t ods = p.o.stride[static_cast<std::size_t>(p.o.rank - 1)];
+  for (std::int32_t bb = 0; bb < vp->batch(); ++bb)
+    for (std::int64_t i = 0; i < vp->seqlen_q(bb); ++i)
+      for (std::int32_t h = 0; h < vp->hq(); ++h) {
+        for (std::int64_t x = 0; x < vp->head_dim_v(); ++x)
+          out.o.push_back(static_cast<float>(reference::load(p.o, vp->o_row_offset(bb, i) + h * ohs + x * ods)));
+        if (p.lse.present()) out.lse.push_back(static_cast<const float*>(p.lse.data)[vp->lse_offset(bb, h, i)]);
+      }
+  return out;
+}
+
+reference::Output64 ref(const Spec& s) {
+  Built b;
+  build(s, b);
+  auto vp = validate(b.p);
+  return reference::compute_f64(*vp);
+}
+
+bool same(double a, double b, double t) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  if (std::isinf(a) || std::isinf(b)) return a == b;
+  return std::abs(a - b) <= t + t * std::abs(b);
+}
+
+void expect_close(const Out& got, const reference::Output64& want, const Spec& s, const char* what) {
+  ASSERT_EQ(got.o.size(), want.o.size()) << what;
+  const double t = tol(s.dt);
+  for (std::size_t i = 0; i < got.o.size(); ++i)
+    ASSERT_TRUE(same(got.o[i], want.o[i], t)) << what << " o[" << i << "] = " << got.o[i] << " want " << want.o[i];
+  if (s.lse) {
+    // reference lse is [total_q, hq] in logical order, like got.lse
+    ASSERT_EQ(got.lse.size(), want.lse.size()) << what;
+    for (std::size_t i = 0; i < got.lse.size(); ++i)
+      ASSERT_TRUE(same(got.lse[i], want.lse[i], 1e-4)) << what << " lse[" << i << "] = " << got.lse[i] << " want " << want.lse[i];
+  }
+}
+
+std::string describe(const Spec& s) {
+  std::string r = std::string(dtype_name(s.dt)) + " d" + std::to_string(s.d) + " dv" + std::to_string(s.dv) + " hq" +
+                  std::to_string(s.hq) + "/" + std::to_string(s.hkv) + " sq";
+  for (auto x : s.sq) r += std::to_string(x) + ",";
+  r += " skv";
+  for (auto x : s.skv) r += std::to_string(x) + ",";
+  r += std::string(" q=") + std::string(q_layout_name(s.ql)) + " kv=" + std::string(kv_layout_name(s.kvl)) +
+       " page" + std::to_string(s.page) + (s.causal ? " causal" : "") + " wl" + std::to_string(s.wl) + " wr" +
+       std::to_string(s.wr) + (s.softcap > 0 ? " softcap" : "") + (s.alibi ? " alibi" : "") + (s.lse ? " lse" : "") +
+       (s.padded ? " padded" : "");
+  return r;
+}
+
+void check_all_paths(const Spec& s) {
+  SCOPED_TRACE(describe(s));
+  CpuFlashBackend fast(Options{0, Path::fast});
+  CpuFlashBackend generic(Options{0, Path::generic});
+  const auto want = ref(s);
+  expect_close(run(fast, s), want, s, "fast");
+  expect_close(run(generic, s), want, s, "generic");
+}
+
+TEST(CpuFlash, Registered) {
+  CpuFlashBackend be;
+  EXPECT_EQ(be.name(), "cpu-flash");
+  ProblemSignature sig;
+  EXPECT_TRUE(be.supports(sig).ok);
+  sig.device = Device{DeviceKind::cuda, 0};
+  const Support no = be.supports(sig);
+  EXPECT_FALSE(no.ok);
+  EXPECT_NE(no.why_not.find("cuda"), std::string::npos);
+  EXPECT_FALSE(CpuFlashBackend::simd_target().empty());
+}
+
+TEST(CpuFlash, TrickyShapes) {
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    for (std::int32_t d : {8, 40, 64, 80, 128, 160}) {
+      Spec s;
+      s.dt = dt;
+      s.d = s.dv = d;
+      s.sq = {65};
+      s.skv = {129};
+      s.hq = 3;
+      s.hkv = 1;
+      s.causal = true;
+      s.lse = true;
+      check_all_paths(s);
+    }
+  }
+}
+
+TEST(CpuFlash, FeatureMatrix) {
+  std::mt19937 rng(7);
+  auto pick = [&](auto... xs) -> std::common_type_t<decltype(xs)...> {  // by value (vector<bool>)
+    std::vector<std::common_type_t<decltype(xs)...>> v{xs...};
+    return v[std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng)];
+  };
+  for (int n = 0; n < 80; ++n) {
+    Spec s;
+    s.seed = static_cast<unsigned>(n);
+    s.dt = pick(DType::f32, DType::f16, DType::bf16);
+    s.d = pick(8, 16, 40, 64, 96, 128);
+    s.dv = pick(0, 0, 24, 64) == 0 ? s.d : pick(24, 64);
+    const std::int32_t g = pick(1, 3, 8);
+    s.hkv = pick(1, 2);
+    s.hq = s.hkv * g;
+    s.ql = pick(QLayout::dense, QLayout::packed);
+    s.kvl = pick(KvLayout::dense, KvLayout::packed, KvLayout::paged);
+    const int nb = pick(1, 3);
+    s.sq.clear();
+    s.skv.clear();
+    const std::int32_t sq0 = pick(1, 2, 7, 63, 64, 65, 129, 300);
+    const std::int32_t skv0 = pick(1, 7, 63, 64, 65, 129, 600);
+    for (int b = 0; b < nb; ++b) {
+      const bool ragged = s.ql == QLayout::packed && s.kvl != KvLayout::dense;
+      s.sq.push_back(ragged ? pick(0, 1, sq0, 33) : sq0);
+      s.skv.push_back(ragged || s.kvl == KvLayout::paged ? pick(0, 1, skv0, 130) : skv0);
+    }
+    if (s.ql == QLayout::dense) std::fill(s.sq.begin(), s.sq.end(), s.sq[0]);
+    if (s.kvl == KvLayout::dense || s.ql == QLayout::dense) {
+      // keep dense kv equal-length; dense q with paged kv may still have ragged kv
+      if (s.kvl == KvLayout::dense) std::fill(s.skv.begin(), s.skv.end(), s.skv[0]);
+    }
+    s.page = pick(1, 7, 16, 256);
+    s.padded = pick(false, true);
+    s.causal = pick(false, true);
+    if (pick(0, 1, 2) == 0) {
+      s.wl = pick(-1, 0, 5, 100);
+      s.wr = pick(-1, 0, 3);
+    }
+    s.softcap = pick(0.0f, 0.0f, 5.0f);
+    s.alibi = pick(false, true);
+    s.lse = pick(false, true);
+    check_all_paths(s);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(CpuFlash, DecodeSplitKv) {
+  for (DType dt : {DType::f16, DType::bf16, DType::f32}) {
+    Spec s;
+    s.dt = dt;
+    s.d = s.dv = 128;
+    s.sq = {1};
+    s.skv = {5000};
+    s.hq = 4;
+    s.hkv = 1;
+    s.lse = true;
+    s.causal = true;
+    check_all_paths(s);
+    s.kvl = KvLayout::paged;
+    s.page = 16;
+    s.sq = {1, 1};
+    s.skv = {3000, 70};
+    check_all_paths(s);
+  }
+}
+
+TEST(CpuFlash, ThreadCountIndependent) {
+  Spec s;
+  s.dt = DType::bf16;
+  s.d = s.dv = 128;
+  s.sq = {300};
+  s.skv = {2100};
+  s.hq = 8;
+  s.hkv = 2;
+  s.causal = true;
+  s.lse = true;
+  for (int sq : {300, 1}) {
+    s.sq = {sq};
+    CpuFlashBackend one(Options{1, Path::fast});
+    CpuFlashBackend two(Options{2, Path::fast});
+    const Out a = run(one, s), b = run(two, s);
+    ASSERT_EQ(a.o.size(), b.o.size());
+    EXPECT_EQ(0, std::memcmp(a.o.data(), b.o.data(), a.o.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(float)));
+  }
+}
+
+TEST(CpuFlash, FullyMaskedRows) {
+  Spec s;
+  s.sq = {40};
+  s.skv = {20};  // with causal, the first 20 query rows see no key
+  s.causal = true;
+  s.lse = true;
+  s.d = s.dv = 32;
+  for (Path path : {Path::fast, Path::generic}) {
+    CpuFlashBackend be(Options{0, path});
+    const Out out = run(be, s);
+    for (std::int64_t i = 0; i < 20; ++i)
+      for (std::int32_t h = 0; h < s.hq; ++h) {
+        EXPECT_EQ(out.lse[static_cast<std::size_t>(i * s.hq + h)], -std::numeric_limits<float>::infinity());
+        for (std::int64_t x = 0; x < s.dv; ++x) EXPECT_EQ(out.o[static_cast<std::size_t>((i * s.hq + h) * s.dv + x)], 0.0f);
+      }
+    EXPECT_TRUE(std::isfinite(out.o.back()));
+  }
+  check_all_paths(s);
+}
+
+// NaN stored in a value only the last query row can see (causal): only that row is NaN.
+TEST(CpuFlash, NanOnlyWhereVisible) {
+  for (std::int32_t sq : {64, 1}) {
+    for (Path path : {Path::fast, Path::generic}) {
+      Spec s;
+      s.sq = {sq};
+      s.skv = {64};
+      s.hq = s.hkv = 1;
+      s.d = s.dv = 16;
+      s.causal = true;
+      Built b;
+      build(s, b);
+      b.v32[63 * 16 + 5] = std::numeric_limits<float>::quiet_NaN();
+      auto vp = validate(b.p);
+      ASSERT_TRUE(vp.is_ok());
+      CpuFlashBackend be(Options{0, path});
+      ASSERT_TRUE(be.run(*vp, {}).is_ok());
+      for (std::int32_t i = 0; i < sq; ++i)
+        for (int x = 0; x < 16; ++x) {
+          const float o = b.o32[static_cast<std::size_t>(i * 16 + x)];
+          if (i == sq - 1 && x == 5) EXPECT_TRUE(std::isnan(o)) << i << "," << x;
+          else EXPECT_TRUE(std::isfinite(o)) << i << "," << x;
+        }
+    }
+  }
+}
+
+TEST(CpuFlash, NanInQueryRow) {
+  for (Path path : {Path::fast, Path::generic}) {
+    Spec s;
+    s.sq = {33};
+    s.skv = {200};
+    s.hq = 2;
+    s.hkv = 1;
+    s.d = s.dv = 16;
+    s.lse = true;
+    Built b;
+    build(s, b);
+    b.q32[(5 * 2 + 1) * 16 + 3] = std::numeric_limits<float>::quiet_NaN();  // row 5, head 1
+    auto vp = validate(b.p);
+    ASSERT_TRUE(vp.is_ok());
+    CpuFlashBackend be(Options{0, path});
+    ASSERT_TRUE(be.run(*vp, {}).is_ok());
+    for (int i = 0; i < 33; ++i)
+      for (int h = 0; h < 2; ++h) {
+        const bool bad = i == 5 && h == 1;
+        EXPECT_EQ(bad, std::isnan(b.lse[static_cast<std::size_t>(h * 33 + i)])) << i << "," << h;
+        for (int x = 0; x < 16; ++x)
+          EXPECT_EQ(bad, std::isnan(b.o32[static_cast<std::size_t>((i * 2 + h) * 16 + x)])) << i << "," << h;
+      }
+  }
+}
+
+TEST(ThreadPool, RunsEveryTaskOnce) {
+  parallel::ThreadPool pool(4);
+  for (std::int64_t n : {0, 1, 3, 1000}) {
+    std::vector<std::atomic<int>> hits(static_cast<std::size_t>(n));
+    std::atomic<int> max_worker{0};
+    pool.parallel_for(n, [&](std::int64_t t, int w) {
+      hits[static_cast<std::size_t>(t)].fetch_add(1);
+      int m = max_worker.load();
+      while (w > m && !max_worker.compare_exchange_weak(m, w)) {
+      }
+    });
+    for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+    EXPECT_LT(max_worker.load(), 4);
+  }
+  std::atomic<int> over{0};
+  pool.parallel_for(100, [&](std::int64_t, int w) { over += w >= 2; }, 2);
+  EXPECT_EQ(over.load(), 0);
+}
+
+TEST(ThreadPool, ConcurrentAndNestedCalls) {
+  parallel::ThreadPool pool(3);
+  std::atomic<std::int64_t> sum{0};
+  auto job = [&] {
+    for (int rep = 0; rep < 50; ++rep)
+      pool.parallel_for(20, [&](std::int64_t t, int) {
+        pool.parallel_for(3, [&](std::int64_t u, int w) {
+          EXPECT_EQ(w, 0);  // nested: serial on the calling thread
+          sum += t * 3 + u;
+        });
+      });
+  };
+  std::thread a(job), b(job);
+  a.join();
+  b.join();
+  EXPECT_EQ(sum.load(), 2 * 50 * (60 * 59 / 2));
+}
+
+TEST(CpuFlash, ConcurrentRuns) {
+  Spec s;
+  s.dt = DType::f16;
+  s.sq = {100};
+  s.skv = {300};
+  s.hq = 4;
+  s.hkv = 2;
+  s.causal = true;
+  CpuFlashBackend be(Options{0, Path::fast});
+  const Out want = run(be, s);
+  std::vector<std::thread> ts;
+  std::atomic<int> mismatches{0};
+  for (int k = 0; k < 3; ++k)
+    ts.emplace_back([&] {
+      for (int rep = 0; rep < 5; ++rep) {
+        const Out got = run(be, s);
+        if (std::memcmp(got.o.data(), want.o.data(), want.o.size() * sizeof(float)) != 0) ++mismatches;
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+}  // namespace
+}  // namespace kallpa
+
+#include "kallpa/conformance.h"
+
+namespace kallpa {
+namespace {
+
+// The registered backend runs the fast path; hold the generic path to the quick conformance
+// matrix too, since it is the fallback for shapes the fast path declines.
+TEST(CpuFlash, GenericPathPassesQuickConformance) {
+  cpu_flash::CpuFlashBackend generic(cpu_flash::Options{0, cpu_flash::Path::generic});
+  const auto report = conformance::run_suite(generic, conformance::generate_cases(true));
+  for (const auto& r : report.results) EXPECT_TRUE(r.passed || r.skipped) << r.case_name << ": " << r.failure;
+  EXPECT_GT(report.passed(), 100u);
+}
+
+}  // namespace
+}  // namespace kallpa
+
+namespace kallpa {
+namespace {
+
+// The fast path is written once for every vector width; run it on each SIMD target this CPU can
+// execute (e.g. AVX2, SSE4, SSSE3, EMU128) so that lane-count assumptions are caught even where
+// the best target is the only one benchmarks exercise.
+TEST(CpuFlash, EverySimdTarget) {
+  const auto targets = cpu_flash::CpuFlashBackend::simd_targets();
+  ASSERT_FALSE(targets.empty());
+  std::string list;
+  for (const std::string& t : targets) list += " " + t;
+  std::printf("  cpu-flash SIMD targets on this CPU:%s\n", list.c_str());
+  for (const std::string& target : targets) {
+    ASSERT_TRUE(cpu_flash::CpuFlashBackend::force_simd_target(target)) << target;
+    EXPECT_EQ(cpu_flash::CpuFlashBackend::simd_target(), target);
+    SCOPED_TRACE(target);
+    for (std::int32_t sq : {1, 5, 70}) {
+      Spec s;
+      s.dt = DType::f16;
+      s.d = 72;
+      s.dv = 40;
+      s.sq = {sq};
+      s.skv = {300};
+      s.hq = 6;
+      s.hkv = 2;
+      s.causal = true;
+      s.alibi = true;
+      s.softcap = 4.0f;
+      s.lse = true;
+      s.wl = 200;
+      CpuFlashBackend fast(Options{0, Path::fast});
+      expect_close(run(fast, s), ref(s), s, "fast");
+    }
+  }
+  ASSERT_TRUE(cpu_flash::CpuFlashBackend::force_simd_target(""));
+}
+
+}  // namespace
+}  // namespace kallpa

@@ -1,0 +1,301 @@
+// Llama hyperparameters and tensor binding: the synthetic fixture, each kind of bad model (typed
+// error naming the key or tensor), and the real SmolLM2 file when it is present.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kallpa/model/gguf.h"
+#include "kallpa/model/llama.h"
+#include "kallpa/model/quant.h"
+#include "model/synthetic_llama.h"
+
+namespace {
+
+using kallpa::ErrorCode;
+using kallpa::Status;
+using namespace kallpa::model;
+
+Status load_status(const GgufWriter& w) {
+  auto f = GgufFile::from_bytes(w.finish());
+  if (!f) return f.status();
+  LlamaWeights weights;
+  return load_llama_config(**f, &weights).status();
+}
+
+void expect_error(const GgufWriter& w, ErrorCode code, const std::string& field, const std::string& in_message = "") {
+  const Status st = load_status(w);
+  ASSERT_FALSE(st.is_ok()) << "expected an error naming " << field;
+  EXPECT_EQ(st.code(), code) << st.to_string();
+  EXPECT_EQ(st.field(), field) << st.to_string();
+  if (!in_message.empty()) {
+    EXPECT_NE(st.message().find(in_message), std::string::npos) << st.to_string();
+  }
+}
+
+TEST(GgufLlama, SyntheticModelLoads) {
+  auto f = GgufFile::from_bytes(synthetic_llama());
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  LlamaWeights w;
+  auto cfg = load_llama_config(**f, &w);
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  EXPECT_EQ(cfg->architecture, "llama");
+  EXPECT_EQ(cfg->n_layer, 2u);
+  EXPECT_EQ(cfg->n_embd, 64u);
+  EXPECT_EQ(cfg->n_head, 4u);
+  EXPECT_EQ(cfg->n_head_kv, 2u);
+  EXPECT_EQ(cfg->head_dim, 16u);
+  EXPECT_EQ(cfg->n_rot, 16u);
+  EXPECT_EQ(cfg->n_ff, 128u);
+  EXPECT_EQ(cfg->vocab_size, 299u);
+  EXPECT_EQ(cfg->context_length, 256u);
+  EXPECT_FLOAT_EQ(cfg->rope_freq_base, 10000.0f);
+  EXPECT_FLOAT_EQ(cfg->rms_norm_eps, 1e-5f);
+  EXPECT_TRUE(cfg->tied_embeddings);
+  EXPECT_EQ(cfg->q_dim(), 64u);
+  EXPECT_EQ(cfg->kv_dim(), 32u);
+  ASSERT_EQ(w.layers.size(), 2u);
+  EXPECT_EQ(w.output, w.token_embd);
+  EXPECT_EQ(w.token_embd->type, GgmlType::q8_0);
+  EXPECT_EQ(w.layers[1].ffn_down->type, GgmlType::q4_1);
+  EXPECT_EQ(w.layers[1].ffn_down->ne[0], 128);
+  EXPECT_EQ(w.layers[1].attn_k->ne[1], 32);
+  EXPECT_EQ(w.layers[0].attn_norm->type, GgmlType::f32);
+
+  auto tokens = (*f)->get_string_array("tokenizer.ggml.tokens");
+  ASSERT_TRUE(tokens.is_ok());
+  EXPECT_EQ((*tokens)[1], "<|im_start|>");
+  EXPECT_EQ((*tokens)[3 + ' '], "Ġ");
+  EXPECT_EQ((*tokens)[3 + 'a'], "a");
+  EXPECT_EQ((*(*f)->get_string_array("tokenizer.ggml.merges"))[4], "Ġt he");
+}
+
+TEST(GgufLlama, EveryMatrixTypeAndUntiedOutput) {
+  for (GgmlType t : {GgmlType::f32, GgmlType::f16, GgmlType::bf16, GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1}) {
+    SyntheticLlamaSpec spec;
+    spec.matrix_type = t;
+    spec.embedding_type = t;
+    spec.tied_embeddings = false;
+    auto f = GgufFile::from_bytes(synthetic_llama(spec));
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    LlamaWeights w;
+    auto cfg = load_llama_config(**f, &w);
+    ASSERT_TRUE(cfg.is_ok()) << ggml_type_name(t) << ": " << cfg.status().to_string();
+    EXPECT_FALSE(cfg->tied_embeddings);
+    EXPECT_NE(w.output, w.token_embd);
+    EXPECT_EQ(w.layers[0].attn_q->type, t);
+  }
+}
+
+TEST(GgufLlama, MissingOrMistypedKeys) {
+  for (const char* key : {"llama.block_count", "llama.context_length", "llama.embedding_length",
+                          "llama.feed_forward_length", "llama.attention.head_count",
+                          "llama.attention.layer_norm_rms_epsilon", "tokenizer.ggml.tokens",
+                          "general.architecture"}) {
+    GgufWriter w = synthetic_llama_writer();
+    ASSERT_TRUE(w.remove_kv(key));
+    expect_error(w, ErrorCode::not_found, key, "is not in");
+  }
+  {  // optional keys take their defaults
+    GgufWriter w = synthetic_llama_writer();
+    w.remove_kv("llama.rope.freq_base");
+    w.remove_kv("llama.rope.dimension_count");
+    w.remove_kv("llama.attention.head_count_kv");
+    w.remove_kv("llama.vocab_size");
+    // head_count_kv defaults to head_count, so k/v must then be full width: expect the shape error.
+    expect_error(w, ErrorCode::invalid_argument, "blk.0.attn_k.weight", "expected [64, 64]");
+  }
+  {
+    GgufWriter w = synthetic_llama_writer();
+    w.remove_kv("llama.rope.freq_base");
+    w.remove_kv("llama.rope.dimension_count");
+    auto f = GgufFile::from_bytes(w.finish());
+    auto cfg = read_llama_config(**f);
+    ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+    EXPECT_EQ(cfg->rope_freq_base, 10000.0f);
+    EXPECT_EQ(cfg->n_rot, 16u);
+  }
+  {
+    GgufWriter w = synthetic_llama_writer();
+    w.remove_kv("llama.embedding_length");
+    w.add_string("llama.embedding_length", "64");
+    expect_error(w, ErrorCode::invalid_argument, "llama.embedding_length", "has type string");
+  }
+  {
+    GgufWriter w = synthetic_llama_writer();
+    w.remove_kv("llama.block_count");
+    w.add_u64("llama.block_count", 2);  // any integer type is accepted
+    EXPECT_TRUE(load_status(w).is_ok()) << load_status(w).to_string();
+  }
+  {
+    GgufWriter w = synthetic_llama_writer();
+    w.remove_kv("llama.attention.layer_norm_rms_epsilon");
+    w.add_u32("llama.attention.layer_norm_rms_epsilon", 1);
+    expect_error(w, ErrorCode::invalid_argument, "llama.attention.layer_norm_rms_epsilon", "expected float32");
+  }
+  {
+    GgufWriter w = synthetic_llama_writer();
+    w.remove_kv("llama.block_count");
+    w.add_u32("llama.block_count", 0);
+    expect_error(w, ErrorCode::invalid_argument, "llama.block_count", "expected 1..");
+  }
+  {
+    GgufWriter w = synthetic_llama_writer();
+    w.remove_kv("llama.attention.head_count_kv");
+    w.add_u32("llama.attention.head_count_kv", 3);
+    expect_error(w, ErrorCode::invalid_argument, "llama.attention.head_count_kv", "not a multiple");
+  }
+  {
+    GgufWriter w = synthetic_llama_writer();
+    w.remove_kv("llama.vocab_size");
+    w.add_u32("llama.vocab_size", 300);
+    expect_error(w, ErrorCode::invalid_argument, "llama.vocab_size", "differs");
+  }
+  {
+    GgufWriter w = synthetic_llama_writer();
+    w.remove_kv("llama.rope.dimension_count");
+    w.add_u32("llama.rope.dimension_count", 18);
+    expect_error(w, ErrorCode::invalid_argument, "llama.rope.dimension_count");
+  }
+  {
+    GgufWriter w = synthetic_llama_writer();
+    w.remove_kv("general.architecture");
+    w.add_string("general.architecture", "gpt2");
+    expect_error(w, ErrorCode::unsupported, "general.architecture", "'gpt2' is not supported");
+  }
+}
+
+TEST(GgufLlama, MissingTensorsBadShapesAndTypes) {
+  {
+    GgufWriter w = synthetic_llama_writer();
+    ASSERT_TRUE(w.remove_tensor("blk.1.ffn_down.weight"));
+    expect_error(w, ErrorCode::not_found, "blk.1.ffn_down.weight");
+  }
+  {
+    GgufWriter w = synthetic_llama_writer();
+    ASSERT_TRUE(w.remove_tensor("output_norm.weight"));
+    expect_error(w, ErrorCode::not_found, "output_norm.weight");
+  }
+  {  // K with 3 kv heads' rows instead of 2
+    GgufWriter w = synthetic_llama_writer();
+    std::vector<float> v(64 * 48, 0.01f);
+    std::vector<std::byte> data(static_cast<std::size_t>(row_size(GgmlType::q4_1, 64) * 48));
+    ASSERT_TRUE(quantize_row(GgmlType::q4_1, v.data(), data.data(), 64 * 48).is_ok());
+    ASSERT_TRUE(w.replace_tensor("blk.0.attn_k.weight", 3, {64, 48}, data));
+    expect_error(w, ErrorCode::invalid_argument, "blk.0.attn_k.weight", "has shape [64, 48], expected [64, 32]");
+  }
+  {  // a 3-d norm
+    GgufWriter w = synthetic_llama_writer();
+    std::vector<std::byte> data(64 * 4);
+    ASSERT_TRUE(w.replace_tensor("blk.1.ffn_norm.weight", 0, {64, 1, 1}, data));
+    expect_error(w, ErrorCode::invalid_argument, "blk.1.ffn_norm.weight", "expected [64]");
+  }
+  {  // transposed down projection
+    GgufWriter w = synthetic_llama_writer();
+    std::vector<std::byte> data(static_cast<std::size_t>(row_size(GgmlType::q4_1, 64) * 128));
+    ASSERT_TRUE(w.replace_tensor("blk.0.ffn_down.weight", 3, {64, 128}, data));
+    expect_error(w, ErrorCode::invalid_argument, "blk.0.ffn_down.weight", "expected [128, 64]");
+  }
+  {  // Q5_0: a type ggml knows (so the file parses) but kallpa has no kernels for
+    GgufWriter w = synthetic_llama_writer();
+    std::vector<std::byte> data(2 * 22 * 128);
+    ASSERT_TRUE(w.replace_tensor("blk.1.ffn_up.weight", 6, {64, 128}, data));
+    expect_error(w, ErrorCode::unsupported, "blk.1.ffn_up.weight", "has type Q5_0");
+  }
+  {  // norms must be F32
+    GgufWriter w = synthetic_llama_writer();
+    std::vector<std::byte> data(64 * 2);
+    ASSERT_TRUE(w.replace_tensor("blk.0.attn_norm.weight", 1, {64}, data));
+    expect_error(w, ErrorCode::unsupported, "blk.0.attn_norm.weight", "has type F16");
+  }
+  {  // vocab rows differ from the tokenizer's vocabulary
+    GgufWriter w = synthetic_llama_writer();
+    std::vector<std::byte> data(static_cast<std::size_t>(row_size(GgmlType::q8_0, 64) * 298));
+    ASSERT_TRUE(w.replace_tensor("token_embd.weight", 8, {64, 298}, data));
+    expect_error(w, ErrorCode::invalid_argument, "token_embd.weight", "expected [64, 299]");
+  }
+  {  // an unknown tensor type is already a parse error at load
+    GgufWriter w = synthetic_llama_writer();
+    std::vector<std::byte> data(64 * 4);
+    ASSERT_TRUE(w.replace_tensor("output_norm.weight", 77, {64}, data));
+    const Status st = load_status(w);
+    EXPECT_EQ(st.code(), ErrorCode::parse_error) << st.to_string();
+    EXPECT_NE(st.message().find("unknown ggml type 77"), std::string::npos) << st.to_string();
+  }
+}
+
+// The real model, when scripts/fetch_model.sh has fetched it (or $KALLPA_MODEL names it).
+std::string real_model_path() {
+  if (const char* p = std::getenv("KALLPA_MODEL"); p != nullptr && *p != '\0') return p;
+  for (const std::filesystem::path& dir : {std::filesystem::path(__FILE__).parent_path().parent_path() / "models",
+                                          std::filesystem::path("models")}) {
+    const auto p = dir / "SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (std::filesystem::exists(p)) return p.string();
+  }
+  return {};
+}
+
+TEST(GgufLlama, RealSmolLM2LoadsAndValidates) {
+  const std::string path = real_model_path();
+  if (path.empty()) {
+    GTEST_SKIP() << "SmolLM2-135M-Instruct.Q4_1.gguf not found (run scripts/fetch_model.sh, or set KALLPA_MODEL)";
+  }
+  auto f = GgufFile::open(path);
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  EXPECT_EQ((*f)->version(), 3u);
+  EXPECT_EQ((*f)->tensors().size(), 272u);
+  LlamaWeights w;
+  auto cfg = load_llama_config(**f, &w);
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  EXPECT_EQ(cfg->n_layer, 30u);
+  EXPECT_EQ(cfg->n_embd, 576u);
+  EXPECT_EQ(cfg->n_ff, 1536u);
+  EXPECT_EQ(cfg->n_head, 9u);
+  EXPECT_EQ(cfg->n_head_kv, 3u);
+  EXPECT_EQ(cfg->head_dim, 64u);
+  EXPECT_EQ(cfg->n_rot, 64u);
+  EXPECT_EQ(cfg->vocab_size, 49152u);
+  EXPECT_EQ(cfg->context_length, 8192u);
+  EXPECT_FLOAT_EQ(cfg->rope_freq_base, 100000.0f);
+  EXPECT_FLOAT_EQ(cfg->rms_norm_eps, 1e-5f);
+  EXPECT_TRUE(cfg->tied_embeddings);
+  EXPECT_EQ(*(*f)->get_string("tokenizer.ggml.pre"), "smollm");
+  // Tensor types found in the file: Q8_0 embeddings, Q4_1 matrices, F32 norms.
+  std::map<std::string, int> types;
+  for (const auto& t : (*f)->tensors()) ++types[std::string(ggml_type_name(t.type))];
+  EXPECT_EQ(types, (std::map<std::string, int>{{"F32", 61}, {"Q4_1", 210}, {"Q8_0", 1}}));
+  EXPECT_EQ(w.token_embd->type, GgmlType::q8_0);
+  for (const auto& l : w.layers) {
+    EXPECT_EQ(l.attn_q->type, GgmlType::q4_1);
+    EXPECT_EQ(l.ffn_down->type, GgmlType::q4_1);
+  }
+
+  // A real matrix product agrees with the dequantised weights (exact product in double).
+  auto wm = as_weight_matrix(*w.layers[3].ffn_down);
+  ASSERT_TRUE(wm.is_ok());
+  const auto x = synthetic_values(7, static_cast<std::size_t>(wm->cols), 1.0f);
+  std::vector<float> y(static_cast<std::size_t>(wm->rows));
+  ASSERT_TRUE(matmul(*wm, x.data(), 1, wm->cols, y.data(), wm->rows).is_ok());
+  std::vector<float> row(static_cast<std::size_t>(wm->cols));
+  double max_err = 0, max_ref = 0;
+  for (std::int64_t i = 0; i < wm->rows; ++i) {
+    ASSERT_TRUE(dequantize_rows(*wm, i, 1, row.data()).is_ok());
+    double ref = 0;
+    for (std::int64_t j = 0; j < wm->cols; ++j) ref += static_cast<double>(row[j]) * x[j];
+    max_err = std::max(max_err, std::fabs(ref - y[i]));
+    max_ref = std::max(max_ref, std::fabs(ref));
+  }
+  EXPECT_LT(max_err, 0.02 * max_ref) << "max |y| " << max_ref;
+  // Embedding rows dequantise to finite values.
+  auto embd = as_weight_matrix(*w.token_embd);
+  ASSERT_TRUE(embd.is_ok());
+  std::vector<float> e(576);
+  ASSERT_TRUE(dequantize_rows(*embd, 49151, 1, e.data()).is_ok());
+  for (float v : e) EXPECT_TRUE(std::isfinite(v));
+}
+
+}  // namespace

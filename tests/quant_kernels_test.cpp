@@ -1,0 +1,361 @@
+// Tensor-type kernels: dequantisation against values worked out by hand, quantisation round trips,
+// the AVX2 kernels against the scalar reference, and matmul against an exact product (double) of
+// the dequantised weights, for every supported type. Python cross-checks against gguf.quants live
+// in tools/gguf/crosscheck.py.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kallpa/half.h"
+#include "kallpa/model/quant.h"
+#include "model/quant_kernels.h"
+#include "model/quant_types.h"
+#include "model/synthetic_llama.h"
+
+namespace {
+
+using namespace kallpa::model;
+using kallpa::ErrorCode;
+
+const GgmlType kAllTypes[] = {GgmlType::f32, GgmlType::f16, GgmlType::bf16,
+                              GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1};
+
+template <typename T>
+std::vector<std::byte> as_bytes(const T& v) {
+  std::vector<std::byte> b(sizeof(T));
+  std::memcpy(b.data(), &v, sizeof(T));
+  return b;
+}
+
+TEST(QuantDequant, HandWorkedBlocks) {
+  float out[32];
+  {
+    BlockQ8_0 b{};
+    b.d = 0x3800;  // 0.5
+    for (int j = 0; j < 32; ++j) b.qs[j] = static_cast<std::int8_t>(j - 16);
+    b.qs[31] = -128;
+    ASSERT_TRUE(dequantize_row(GgmlType::q8_0, &b, out, 32).is_ok());
+    for (int j = 0; j < 31; ++j) EXPECT_EQ(out[j], static_cast<float>(j - 16) * 0.5f) << j;
+    EXPECT_EQ(out[31], -64.0f);
+  }
+  {
+    BlockQ4_0 b{};
+    b.d = 0x3400;  // 0.25
+    for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<std::uint8_t>(j | ((15 - j) << 4));
+    ASSERT_TRUE(dequantize_row(GgmlType::q4_0, &b, out, 32).is_ok());
+    for (int j = 0; j < 16; ++j) {
+      EXPECT_EQ(out[j], static_cast<float>(j - 8) * 0.25f) << j;             // low nibbles: elements 0..15
+      EXPECT_EQ(out[16 + j], static_cast<float>(7 - j) * 0.25f) << j;        // high nibbles: elements 16..31
+    }
+  }
+  {
+    BlockQ4_1 b{};
+    b.d = 0x3800;  // 0.5
+    b.m = 0xbc00;  // -1
+    for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<std::uint8_t>(j | ((15 - j) << 4));
+    ASSERT_TRUE(dequantize_row(GgmlType::q4_1, &b, out, 32).is_ok());
+    for (int j = 0; j < 16; ++j) {
+      EXPECT_EQ(out[j], static_cast<float>(j) * 0.5f - 1.0f) << j;
+      EXPECT_EQ(out[16 + j], static_cast<float>(15 - j) * 0.5f - 1.0f) << j;
+    }
+  }
+  {
+    const std::uint16_t h[4] = {0x3c00, 0xc000, 0x7bff, 0x0001};
+    ASSERT_TRUE(dequantize_row(GgmlType::f16, h, out, 4).is_ok());
+    EXPECT_EQ(out[0], 1.0f);
+    EXPECT_EQ(out[1], -2.0f);
+    EXPECT_EQ(out[2], 65504.0f);
+    EXPECT_EQ(out[3], std::ldexp(1.0f, -24));
+    const std::uint16_t bf[2] = {0x3f80, 0xc040};
+    ASSERT_TRUE(dequantize_row(GgmlType::bf16, bf, out, 2).is_ok());
+    EXPECT_EQ(out[0], 1.0f);
+    EXPECT_EQ(out[1], -3.0f);
+    const float f[2] = {1.25f, -7.5f};
+    ASSERT_TRUE(dequantize_row(GgmlType::f32, f, out, 2).is_ok());
+    EXPECT_EQ(out[1], -7.5f);
+  }
+  EXPECT_EQ(dequantize_row(GgmlType::q6_k, out, out, 256).code(), ErrorCode::unsupported);
+  EXPECT_EQ(dequantize_row(GgmlType::q4_1, out, out, 31).code(), ErrorCode::invalid_argument);
+}
+
+TEST(QuantDequant, HandWorkedQuantisation) {
+  // Q4_1 of 0..31 / 2: min 0, max 15.5, d = 15.5/15, q = trunc(x/d + 0.5).
+  float x[32];
+  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j) * 0.5f;
+  BlockQ4_1 b{};
+  ASSERT_TRUE(quantize_row(GgmlType::q4_1, x, &b, 32).is_ok());
+  EXPECT_EQ(b.m, 0);
+  EXPECT_EQ(b.d, kallpa::f32_to_f16(15.5f / 15.0f));
+  EXPECT_EQ(b.qs[0] & 0x0f, 0);
+  EXPECT_EQ(b.qs[15] >> 4, 15);  // element 31
+  EXPECT_EQ(b.qs[2] & 0x0f, 1);  // 1.0 / 1.0333 + 0.5 -> 1
+  // Q4_0: the largest magnitude (-4) maps to q = 0 and d = 4/8 = 0.5.
+  float y[32] = {};
+  y[5] = -4.0f;
+  y[20] = 3.0f;
+  BlockQ4_0 c{};
+  ASSERT_TRUE(quantize_row(GgmlType::q4_0, y, &c, 32).is_ok());
+  EXPECT_EQ(kallpa::f16_to_f32(c.d), 0.5f);
+  EXPECT_EQ(c.qs[5] & 0x0f, 0);
+  EXPECT_EQ(c.qs[4] >> 4, 14);  // element 20: 3.0 / 0.5 + 8.5 = 14.5 -> 14, dequantises to (14 - 8) * 0.5
+  float back[32];
+  ASSERT_TRUE(dequantize_row(GgmlType::q4_0, &c, back, 32).is_ok());
+  EXPECT_EQ(back[5], -4.0f);
+  EXPECT_EQ(back[20], 3.0f);
+  EXPECT_EQ(back[0], 0.0f);
+}
+
+TEST(QuantDequant, RoundTripErrorBounds) {
+  const std::int64_t n = 32 * 64;
+  const auto x = synthetic_values(11, static_cast<std::size_t>(n), 3.0f);
+  for (GgmlType t : kAllTypes) {
+    std::vector<std::byte> q(static_cast<std::size_t>(row_size(t, n)));
+    ASSERT_TRUE(quantize_row(t, x.data(), q.data(), n).is_ok());
+    std::vector<float> back(static_cast<std::size_t>(n));
+    ASSERT_TRUE(dequantize_row(t, q.data(), back.data(), n).is_ok());
+    for (std::int64_t b = 0; b < n / 32; ++b) {
+      float amax = 0, mn = 1e30f, mx = -1e30f;
+      for (int j = 0; j < 32; ++j) {
+        const float v = x[b * 32 + j];
+        amax = std::max(amax, std::fabs(v));
+        mn = std::min(mn, v);
+        mx = std::max(mx, v);
+      }
+      float bound = 0;
+      switch (t) {
+        case GgmlType::f32: bound = 0; break;
+        case GgmlType::f16: bound = amax * 1e-3f; break;
+        case GgmlType::bf16: bound = amax * 8e-3f; break;
+        case GgmlType::q8_0: bound = amax / 254.0f * 1.01f + amax * 1e-3f; break;
+        case GgmlType::q4_0: bound = amax / 8.0f * 1.01f + amax * 2e-3f; break;  // clamped at 7d
+        default: bound = (mx - mn) / 30.0f * 1.01f + amax * 2e-3f; break;
+      }
+      for (int j = 0; j < 32; ++j) {
+        ASSERT_LE(std::fabs(back[b * 32 + j] - x[b * 32 + j]), bound) << ggml_type_name(t) << " at " << b * 32 + j;
+      }
+    }
+  }
+}
+
+TEST(QuantKernels, ActivationQuantisationMatchesScalar) {
+  if (!kernels::avx2_available()) GTEST_SKIP() << "no AVX2 on this machine: only the scalar kernels run";
+  const std::int64_t k = 32 * 40;
+  auto x = synthetic_values(3, static_cast<std::size_t>(k), 10.0f);
+  for (int j = 0; j < 32; ++j) x[static_cast<std::size_t>(j)] = 0.0f;                   // all-zero block
+  for (int j = 0; j < 32; ++j) x[static_cast<std::size_t>(32 + j)] = static_cast<float>(j - 16) * 0.5f;  // exact halves
+  x[70] = 1e-30f;
+  std::vector<BlockQ8x> a(static_cast<std::size_t>(k / 32)), b(a.size());
+  kernels::quantize_row_q8x_scalar(x.data(), a.data(), k);
+  kernels::quantize_row_q8x_avx2(x.data(), b.data(), k);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].d, b[i].d) << i;
+    EXPECT_EQ(a[i].s, b[i].s) << i;
+    EXPECT_EQ(std::memcmp(a[i].qs, b[i].qs, 32), 0) << i;
+  }
+  EXPECT_EQ(a[0].d, 0.0f);
+  EXPECT_EQ(a[1].qs[0], -127);
+}
+
+struct Problem {
+  GgmlType type;
+  std::int64_t rows, cols, batch;
+  std::vector<std::byte> w;
+  std::vector<float> x;
+  WeightMatrix wm;
+};
+
+Problem make_problem(GgmlType t, std::int64_t rows, std::int64_t cols, std::int64_t batch, std::uint64_t seed) {
+  Problem p{t, rows, cols, batch, {}, {}, {}};
+  const auto wf = synthetic_values(seed, static_cast<std::size_t>(rows * cols), 0.5f);
+  p.w.resize(static_cast<std::size_t>(row_size(t, cols) * static_cast<std::uint64_t>(rows)));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    EXPECT_TRUE(quantize_row(t, wf.data() + r * cols, p.w.data() + static_cast<std::size_t>(r) * row_size(t, cols), cols)
+                    .is_ok());
+  }
+  p.x = synthetic_values(seed + 1, static_cast<std::size_t>(batch * cols), 2.0f);
+  p.wm = WeightMatrix{t, p.w.data(), rows, cols, row_size(t, cols)};
+  return p;
+}
+
+TEST(QuantKernels, Avx2MatchesScalar) {
+  if (!kernels::avx2_available()) GTEST_SKIP() << "no AVX2 on this machine: only the scalar kernels run";
+  for (GgmlType t : kAllTypes) {
+    for (std::int64_t cols : {32, 64, 576}) {
+      for (std::int64_t rows : {1, 2, 3, 5, 8, 9}) {
+        for (std::int64_t batch : {1, 2, 3, 4, 5, 9}) {
+          Problem p = make_problem(t, rows, cols, batch, static_cast<std::uint64_t>(rows * 100 + batch));
+          std::vector<float> ys(static_cast<std::size_t>(rows * batch)), yv(ys.size());
+          MatmulOptions scalar, simd;
+          scalar.force_scalar = true;
+          scalar.activations = simd.activations = MatmulOptions::Activations::q8;
+          ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, ys.data(), rows, scalar).is_ok());
+          ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, yv.data(), rows, simd).is_ok());
+          for (std::size_t i = 0; i < ys.size(); ++i) {
+            ASSERT_NEAR(ys[i], yv[i], 2e-5 * std::sqrt(static_cast<double>(cols)) * (1 + std::fabs(ys[i])))
+                << ggml_type_name(t) << " rows " << rows << " cols " << cols << " batch " << batch << " at " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// y agrees with the exact product of the dequantised weights: within f32 rounding (1e-5 of
+// sum |w x|) with exact activations (the default), within the bound the activation quantisation
+// allows (sum_j |w_j| * max|x_block| / 254 per block) with Q8 activations; both kernel paths.
+TEST(QuantKernels, MatmulMatchesExactProduct) {
+  for (const auto act : {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8}) {
+  for (bool force_scalar : {false, true}) {
+    for (GgmlType t : kAllTypes) {
+      const std::int64_t rows = 37, cols = 32 * 7, batch = 6;
+      Problem p = make_problem(t, rows, cols, batch, 99);
+      std::vector<float> y(static_cast<std::size_t>(rows * batch));
+      MatmulOptions o;
+      o.force_scalar = force_scalar;
+      o.activations = act;
+      ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, y.data(), rows, o).is_ok());
+      std::vector<float> wrow(static_cast<std::size_t>(cols));
+      for (std::int64_t r = 0; r < rows; ++r) {
+        ASSERT_TRUE(dequantize_rows(p.wm, r, 1, wrow.data()).is_ok());
+        for (std::int64_t b = 0; b < batch; ++b) {
+          const float* x = p.x.data() + b * cols;
+          double exact = 0, abs_sum = 0, qbound = 0;
+          for (std::int64_t blk = 0; blk < cols / 32; ++blk) {
+            double amax = 0, wsum = 0;
+            for (int j = 0; j < 32; ++j) {
+              const std::int64_t i = blk * 32 + j;
+              exact += static_cast<double>(wrow[i]) * x[i];
+              abs_sum += std::fabs(static_cast<double>(wrow[i]) * x[i]);
+              amax = std::max(amax, static_cast<double>(std::fabs(x[i])));
+              wsum += std::fabs(wrow[i]);
+            }
+            qbound += wsum * amax / 254.0;
+          }
+          const bool quant = t == GgmlType::q8_0 || t == GgmlType::q4_0 || t == GgmlType::q4_1;
+          const bool q8 = quant && act == MatmulOptions::Activations::q8;
+          const double tol = (q8 ? qbound * 1.01 : 0.0) + 1e-5 * abs_sum + 1e-6;
+          ASSERT_NEAR(y[static_cast<std::size_t>(b * rows + r)], exact, tol)
+              << ggml_type_name(t) << (force_scalar ? " scalar" : "") << (q8 ? " q8" : " f32") << " row " << r
+              << " batch " << b;
+        }
+      }
+    }
+  }
+  }
+}
+
+// Results do not depend on the batch size, the batch row's position, the thread count or ld.
+TEST(QuantKernels, MatmulIsDeterministic) {
+  for (const auto act : {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8}) {
+  for (GgmlType t : kAllTypes) {
+    const std::int64_t rows = 150, cols = 96, batch = 70;
+    Problem p = make_problem(t, rows, cols, batch, 5);
+    std::vector<float> all(static_cast<std::size_t>(rows * batch)), one_thread(all.size());
+    MatmulOptions o;
+    o.activations = act;
+    ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, all.data(), rows, o).is_ok());
+    MatmulOptions o1 = o;
+    o1.max_threads = 1;
+    ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, one_thread.data(), rows, o1).is_ok());
+    EXPECT_EQ(std::memcmp(all.data(), one_thread.data(), all.size() * sizeof(float)), 0) << ggml_type_name(t);
+    for (std::int64_t b : {0, 3, 63, 64, 69}) {
+      std::vector<float> y(static_cast<std::size_t>(rows + 5), -1.0f);
+      ASSERT_TRUE(matmul(p.wm, p.x.data() + b * cols, 1, cols, y.data(), rows + 5, o).is_ok());
+      EXPECT_EQ(std::memcmp(y.data(), all.data() + b * rows, static_cast<std::size_t>(rows) * sizeof(float)), 0)
+          << ggml_type_name(t) << " batch row " << b;
+      EXPECT_EQ(y[static_cast<std::size_t>(rows)], -1.0f);  // ldy padding untouched
+    }
+  }
+  }
+}
+
+// Exact activations: the AVX2 kernels (fused for small batches, dequantised tile + micro-kernel for
+// larger ones) agree with the scalar reference bit for bit, for every quantised type and odd shapes,
+// and every output is independent of the batch size, its batch position and the thread count.
+TEST(QuantKernels, ExactActivationsAreBitwiseReproducible) {
+  const GgmlType kQuant[] = {GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1};
+  for (GgmlType t : kQuant) {
+    for (std::int64_t cols : {32, 96, 576}) {
+      for (std::int64_t rows : {1, 3, 5, 7, 13, 27, 70}) {
+        const std::int64_t batch = 70;
+        Problem p = make_problem(t, rows, cols, batch, static_cast<std::uint64_t>(rows * 7 + cols));
+        const std::size_t n = static_cast<std::size_t>(rows * batch);
+        std::vector<float> ref(n), two(n), one(n);
+        MatmulOptions scalar;
+        scalar.force_scalar = true;
+        ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, ref.data(), rows, scalar).is_ok());
+        MatmulOptions o2;
+        o2.max_threads = 2;
+        ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, two.data(), rows, o2).is_ok());
+        MatmulOptions o1;
+        o1.max_threads = 1;
+        ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, one.data(), rows, o1).is_ok());
+        const std::string what = std::string(ggml_type_name(t)) + " rows " + std::to_string(rows) + " cols " +
+                                 std::to_string(cols);
+        ASSERT_EQ(std::memcmp(ref.data(), two.data(), n * sizeof(float)), 0) << what << " avx2 vs scalar";
+        ASSERT_EQ(std::memcmp(one.data(), two.data(), n * sizeof(float)), 0) << what << " 1 vs 2 threads";
+        // Every sub-batch [b0, b0 + nb) for nb = 1 .. 70 (offsets vary with nb) gives the same rows.
+        for (std::int64_t nb = 1; nb <= batch; ++nb) {
+          const std::int64_t b0 = (nb * 13) % (batch - nb + 1);
+          std::vector<float> y(static_cast<std::size_t>((rows + 3) * nb), -1.0f);
+          ASSERT_TRUE(matmul(p.wm, p.x.data() + b0 * cols, nb, cols, y.data(), rows + 3).is_ok());
+          for (std::int64_t b = 0; b < nb; ++b) {
+            ASSERT_EQ(std::memcmp(y.data() + b * (rows + 3), two.data() + (b0 + b) * rows,
+                                  static_cast<std::size_t>(rows) * sizeof(float)),
+                      0)
+                << what << " sub-batch " << b0 << "+" << nb << " row " << b;
+            ASSERT_EQ(y[static_cast<std::size_t>(b * (rows + 3) + rows)], -1.0f);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The exact-activation bound on a larger, model-like shape: |y - exact| <= 1e-5 * sum |w x|.
+TEST(QuantKernels, ExactActivationsErrorIsF32Rounding) {
+  for (GgmlType t : {GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1}) {
+    const std::int64_t rows = 45, cols = 1536, batch = 67;
+    Problem p = make_problem(t, rows, cols, batch, 17);
+    std::vector<float> y(static_cast<std::size_t>(rows * batch));
+    ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, y.data(), rows).is_ok());
+    std::vector<float> wrow(static_cast<std::size_t>(cols));
+    double worst = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      ASSERT_TRUE(dequantize_rows(p.wm, r, 1, wrow.data()).is_ok());
+      for (std::int64_t b = 0; b < batch; ++b) {
+        const float* x = p.x.data() + b * cols;
+        double exact = 0, abs_sum = 0;
+        for (std::int64_t i = 0; i < cols; ++i) {
+          exact += static_cast<double>(wrow[static_cast<std::size_t>(i)]) * x[i];
+          abs_sum += std::fabs(static_cast<double>(wrow[static_cast<std::size_t>(i)]) * x[i]);
+        }
+        const double err = std::fabs(y[static_cast<std::size_t>(b * rows + r)] - exact);
+        worst = std::max(worst, err / abs_sum);
+        ASSERT_LE(err, 1e-5 * abs_sum) << ggml_type_name(t) << " row " << r << " batch " << b;
+      }
+    }
+    EXPECT_LT(worst, 1e-6) << ggml_type_name(t);
+  }
+}
+
+TEST(QuantKernels, MatmulRejectsBadArguments) {
+  Problem p = make_problem(GgmlType::q4_1, 4, 64, 1, 1);
+  std::vector<float> y(4);
+  EXPECT_EQ(matmul(p.wm, p.x.data(), 1, 32, y.data(), 4).code(), ErrorCode::invalid_argument);  // ldx < cols
+  EXPECT_EQ(matmul(p.wm, p.x.data(), 1, 64, y.data(), 3).code(), ErrorCode::invalid_argument);  // ldy < rows
+  WeightMatrix bad = p.wm;
+  bad.type = GgmlType::q6_k;
+  EXPECT_EQ(matmul(bad, p.x.data(), 1, 64, y.data(), 4).code(), ErrorCode::unsupported);
+  bad = p.wm;
+  bad.row_bytes = 41;
+  EXPECT_EQ(matmul(bad, p.x.data(), 1, 64, y.data(), 4).code(), ErrorCode::invalid_argument);
+  EXPECT_TRUE(matmul(p.wm, p.x.data(), 0, 64, y.data(), 4).is_ok());
+  EXPECT_TRUE(quant_kernel_isa() == "avx2" || quant_kernel_isa() == "scalar");
+  EXPECT_EQ(dequantize_rows(p.wm, 3, 2, y.data()).code(), ErrorCode::invalid_argument);
+}
+
+}  // namespace

@@ -1,0 +1,53 @@
+// Shared pieces of the `kallpa` command line program: exit codes, global options, and the
+// signature every subcommand follows (add itself to the app, run when it was the one parsed).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "kallpa/dispatcher.h"
+#include "kallpa/registry.h"
+#include "kallpa/status.h"
+
+namespace kallpa::cli {
+
+// Exit codes: 0 success; 1 the job ran and found a problem (a failed case, a failed run);
+// 2 the input was wrong (bad flag, malformed spec, unknown backend name).
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+
+// Options that every subcommand accepts (declared on the top-level app, which falls through).
+struct GlobalOptions {
+  std::string attention;  // --attention LIST; empty when not given
+  bool strict = false;    // --strict
+  std::string log_level = "warn";
+};
+
+void add_global_options(CLI::App& app, GlobalOptions& options);
+
+// Applies --log-level and sends log output to stderr, so that --json output on stdout stays valid.
+void configure_logging(const GlobalOptions& options);
+
+// DispatchOptions::from_env(), then --attention / --strict on top. Every named backend must be
+// registered (not_found otherwise).
+Result<DispatchOptions> dispatch_options(const GlobalOptions& options, const BackendRegistry& registry);
+
+// not_found naming `field` when `name` is not registered; the message lists the registered names.
+Status require_backend(std::string_view name, std::string_view field, const BackendRegistry& registry);
+
+// A subcommand: its CLI11 app and what to run when it was given.
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int(const GlobalOptions&)> run;
+};
+
+Command add_demo_command(CLI::App& app);
+Command add_backends_command(CLI::App& app);
+Command add_conformance_command(CLI::App& app);
+Command add_bench_command(CLI::App& app);
+
+}  // namespace kallpa::cli

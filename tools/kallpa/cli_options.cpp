@@ -1,0 +1,67 @@
+// Global options: dispatch choice (--attention, --strict, KALLPA_ATTENTION*), logging.
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "cli.h"
+
+namespace kallpa::cli {
+
+void add_global_options(CLI::App& app, GlobalOptions& options) {
+  app.add_option("--attention", options.attention,
+                 "Backends to use, first supported wins: NAME[,NAME...] "
+                 "(overrides KALLPA_ATTENTION)")
+      ->type_name("LIST");
+  app.add_flag("--strict", options.strict,
+               "An explicit --attention choice that cannot run a problem is an error, never a "
+               "fallback (also KALLPA_ATTENTION_STRICT=1)");
+  app.add_option("--log-level", options.log_level, "Log level (logs go to stderr)")
+      ->envname("KALLPA_LOG_LEVEL")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
+      ->capture_default_str();
+}
+
+void configure_logging(const GlobalOptions& options) {
+  auto logger = std::make_shared<spdlog::logger>(
+      "", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+  spdlog::set_default_logger(std::move(logger));
+  spdlog::set_level(spdlog::level::from_str(options.log_level));
+}
+
+Status require_backend(std::string_view name, std::string_view field, const BackendRegistry& registry) {
+  if (registry.find(name) != nullptr) return Status::ok();
+  std::string known;
+  for (const BackendInfo& info : registry.list()) {
+    if (!known.empty()) known += ", ";
+    known += info.backend->name();
+  }
+  return Status(ErrorCode::not_found, std::string(field),
+                fmt::format("no backend named '{}' (registered: {})", name,
+                            known.empty() ? std::string("none") : known));
+}
+
+Result<DispatchOptions> dispatch_options(const GlobalOptions& options, const BackendRegistry& registry) {
+  Result<DispatchOptions> from_env = DispatchOptions::from_env();
+  if (!from_env) return from_env.status();  // names the malformed variable
+  DispatchOptions result = std::move(from_env).value();
+  std::string field = "KALLPA_ATTENTION";
+  if (!options.attention.empty()) {
+    Result<std::vector<std::string>> list = DispatchOptions::parse_backend_list(options.attention);
+    if (!list) {
+      Status s = list.status();
+      return Status(s.code(), "--attention", s.message());
+    }
+    result.backends = std::move(list).value();
+    field = "--attention";
+  }
+  if (options.strict) result.strict = true;
+  for (const std::string& name : result.backends) {
+    if (Status s = require_backend(name, field, registry); !s) return s;
+  }
+  return result;
+}
+
+}  // namespace kallpa::cli

@@ -1,0 +1,92 @@
+// `kallpa bench attention`: every selected backend on every shape, side by side, against the
+// machine's measured peaks (the harness in src/harness does the work).
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli.h"
+#include "harness/attention_bench.h"
+#include "harness/peak.h"
+#include "kallpa/problem_spec.h"
+#include "output.h"
+
+namespace kallpa::cli {
+namespace {
+
+struct BenchCliOptions {
+  std::vector<std::string> backends;
+  std::vector<std::string> specs;
+  double min_time = 0.3;
+  double max_seconds_per_run = 4.0;
+  bool json = false;
+};
+
+int run_bench(const BenchCliOptions& options) {
+  harness::BenchOptions bench;
+  bench.min_seconds = options.min_time;
+  bench.max_seconds_per_run = options.max_seconds_per_run;
+  for (const std::string& name : options.backends) {
+    if (Status s = require_backend(name, "--backend", BackendRegistry::global()); !s) {
+      print_error("", s);
+      return kExitUsage;
+    }
+    bench.backends.push_back(name);
+  }
+  for (const std::string& text : options.specs) {
+    Result<ProblemSpec> spec = parse_problem_spec(text);
+    if (!spec) {
+      print_error(fmt::format("invalid --spec '{}'", text), spec.status());
+      return kExitUsage;
+    }
+    if (spec->device != Device::cpu()) {
+      print_error("", Status(ErrorCode::unsupported, "device",
+                             fmt::format("the benchmark allocates host memory only; '{}' is not cpu",
+                                         spec->device.to_string())));
+      return kExitUsage;
+    }
+    bench.shapes.push_back(std::move(spec).value());
+  }
+
+  std::FILE* text = options.json ? stderr : stdout;
+  fmt::print(text, "measuring the machine's peaks...\n");
+  std::fflush(text);
+  const harness::MachinePeak peak = harness::measure_peak(0);
+  const std::vector<harness::BenchRow> rows =
+      harness::run_attention_bench(bench, peak, [&](const harness::BenchRow& row) {
+        if (options.json) return;  // progress only for people
+        fmt::print(stderr, "  {} on {}: {}\n", row.backend, row.shape,
+                   row.ran ? format_duration(row.seconds) : row.note);
+      });
+  if (options.json) {
+    fmt::print("{}\n", harness::bench_to_json(rows, peak).dump(2));
+  } else {
+    fmt::print("{}", harness::format_bench_table(rows, peak));
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& app) {
+  auto options = std::make_shared<BenchCliOptions>();
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  CLI::App* sub = bench->add_subcommand(
+      "attention", "Every backend on every shape, side by side, against the measured machine peaks");
+  sub->add_option("--backend,-b", options->backends, "Backend to time (repeatable; default: all)")
+      ->type_name("NAME");
+  sub->add_option("--spec", options->specs, "Shape(s) to time instead of the default suite")
+      ->type_name("SPEC");
+  sub->add_option("--min-time", options->min_time, "Seconds to keep timing each case")
+      ->check(CLI::Range(0.0, 600.0))
+      ->capture_default_str();
+  sub->add_option("--max-run-time", options->max_seconds_per_run,
+                  "Skip a backend on a shape when one run is predicted to take longer (seconds)")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  sub->add_flag("--json", options->json, "Results as a JSON array on stdout");
+  return {bench, [options](const GlobalOptions&) { return run_bench(*options); }};
+}
+
+}  // namespace kallpa::cli

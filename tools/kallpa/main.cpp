@@ -1,0 +1,54 @@
+// The `kallpa` command line program: parses the command line and runs one subcommand.
+#include <exception>
+#include <new>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cli.h"
+#include "kallpa/attention.h"
+
+#ifndef KALLPA_VERSION_STRING
+#define KALLPA_VERSION_STRING "unknown"
+#endif
+
+int main(int argc, char** argv) {
+  using namespace kallpa::cli;
+  try {
+    CLI::App app{"kallpa: Transformer inference with interchangeable attention backends", "kallpa"};
+    app.set_version_flag("--version", fmt::format("kallpa {} (attention contract v{})",
+                                                  KALLPA_VERSION_STRING, kallpa::kAttentionContractVersion));
+    app.require_subcommand(1);
+    app.fallthrough();  // global options may follow the subcommand: `kallpa demo --strict`
+
+    GlobalOptions global;
+    add_global_options(app, global);
+    const std::vector<Command> commands = {add_demo_command(app), add_backends_command(app),
+                                           add_conformance_command(app), add_bench_command(app)};
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      if (app.get_subcommands().empty() && !app.remaining().empty()) {
+        // `kallpa frobnicate`: say so, rather than CLI11's "a subcommand is required".
+        fmt::print(stderr, "kallpa: unknown command '{}' (commands: demo, backends, conformance, bench)\n"
+                           "Run with --help for more information.\n",
+                   app.remaining().front());
+        return kExitUsage;
+      }
+      const int code = app.exit(e);  // prints help, the version, or the error with a hint
+      return code == 0 ? kExitOk : kExitUsage;
+    }
+
+    configure_logging(global);
+    for (const Command& command : commands) {
+      if (command.app->parsed()) return command.run(global);
+    }
+    return kExitUsage;  // unreachable: require_subcommand(1)
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "kallpa: out of memory\n");
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "kallpa: internal error: {}\n", e.what());
+  }
+  return kExitFailure;
+}
