@@ -1,6 +1,7 @@
 // kallpa::model::matmul with Q4_1 weights on SmolLM2-135M's matrix shapes (rows x cols = outputs x
 // inputs: 576x576 q/o, 192x576 k/v, 1536x576 gate/up, 576x1536 down), exact f32 activations (the
 // default) vs Q8-quantised activations, batch 1 (decode) and 512 (prefill), side by side.
+// threads:0 uses the whole pool, threads:1 one thread (the kernels without scheduling).
 // Counters: GFLOP/s (2 * rows * cols * batch per call) and weight GB/s (Q4_1 bytes read per call).
 //
 //   build/bench/quant_matmul_bench --benchmark_filter='b:1/'
@@ -24,6 +25,7 @@ using namespace kallpa::model;
 void BM_QuantMatmul(benchmark::State& state) {
   const std::int64_t rows = state.range(0), cols = state.range(1), batch = state.range(2);
   const bool q8 = state.range(3) != 0;
+  const int threads = static_cast<int>(state.range(4));
   const GgmlType t = GgmlType::q4_1;
   const auto wf = synthetic_values(1, static_cast<std::size_t>(rows * cols), 0.05f);
   std::vector<std::byte> w(static_cast<std::size_t>(row_size(t, cols) * static_cast<std::uint64_t>(rows)));
@@ -37,6 +39,7 @@ void BM_QuantMatmul(benchmark::State& state) {
   const auto x = synthetic_values(2, static_cast<std::size_t>(batch * cols), 1.0f);
   std::vector<float> y(static_cast<std::size_t>(batch * rows));
   MatmulOptions o;
+  o.max_threads = threads;
   o.activations = q8 ? MatmulOptions::Activations::q8 : MatmulOptions::Activations::f32;
   for (auto _ : state) {
     if (!matmul(wm, x.data(), batch, cols, y.data(), rows, o)) {
@@ -55,10 +58,12 @@ void BM_QuantMatmul(benchmark::State& state) {
 }
 
 void shapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"rows", "cols", "b", "q8"});
-  for (std::int64_t batch : {1, 512}) {
-    for (auto rc : {std::pair<std::int64_t, std::int64_t>{576, 576}, {192, 576}, {1536, 576}, {576, 1536}}) {
-      for (std::int64_t q8 : {0, 1}) b->Args({rc.first, rc.second, batch, q8});
+  b->ArgNames({"rows", "cols", "b", "q8", "threads"});
+  for (std::int64_t threads : {0, 1}) {  // 0: the whole pool; 1: the kernels alone, no scheduling
+    for (std::int64_t batch : {1, 512}) {
+      for (auto rc : {std::pair<std::int64_t, std::int64_t>{576, 576}, {192, 576}, {1536, 576}, {576, 1536}}) {
+        for (std::int64_t q8 : {0, 1}) b->Args({rc.first, rc.second, batch, q8, threads});
+      }
     }
   }
 }

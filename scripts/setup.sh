@@ -2,7 +2,7 @@
 # Sets up kallpa on a fresh Debian 12 machine: installs the packages it needs (apt-get, only when
 # something is missing), makes .venv with the Python packages the cross-check tests use, fetches
 # the default model (SmolLM2-135M-Instruct Q4_1, pinned SHA-256) into models/, builds Release into
-# build/, and runs the main job.
+# build/, and runs the main job: a greedy chat answer from the model.
 # Idempotent: a second run installs nothing and rebuilds only what changed.
 #
 #   bash scripts/setup.sh            # install, build, run the demo
@@ -75,5 +75,5 @@ cmake --build build -j"$jobs"
 # 5. The main job.
 if ((run_main_job)); then
   echo
-  build/tools/kallpa/kallpa demo
+  build/tools/kallpa/kallpa generate --chat -p "What is the capital of France?" --temp 0 -n 64
 fi

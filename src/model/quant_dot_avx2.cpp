@@ -268,6 +268,22 @@ void gemm_f_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, co
 // in f32 (|q| < 2^8, d an f16), so fma(q, d, m) rounds q*d + m once, like the scalar q*d + m.
 template <GgmlType T>
 inline void expand_block(const std::byte* blk, __m256 (&w)[4]) {
+  if constexpr (T == GgmlType::q4_1) {  // d and m converted together
+    std::uint32_t dm;
+    std::memcpy(&dm, blk, 4);
+    const __m128 dm4 = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm)));
+    const __m256 d = _mm256_broadcastss_ps(dm4);
+    const __m256 m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm4));
+    const std::byte* qs = blk + 4;
+    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));      // bytes 0..7
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));  // bytes 8..15
+    const __m256i lo = _mm256_set1_epi32(0x0f);
+    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(a, lo)), d, m);  // elements 0..7
+    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, lo)), d, m);  // 8..15
+    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), d, m);  // 16..23
+    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), d, m);  // 24..31
+    return;
+  }
   const float dv = half(blk);
   const __m256 d = _mm256_set1_ps(dv);
   if constexpr (T == GgmlType::q8_0) {
@@ -277,7 +293,7 @@ inline void expand_block(const std::byte* blk, __m256 (&w)[4]) {
     }
   } else {
     const std::byte* qs = blk + (T == GgmlType::q4_0 ? 2 : 4);
-    const __m256 m = _mm256_set1_ps(T == GgmlType::q4_0 ? -8.0f * dv : half(blk + 2));
+    const __m256 m = _mm256_set1_ps(T == GgmlType::q4_0 ? -8.0f * dv : half(blk + 2));  // -8d: exact
     const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));      // bytes 0..7
     const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));  // bytes 8..15
     const __m256i lo = _mm256_set1_epi32(0x0f);
@@ -345,12 +361,22 @@ void tile_ff_cols(const float* w, std::int64_t k, const float* x, std::int64_t l
   }
 }
 
+#ifndef KALLPA_QF_DECODE_ROWS
+#define KALLPA_QF_DECODE_ROWS 4
+#endif
+constexpr int kDecodeRows = KALLPA_QF_DECODE_ROWS;
+
 template <GgmlType T>
 void gemm_qf_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x, std::int64_t ldx,
                    std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
   const std::int64_t nb = k / kQK;
   if (nx <= 2) {  // decode: fused, memory bound
     std::int64_t r = 0;
+    if (nx == 1) {
+      for (; r + kDecodeRows <= nw; r += kDecodeRows) {
+        tile_qf<T, kDecodeRows, 1>(w + static_cast<std::size_t>(r) * row_bytes, row_bytes, x, ldx, nb, y + r, ldy);
+      }
+    }
     for (; r + 4 <= nw; r += 4) {
       const std::byte* wt = w + static_cast<std::size_t>(r) * row_bytes;
       if (nx == 1) {

@@ -187,6 +187,43 @@ def test_bench_json():
     expect_usage_error(["bench", "attention", "--spec", "d=0x"], ["d"])
 
 
+class Skip(Exception):
+    pass
+
+
+def model_or_skip():
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.environ.get("KALLPA_MODEL") or os.path.join(here, "..", "..", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not os.path.exists(path):
+        raise Skip(f"model not found at {path} (bash scripts/fetch_model.sh)")
+    return os.path.abspath(path)
+
+
+def test_generate_chat():
+    model = model_or_skip()
+    r = run("generate", "-m", model, "--chat", "-p", "What is the capital of France?", "--temp", "0", "-n", "32")
+    check(r.returncode == 0, "generate exits 0", r)
+    check("Paris" in r.stdout, "the answer mentions Paris", r)
+    check("attention:" in r.stderr and "tok/s" in r.stderr, "a summary line on stderr", r)
+    again = run("generate", "-m", model, "-p", "Once upon a time", "--seed", "7", "-n", "16", "-q")
+    same = run("generate", "-m", model, "-p", "Once upon a time", "--seed", "7", "-n", "16", "-q")
+    check(again.returncode == 0 and again.stdout == same.stdout, "same seed, same text", same)
+
+
+def test_generate_errors():
+    expect_usage_error(["generate", "-m", "/nonexistent/model.gguf", "-p", "hi"], ["/nonexistent/model.gguf"])
+    expect_usage_error(["generate", "-p", "hi", "--temp", "-1"], ["temperature"])
+    expect_usage_error(["generate"], ["prompt"])
+
+
+def test_tokenize_json():
+    model = model_or_skip()
+    r = run("tokenize", "-m", model, "--json", "Hello world 123")
+    check(r.returncode == 0, "tokenize exits 0", r)
+    data = json.loads(r.stdout)
+    check([t["piece"] for t in data] == ["Hello", " world", " ", "1", "2", "3"], f"pieces: {data}", r)
+
+
 TESTS = {name[5:]: fn for name, fn in globals().items() if name.startswith("test_")}
 
 if __name__ == "__main__":
@@ -199,6 +236,9 @@ if __name__ == "__main__":
     except Failure as e:
         print(f"FAIL {sys.argv[2]}: {e}", file=sys.stderr)
         sys.exit(1)
+    except Skip as e:
+        print(f"SKIP {sys.argv[2]}: {e}")
+        sys.exit(77)
     except subprocess.TimeoutExpired as e:
         print(f"FAIL {sys.argv[2]}: timed out: {e}", file=sys.stderr)
         sys.exit(1)

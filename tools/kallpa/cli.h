@@ -49,5 +49,8 @@ Command add_demo_command(CLI::App& app);
 Command add_backends_command(CLI::App& app);
 Command add_conformance_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
+Command add_generate_command(CLI::App& app);
+Command add_chat_command(CLI::App& app);
+Command add_tokenize_command(CLI::App& app);
 
 }  // namespace kallpa::cli

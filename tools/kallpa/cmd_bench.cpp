@@ -1,5 +1,6 @@
 // `kallpa bench attention`: every selected backend on every shape, side by side, against the
 // machine's measured peaks (the harness in src/harness does the work).
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -19,10 +20,32 @@ struct BenchCliOptions {
   std::vector<std::string> specs;
   double min_time = 0.3;
   double max_seconds_per_run = 4.0;
+  int threads = 0;
   bool json = false;
+  bool peak_only = false;
 };
 
+// Before any kernel runs, so that the thread pool starts with this many threads.
+void set_threads(int threads) {
+  if (threads > 0) setenv("KALLPA_THREADS", std::to_string(threads).c_str(), 1);
+}
+
+int run_peak(const BenchCliOptions& options) {
+  set_threads(options.threads);
+  const harness::MachinePeak peak = harness::measure_peak(options.threads);
+  if (options.json) {
+    fmt::print("{{\"threads\": {}, \"simd\": \"{}\", \"fma_gflops\": {:.2f}, \"dram_read_gbps\": {:.2f}}}\n",
+               peak.threads, peak.simd_target, peak.fma_gflops, peak.dram_read_gbps);
+  } else {
+    fmt::print("threads {}  simd {}  f32 FMA peak {:.1f} GFLOP/s  DRAM read {:.1f} GB/s\n", peak.threads,
+               peak.simd_target, peak.fma_gflops, peak.dram_read_gbps);
+  }
+  return kExitOk;
+}
+
 int run_bench(const BenchCliOptions& options) {
+  if (options.peak_only) return run_peak(options);
+  set_threads(options.threads);
   harness::BenchOptions bench;
   bench.min_seconds = options.min_time;
   bench.max_seconds_per_run = options.max_seconds_per_run;
@@ -51,7 +74,7 @@ int run_bench(const BenchCliOptions& options) {
   std::FILE* text = options.json ? stderr : stdout;
   fmt::print(text, "measuring the machine's peaks...\n");
   std::fflush(text);
-  const harness::MachinePeak peak = harness::measure_peak(0);
+  const harness::MachinePeak peak = harness::measure_peak(options.threads);
   const std::vector<harness::BenchRow> rows =
       harness::run_attention_bench(bench, peak, [&](const harness::BenchRow& row) {
         if (options.json) return;  // progress only for people
@@ -85,7 +108,13 @@ Command add_bench_command(CLI::App& app) {
                   "Skip a backend on a shape when one run is predicted to take longer (seconds)")
       ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
+  sub->add_option("--threads,-t", options->threads, "Threads for kernels and peaks (default: all cores)")
+      ->check(CLI::Range(1, 1024));
   sub->add_flag("--json", options->json, "Results as a JSON array on stdout");
+  CLI::App* peak = bench->add_subcommand("peak", "Measure this machine's f32 FMA peak and DRAM read bandwidth");
+  peak->add_option("--threads,-t", options->threads, "Threads (default: all cores)")->check(CLI::Range(1, 1024));
+  peak->add_flag("--json", options->json, "One JSON object on stdout");
+  peak->parse_complete_callback([options] { options->peak_only = true; });
   return {bench, [options](const GlobalOptions&) { return run_bench(*options); }};
 }
 

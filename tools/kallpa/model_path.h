@@ -1,0 +1,14 @@
+// Where the default model lives: $KALLPA_MODEL, else $KALLPA_MODEL_DIR/<file>, else models/<file>
+// in the current directory, else models/<file> in the repository the executable was built in.
+#pragma once
+
+#include <string>
+
+namespace kallpa::cli {
+
+inline constexpr const char* kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+// The path to use when -m is not given, or "" when none exists (the message says how to fetch it).
+std::string default_model_path();
+
+}  // namespace kallpa::cli
