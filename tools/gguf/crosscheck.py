@@ -143,13 +143,22 @@ def check_matmul(exe: Path, path: Path, tensor, work: Path, batch: int, seed: in
     x = rng.uniform(-2, 2, size=(batch, w.shape[1])).astype(np.float32)
     xf = work / f"x_{seed}.f32"
     x.tofile(xf)
-    k = dump(exe, path, "--matmul", tensor.name, "--x", str(xf), "--batch", str(batch))
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    absdot = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
+    # Exact activations (the default): only f32 rounding separates y from the float64 product.
+    k = dump(exe, path, "--matmul", tensor.name, "--x", str(xf), "--batch", str(batch), "--activations", "f32")
+    check("matmul" in k, f"{name}: f32-activation matmul failed: {k.get('matmul_error')}")
+    if "matmul" in k:
+        y = np.asarray(k["matmul"], dtype=np.float64).reshape(batch, w.shape[0])
+        err = np.abs(y - exact)
+        check(bool(np.all(err <= 1e-5 * absdot + 1e-6)),
+              f"{name}: f32 activations vs exact float64 product: max err {err.max():.3g}")
+    # Q8 activations: llama.cpp's integer scheme, emulated in NumPy.
+    k = dump(exe, path, "--matmul", tensor.name, "--x", str(xf), "--batch", str(batch), "--activations", "q8")
     check("matmul" in k, f"{name}: matmul failed: {k.get('matmul_error')}")
     if "matmul" not in k:
         return
     y = np.asarray(k["matmul"], dtype=np.float64).reshape(batch, w.shape[0])
-    exact = x.astype(np.float64) @ w.astype(np.float64).T
-    absdot = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
     quant = tensor.tensor_type in (QT.Q8_0, QT.Q4_0, QT.Q4_1)
     if quant:
         emu = q8_activation_dot(w, x)

@@ -1,7 +1,7 @@
 // kallpa_gguf_dump: prints what kallpa's GGUF reader sees in a file as JSON, for cross-checking
 // against the independent gguf-py reader (tools/gguf/crosscheck.py). Not installed.
 //
-//   kallpa_gguf_dump FILE [--llama] [--dequant NAME[:ROWS]]... [--matmul NAME --x FILE.f32 --batch B]
+//   kallpa_gguf_dump FILE [--llama] [--dequant NAME[:ROWS]]... [--matmul NAME --x FILE.f32 --batch B [--activations f32|q8]]
 //
 // Output: {"ok", "error"?, "version", "alignment", "data_offset", "file_size", "metadata": [...],
 // "tensors": [...], "llama"?: {...}, "dequant"?: {NAME: [floats]}, "matmul"?: {NAME: [floats]}}.
@@ -75,7 +75,7 @@ json value_json(const GgufValue& v) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s FILE [--llama] [--dequant NAME[:ROWS]]... [--matmul NAME --x FILE --batch B]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s FILE [--llama] [--dequant NAME[:ROWS]]... [--matmul NAME --x FILE --batch B [--activations f32|q8]]\n", argv[0]);
     return 2;
   }
   const std::string path = argv[1];
@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> dequant;
   std::string matmul_name, x_path;
   long batch = 1;
+  MatmulOptions matmul_options;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--llama") llama = true;
@@ -90,6 +91,11 @@ int main(int argc, char** argv) {
     else if (a == "--matmul" && i + 1 < argc) matmul_name = argv[++i];
     else if (a == "--x" && i + 1 < argc) x_path = argv[++i];
     else if (a == "--batch" && i + 1 < argc) batch = std::stol(argv[++i]);
+    else if (a == "--activations" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v != "f32" && v != "q8") { std::fprintf(stderr, "--activations must be f32 or q8\n"); return 2; }
+      matmul_options.activations = v == "q8" ? MatmulOptions::Activations::q8 : MatmulOptions::Activations::f32;
+    }
     else { std::fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
   }
   json out;
@@ -158,7 +164,7 @@ int main(int argc, char** argv) {
         in.read(reinterpret_cast<char*>(x.data()), static_cast<std::streamsize>(x.size() * sizeof(float)));
         if (!in) { std::fprintf(stderr, "cannot read %zu floats from %s\n", x.size(), x_path.c_str()); return 1; }
         std::vector<float> y(static_cast<std::size_t>(batch * wm->rows));
-        const auto st = matmul(*wm, x.data(), batch, wm->cols, y.data(), wm->rows);
+        const auto st = matmul(*wm, x.data(), batch, wm->cols, y.data(), wm->rows, matmul_options);
         if (!st) out["matmul_error"] = status_json(st);
         else out["matmul"] = y;
         out["quant_isa"] = std::string(quant_kernel_isa());
