@@ -6,6 +6,19 @@
 
 namespace kallpa::parallel {
 
+namespace {
+// How many tasks this thread is inside. A parallel_for from inside a task runs serially, even when
+// the pool happens to be free at that moment: otherwise a task running on the serial fallback of a
+// busy pool could fan out its nested work, and the worker ids it sees would depend on timing.
+thread_local int t_task_depth = 0;
+struct TaskScope {
+  TaskScope() { ++t_task_depth; }
+  ~TaskScope() { --t_task_depth; }
+  TaskScope(const TaskScope&) = delete;
+  TaskScope& operator=(const TaskScope&) = delete;
+};
+}  // namespace
+
 int default_num_threads() noexcept {
   if (const char* env = std::getenv("KALLPA_THREADS")) {
     char* end = nullptr;
@@ -57,7 +70,10 @@ void ThreadPool::worker_loop(int worker) {
       fn = fn_;
       n = n_;
     }
-    for (std::int64_t t; (t = next_.fetch_add(1, std::memory_order_relaxed)) < n;) (*fn)(t, worker);
+    {
+      TaskScope scope;
+      for (std::int64_t t; (t = next_.fetch_add(1, std::memory_order_relaxed)) < n;) (*fn)(t, worker);
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (--running_ == 0) done_.notify_all();
@@ -65,11 +81,14 @@ void ThreadPool::worker_loop(int worker) {
   }
 }
 
+
 void ThreadPool::parallel_for(std::int64_t n, const TaskFn& fn, int max_threads) {
   if (n <= 0) return;
   const int threads = static_cast<int>(std::min<std::int64_t>(threads_for(max_threads), n));
-  std::unique_lock<std::mutex> job(job_mu_, std::try_to_lock);
-  if (threads <= 1 || !job.owns_lock()) {
+  std::unique_lock<std::mutex> job(job_mu_, std::defer_lock);
+  if (threads > 1 && t_task_depth == 0) job.try_lock();
+  if (!job.owns_lock()) {
+    TaskScope scope;
     for (std::int64_t t = 0; t < n; ++t) fn(t, 0);
     return;
   }
@@ -84,7 +103,10 @@ void ThreadPool::parallel_for(std::int64_t n, const TaskFn& fn, int max_threads)
     ++job_id_;
   }
   wake_.notify_all();
-  for (std::int64_t t; (t = next_.fetch_add(1, std::memory_order_relaxed)) < n;) fn(t, 0);
+  {
+    TaskScope scope;
+    for (std::int64_t t; (t = next_.fetch_add(1, std::memory_order_relaxed)) < n;) fn(t, 0);
+  }
   std::unique_lock<std::mutex> lock(mu_);
   done_.wait(lock, [&] { return running_ == 0; });
   fn_ = nullptr;

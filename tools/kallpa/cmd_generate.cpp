@@ -93,6 +93,20 @@ std::unique_ptr<runtime::Engine> load_engine(const EngineCliOptions& o, const Gl
   return std::move(*engine);
 }
 
+// Sampling options checked first (a bad value should not wait for a model load), then the engine.
+std::unique_ptr<runtime::Engine> load_for_sampling(const EngineCliOptions& e, const SamplingCliOptions& s,
+                                                   const GlobalOptions& global, runtime::SamplingParams* params,
+                                                   int* code) {
+  auto p = sampling_params(s);
+  if (!p) {
+    print_error("", p.status());
+    *code = kExitUsage;
+    return nullptr;
+  }
+  *params = *p;
+  return load_engine(e, global, code);
+}
+
 // The attention backend that served the most calls, for the summary line.
 std::string main_attention_backend(const runtime::Engine& engine) {
   std::string best = "-";
@@ -126,13 +140,9 @@ struct GenerateCliOptions {
 };
 
 int run_generate(const GenerateCliOptions& o, const GlobalOptions& global) {
-  auto params = sampling_params(o.sampling);
-  if (!params) {
-    print_error("", params.status());
-    return kExitUsage;
-  }
+  runtime::SamplingParams params;
   int code = kExitOk;
-  auto engine = load_engine(o.engine, global, &code);
+  auto engine = load_for_sampling(o.engine, o.sampling, global, &params, &code);
   if (!engine) return code;
   Result<std::vector<std::int32_t>> prompt = std::vector<std::int32_t>{};
   if (o.chat) {
@@ -148,7 +158,7 @@ int run_generate(const GenerateCliOptions& o, const GlobalOptions& global) {
     print_error("prompt", prompt.status());
     return kExitUsage;
   }
-  runtime::Session session(*engine, *params);
+  runtime::Session session(*engine, params);
   runtime::GenerateOptions gen;
   gen.max_tokens = o.sampling.max_tokens;
   gen.stop = o.stop;
@@ -173,13 +183,9 @@ struct ChatCliOptions {
 };
 
 int run_chat(const ChatCliOptions& o, const GlobalOptions& global) {
-  auto params = sampling_params(o.sampling);
-  if (!params) {
-    print_error("", params.status());
-    return kExitUsage;
-  }
+  runtime::SamplingParams params;
   int code = kExitOk;
-  auto engine = load_engine(o.engine, global, &code);
+  auto engine = load_for_sampling(o.engine, o.sampling, global, &params, &code);
   if (!engine) return code;
   const tokenizer::Tokenizer& tok = engine->tokenizer();
   const auto im_end = tok.token_id("<|im_end|>");
@@ -188,7 +194,7 @@ int run_chat(const ChatCliOptions& o, const GlobalOptions& global) {
     print_error("", Status(ErrorCode::unsupported, "model", "the vocabulary has no ChatML markers"));
     return kExitFailure;
   }
-  runtime::Session session(*engine, *params);
+  runtime::Session session(*engine, params);
   tokenizer::ChatMlOptions first = engine->chat_options();
   if (!o.system.empty()) first.default_system_prompt = o.system;
   tokenizer::ChatMlOptions later = first;
