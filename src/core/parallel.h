@@ -66,7 +66,8 @@ class ThreadPool {
   const TaskFn* fn_ = nullptr;
   std::int64_t n_ = 0;
   int active_workers_ = 0;  // workers (besides the caller) taking part in the current job
-  int running_ = 0;         // workers still inside the current job
+  std::atomic<int> running_{0};  // workers still inside the current job
+  std::atomic<std::uint64_t> published_job_{0};  // job_id_, readable without mu_ (spinning)
   std::atomic<std::int64_t> next_{0};  // the next unclaimed task of the current job
 };
 
