@@ -82,17 +82,17 @@ Status LlamaModel::forward(std::span<const ForwardItem> items, runtime::KvCache&
   grow(gate_, total * ff);
   grow(up_, total * ff);
   grow(tmp_, total * std::max(embd, qd));
+  tokens_.clear();
   positions_.clear();
-  std::vector<std::int32_t> tokens;
-  tokens.reserve(static_cast<std::size_t>(total));
   for (const ForwardItem& it : items) {
     for (std::size_t t = 0; t < it.tokens.size(); ++t) {
-      tokens.push_back(it.tokens[t]);
+      tokens_.push_back(it.tokens[t]);
       positions_.push_back(static_cast<std::int32_t>(it.start_pos + static_cast<std::int64_t>(t)));
     }
   }
+  plan_attention(items, cache);
 
-  Status s = ops.embedding(token_embd_, tokens, x_.data());
+  Status s = ops.embedding(token_embd_, tokens_, x_.data());
   if (!s) return s;
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
@@ -104,13 +104,15 @@ Status LlamaModel::forward(std::span<const ForwardItem> items, runtime::KvCache&
     }
     ops.rope(q_.data(), positions_, config_.n_head, config_.head_dim, config_.n_rot, config_.rope_freq_base);
     ops.rope(k_.data(), positions_, config_.n_head_kv, config_.head_dim, config_.n_rot, config_.rope_freq_base);
-    std::int64_t row = 0;
-    for (const ForwardItem& it : items) {
-      const auto n = static_cast<std::int64_t>(it.tokens.size());
-      cache.write(static_cast<std::int32_t>(l), it.seq, it.start_pos, k_.data() + row * kvd, v_.data() + row * kvd, n);
-      row += n;
+    for (std::size_t b = 0; b < items.size(); ++b) {
+      const ForwardItem& it = items[b];
+      const std::int64_t row = cu_q_[b];
+      const std::span<const std::int32_t> blocks(block_table_.data() + b * static_cast<std::size_t>(max_blocks_),
+                                                 static_cast<std::size_t>(max_blocks_));
+      cache.write(static_cast<std::int32_t>(l), blocks, it.start_pos, k_.data() + row * kvd, v_.data() + row * kvd,
+                  static_cast<std::int64_t>(it.tokens.size()));
     }
-    if (!(s = attention(static_cast<std::int32_t>(l), items, cache, dispatcher))) return s;
+    if (!(s = attention(static_cast<std::int32_t>(l), cache, dispatcher))) return s;
     if (!(s = ops.matmul(L.wo, att_.data(), total, tmp_.data()))) return s;
     ops.add(x_.data(), tmp_.data(), total * embd);
     // Feed-forward block (SwiGLU).
@@ -137,25 +139,26 @@ Status LlamaModel::forward(std::span<const ForwardItem> items, runtime::KvCache&
   return ops.matmul(output_, h_.data(), wanted, logits);
 }
 
-Status LlamaModel::attention(std::int32_t layer, std::span<const ForwardItem> items, runtime::KvCache& cache,
-                             Dispatcher& dispatcher) {
-  const auto batch = static_cast<std::int32_t>(items.size());
+void LlamaModel::plan_attention(std::span<const ForwardItem> items, const runtime::KvCache& cache) {
   cu_q_.assign(1, 0);
   seqlens_k_.clear();
   std::vector<std::vector<std::int32_t>> tables;
-  std::int32_t max_blocks = 1;
+  max_blocks_ = 1;
   for (const ForwardItem& it : items) {
     cu_q_.push_back(cu_q_.back() + static_cast<std::int32_t>(it.tokens.size()));
     seqlens_k_.push_back(static_cast<std::int32_t>(it.start_pos + static_cast<std::int64_t>(it.tokens.size())));
     tables.push_back(cache.blocks(it.seq));
-    max_blocks = std::max(max_blocks, static_cast<std::int32_t>(tables.back().size()));
+    max_blocks_ = std::max(max_blocks_, static_cast<std::int32_t>(tables.back().size()));
   }
-  block_table_.assign(static_cast<std::size_t>(batch) * static_cast<std::size_t>(max_blocks), 0);
-  for (std::int32_t b = 0; b < batch; ++b) {
-    std::copy(tables[static_cast<std::size_t>(b)].begin(), tables[static_cast<std::size_t>(b)].end(),
-              block_table_.begin() + static_cast<std::ptrdiff_t>(b) * max_blocks);
+  block_table_.assign(items.size() * static_cast<std::size_t>(max_blocks_), 0);
+  for (std::size_t b = 0; b < items.size(); ++b) {
+    std::copy(tables[b].begin(), tables[b].end(),
+              block_table_.begin() + static_cast<std::ptrdiff_t>(b) * max_blocks_);
   }
+}
 
+Status LlamaModel::attention(std::int32_t layer, const runtime::KvCache& cache, Dispatcher& dispatcher) {
+  const auto batch = static_cast<std::int32_t>(seqlens_k_.size());
   const std::int64_t total = cu_q_.back();
   AttentionProblem p;
   p.q_layout = QLayout::packed;
@@ -167,7 +170,7 @@ Status LlamaModel::attention(std::int32_t layer, std::span<const ForwardItem> it
   p.batch = batch;
   p.cu_seqlens_q = cu_q_.data();
   p.block_table = block_table_.data();
-  p.max_blocks_per_seq = max_blocks;
+  p.max_blocks_per_seq = max_blocks_;
   p.seqlens_k = seqlens_k_.data();
   p.causal = true;
   return dispatcher.run(p);

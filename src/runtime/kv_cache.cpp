@@ -114,10 +114,10 @@ std::vector<std::int32_t> KvCache::blocks(SeqId seq) const {
   return s ? s->blocks : std::vector<std::int32_t>{};
 }
 
-void KvCache::write(std::int32_t layer, SeqId seq, std::int64_t pos, const float* k, const float* v, std::int64_t n) {
+void KvCache::write(std::int32_t layer, std::span<const std::int32_t> table, std::int64_t pos, const float* k,
+                    const float* v, std::int64_t n) {
   const std::int64_t row = std::int64_t{n_head_kv_} * head_dim_;
   const std::size_t esize = dtype_size(options_.dtype);
-  std::vector<std::int32_t> table = blocks(seq);
   std::byte* kbase = k_[static_cast<std::size_t>(layer)].data();
   std::byte* vbase = v_[static_cast<std::size_t>(layer)].data();
   for (std::int64_t t = 0; t < n; ++t) {

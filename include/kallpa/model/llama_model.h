@@ -54,8 +54,10 @@ class LlamaModel {
   };
 
   LlamaModel() = default;
-  Status attention(std::int32_t layer, std::span<const ForwardItem> items, runtime::KvCache& cache,
-                   Dispatcher& dispatcher);
+  // The batch's paged-attention geometry (offsets, KV lengths, block table), the same for every
+  // layer, so built once per forward pass.
+  void plan_attention(std::span<const ForwardItem> items, const runtime::KvCache& cache);
+  Status attention(std::int32_t layer, const runtime::KvCache& cache, Dispatcher& dispatcher);
 
   std::shared_ptr<const GgufFile> file_;
   ModelConfig config_;
@@ -65,7 +67,8 @@ class LlamaModel {
 
   // Activations, grown on demand: x (residual), h (normed), q/k/v, att, ffn gate/up, tmp.
   std::vector<float> x_, h_, q_, k_, v_, att_, gate_, up_, tmp_;
-  std::vector<std::int32_t> positions_, cu_q_, block_table_, seqlens_k_;
+  std::vector<std::int32_t> tokens_, positions_, cu_q_, block_table_, seqlens_k_;
+  std::int32_t max_blocks_ = 0;
 };
 
 }  // namespace kallpa::model

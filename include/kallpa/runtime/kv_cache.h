@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "kallpa/attention.h"
@@ -44,8 +45,10 @@ class KvCache {
   std::int64_t capacity(SeqId seq) const;  // positions the sequence's blocks can hold
 
   // Stores rows [pos, pos + n) of one layer; k and v are n x (n_head_kv * head_dim) f32 rows.
-  // The positions must have been reserved.
-  void write(std::int32_t layer, SeqId seq, std::int64_t pos, const float* k, const float* v, std::int64_t n);
+  // `blocks` is the sequence's block list (blocks(seq), taken once per forward pass rather than
+  // per layer); the positions must have been reserved.
+  void write(std::int32_t layer, std::span<const std::int32_t> blocks, std::int64_t pos, const float* k,
+             const float* v, std::int64_t n);
 
   TensorView k_view(std::int32_t layer) const;
   TensorView v_view(std::int32_t layer) const;
