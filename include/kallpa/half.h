@@ -5,6 +5,9 @@
 
 #include <bit>
 #include <cstdint>
+#include <limits>
+
+#include "kallpa/tensor.h"
 
 namespace kallpa {
 
@@ -66,6 +69,25 @@ inline std::uint16_t f32_to_f16(float value) noexcept {
   bits >>= 13;
   if (rem > 0x1000u || (rem == 0x1000u && (bits & 1u))) ++bits;
   return static_cast<std::uint16_t>(sign | bits);
+}
+
+// Element `index` (in elements from data) of a buffer of `dtype`, widened to f32, and the reverse
+// with round-to-nearest-even: the plain-loop access every non-SIMD path shares.
+inline float load_f32(DType dtype, const void* data, std::int64_t index) noexcept {
+  switch (dtype) {
+    case DType::f32: return static_cast<const float*>(data)[index];
+    case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(data)[index]);
+    case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(data)[index]);
+  }
+  return std::numeric_limits<float>::quiet_NaN();
+}
+
+inline void store_f32(DType dtype, void* data, std::int64_t index, float value) noexcept {
+  switch (dtype) {
+    case DType::f32: static_cast<float*>(data)[index] = value; break;
+    case DType::f16: static_cast<std::uint16_t*>(data)[index] = f32_to_f16(value); break;
+    case DType::bf16: static_cast<std::uint16_t*>(data)[index] = f32_to_bf16(value); break;
+  }
 }
 
 }  // namespace kallpa

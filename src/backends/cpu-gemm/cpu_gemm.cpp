@@ -23,21 +23,9 @@ namespace {
 
 constexpr std::int64_t kQueryBlock = 64;  // queries per block (times the GQA group in rows)
 
-float load_f32(const TensorView& t, std::int64_t index) noexcept {
-  switch (t.dtype) {
-    case DType::f32: return static_cast<const float*>(t.data)[index];
-    case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(t.data)[index]);
-    case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(t.data)[index]);
-  }
-  return std::numeric_limits<float>::quiet_NaN();
-}
-
+float load_f32(const TensorView& t, std::int64_t index) noexcept { return kallpa::load_f32(t.dtype, t.data, index); }
 void store_f32(const TensorView& t, std::int64_t index, float value) noexcept {
-  switch (t.dtype) {
-    case DType::f32: static_cast<float*>(t.data)[index] = value; break;
-    case DType::f16: static_cast<std::uint16_t*>(t.data)[index] = f32_to_f16(value); break;
-    case DType::bf16: static_cast<std::uint16_t*>(t.data)[index] = f32_to_bf16(value); break;
-  }
+  kallpa::store_f32(t.dtype, t.data, index, value);
 }
 
 // Scratch layout, all f32: K and V of one (sequence, kv head), a query block, its scores and

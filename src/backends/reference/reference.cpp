@@ -15,22 +15,10 @@
 
 namespace kallpa::reference {
 
-double load(const TensorView& t, std::int64_t index) noexcept {
-  switch (t.dtype) {
-    case DType::f32: return static_cast<const float*>(t.data)[index];
-    case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(t.data)[index]);
-    case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(t.data)[index]);
-  }
-  return std::numeric_limits<double>::quiet_NaN();
-}
+double load(const TensorView& t, std::int64_t index) noexcept { return load_f32(t.dtype, t.data, index); }
 
 void store(const TensorView& t, std::int64_t index, double value) noexcept {
-  const auto f = static_cast<float>(value);
-  switch (t.dtype) {
-    case DType::f32: static_cast<float*>(t.data)[index] = f; break;
-    case DType::f16: static_cast<std::uint16_t*>(t.data)[index] = f32_to_f16(f); break;
-    case DType::bf16: static_cast<std::uint16_t*>(t.data)[index] = f32_to_bf16(f); break;
-  }
+  store_f32(t.dtype, t.data, index, static_cast<float>(value));
 }
 
 Output64 compute_f64(const ValidatedProblem& vp) {
