@@ -1,21 +1,27 @@
-// kallpa::model::matmul with Q4_1 weights on SmolLM2-135M's matrix shapes (rows x cols = outputs x
-// inputs: 576x576 q/o, 192x576 k/v, 1536x576 gate/up, 576x1536 down), exact f32 activations (the
-// default) vs Q8-quantised activations, batch 1 (decode) and 512 (prefill), side by side.
-// threads:0 uses the whole pool, threads:1 one thread (the kernels without scheduling).
-// Counters: GFLOP/s (2 * rows * cols * batch per call) and weight GB/s (Q4_1 bytes read per call).
+// kallpa::model::matmul on SmolLM2-135M's matrix shapes (rows x cols = outputs x inputs: Q4_1
+// 576x576 q/o, 192x576 k/v, 1536x576 gate/up, 576x1536 down; Q8_0 49152x576 output head), exact f32
+// activations (the default) vs Q8-quantised activations, batch 1 (decode) and 512 (prefill),
+// kernel versions side by side. threads:0 uses the whole pool, threads:1 one thread (the kernels
+// without scheduling). Counters: GFLOP/s (2 * rows * cols * batch per call) and weight GB/s
+// (quantised bytes read per call). The head (30 MB) does not fit in the caches; the Q4_1 shapes do.
 //
 //   build/bench/quant_matmul_bench --benchmark_filter='b:1/'
 //
-// Versions:
-//   v1 f32: fused in-register dequantisation, 4 rows x 1-2 columns per tile (decode); 24 dequantised
-//           rows per tile + 3 x 4 f32 micro-kernel (prefill). q8: the integer (maddubs) kernels.
+// Versions (v):
+//   1: ggml's layout (rows of 20/34-byte blocks, as in the file). f32: fused in-register
+//      dequantisation, 4 rows x 1-2 columns per tile (decode); dequantised rows + 3 x 4 f32
+//      micro-kernel (prefill). q8: the integer (maddubs) kernels, 4 x 1 / 2 x 4 tiles.
+//   2: the same kernels on weights repacked at load (WeightLayout::rows4, model/repack.h): 4 rows'
+//      blocks interleaved, their scales side by side (one f16->f32 convert per 4-row tile and block,
+//      aligned 16-byte quant loads). Bit-identical results.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
-#include <utility>
+#include <tuple>
 #include <vector>
 
 #include "kallpa/model/quant.h"
+#include "model/repack.h"
 #include "model/synthetic_llama.h"
 
 namespace {
@@ -26,7 +32,8 @@ void BM_QuantMatmul(benchmark::State& state) {
   const std::int64_t rows = state.range(0), cols = state.range(1), batch = state.range(2);
   const bool q8 = state.range(3) != 0;
   const int threads = static_cast<int>(state.range(4));
-  const GgmlType t = GgmlType::q4_1;
+  const int version = static_cast<int>(state.range(5));
+  const GgmlType t = state.range(6) == 0 ? GgmlType::q4_1 : GgmlType::q8_0;
   const auto wf = synthetic_values(1, static_cast<std::size_t>(rows * cols), 0.05f);
   std::vector<std::byte> w(static_cast<std::size_t>(row_size(t, cols) * static_cast<std::uint64_t>(rows)));
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -35,7 +42,17 @@ void BM_QuantMatmul(benchmark::State& state) {
       return;
     }
   }
-  const WeightMatrix wm{t, w.data(), rows, cols, row_size(t, cols)};
+  WeightMatrix wm{t, w.data(), rows, cols, row_size(t, cols)};
+  std::vector<std::byte> packed;
+  if (version == 2) {
+    packed.resize(w.size());
+    auto r = repack_rows4(wm, packed.data());
+    if (!r) {
+      state.SkipWithError("repack failed");
+      return;
+    }
+    wm = *r;
+  }
   const auto x = synthetic_values(2, static_cast<std::size_t>(batch * cols), 1.0f);
   std::vector<float> y(static_cast<std::size_t>(batch * rows));
   MatmulOptions o;
@@ -54,15 +71,20 @@ void BM_QuantMatmul(benchmark::State& state) {
                                                  benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
   state.counters["wGB/s"] = benchmark::Counter(static_cast<double>(w.size()) * iters, benchmark::Counter::kIsRate,
                                                benchmark::Counter::kIs1000);
-  state.SetLabel(q8 ? "q8" : "f32");
+  state.SetLabel(std::string(ggml_type_name(t)) + (q8 ? " q8" : " f32") + " v" + std::to_string(version));
 }
 
 void shapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"rows", "cols", "b", "q8", "threads"});
+  b->ArgNames({"rows", "cols", "b", "q8", "threads", "v", "q8_0"});
+  const std::tuple<std::int64_t, std::int64_t, std::int64_t> kShapes[] = {
+      {576, 576, 0}, {192, 576, 0}, {1536, 576, 0}, {576, 1536, 0}, {49152, 576, 1}};
   for (std::int64_t threads : {0, 1}) {  // 0: the whole pool; 1: the kernels alone, no scheduling
     for (std::int64_t batch : {1, 512}) {
-      for (auto rc : {std::pair<std::int64_t, std::int64_t>{576, 576}, {192, 576}, {1536, 576}, {576, 1536}}) {
-        for (std::int64_t q8 : {0, 1}) b->Args({rc.first, rc.second, batch, q8, threads});
+      for (const auto& [rows, cols, head] : kShapes) {
+        if (head != 0 && batch != 1) continue;  // the head runs on one row per sequence
+        for (std::int64_t q8 : {0, 1}) {
+          for (std::int64_t v : {1, 2}) b->Args({rows, cols, batch, q8, threads, v, head});
+        }
       }
     }
   }

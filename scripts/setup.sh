@@ -20,6 +20,7 @@ KALLPA_APT_PACKAGES=(
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
   libhwy-dev libopenblas-dev libpcre2-dev
   python3-venv python3-pip
+  libcpp-httplib-dev
 )
 
 run_main_job=1

@@ -120,6 +120,28 @@ TEST(Engine, GreedyTextIsTheSameWithEveryCpuAttentionBackend) {
   EXPECT_GE(backends, 2);
 }
 
+TEST(Engine, RewindForgetsTokensAndFreesTheirBlocks) {
+  auto file = synthetic_file();
+  auto e = engine_for(file);
+  const auto tokens = some_tokens(40);
+  Session fresh(*e, {.temperature = 0});
+  ASSERT_TRUE(fresh.feed(std::span(tokens).first(25)));
+  const std::vector<float> expected(fresh.logits().begin(), fresh.logits().end());
+
+  Session s(*e, {.temperature = 0});
+  ASSERT_TRUE(s.feed(tokens));
+  const std::int64_t used_at_40 = e->cache().used_blocks();
+  s.rewind(24);
+  EXPECT_EQ(s.position(), 24);
+  EXPECT_TRUE(s.logits().empty());
+  EXPECT_FALSE(s.sample().is_ok());  // no logits until something is fed
+  EXPECT_LT(e->cache().used_blocks(), used_at_40);
+  ASSERT_TRUE(s.feed(std::span(tokens).subspan(24, 1)));
+  EXPECT_LT(max_diff(s.logits(), expected), 1e-4);
+  s.rewind(1000);  // past the end: nothing to forget
+  EXPECT_EQ(s.position(), 25);
+}
+
 TEST(Engine, SameSeedSameTextAndMaxTokens) {
   auto file = synthetic_file();
   auto run = [&](std::uint64_t seed) {
@@ -207,6 +229,37 @@ TEST(EngineRealModel, AnswersASimpleQuestion) {
   auto r = generate(s, *prompt, limit(32));
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_NE(r->text.find("Paris"), std::string::npos) << r->text;
+}
+
+TEST(EngineRealModel, GreedyTextIsTheSameWithEveryCpuAttentionBackend) {
+  const std::string path = real_model_path();
+  if (path.empty()) GTEST_SKIP() << "SmolLM2-135M-Instruct.Q4_1.gguf not found (run scripts/fetch_model.sh or set KALLPA_MODEL)";
+  auto file = model::GgufFile::open(path);
+  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+  std::string first_text;
+  std::vector<std::string> names;
+  for (const BackendInfo& info : BackendRegistry::global().list()) {
+    if (info.backend->device_kind() != DeviceKind::cpu) continue;
+    EngineOptions o;
+    o.attention = {{std::string(info.backend->name())}, true};
+    o.cache.max_tokens = 256;
+    auto e = Engine::load(*file, o);
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    Session s(**e, {.temperature = 0});
+    std::vector<tokenizer::ChatMessage> msgs{{"user", "Name three colours and say why the sky is blue."}};
+    auto prompt = tokenizer::encode_chatml((*e)->tokenizer(), msgs, (*e)->chat_options());
+    ASSERT_TRUE(prompt.is_ok());
+    auto r = generate(s, *prompt, limit(48, false));
+    ASSERT_TRUE(r.is_ok()) << info.backend->name() << ": " << r.status().to_string();
+    EXPECT_GT((*e)->attention_stats().snapshot()[std::string(info.backend->name())].calls, 0u);
+    if (names.empty()) {
+      first_text = r->text;
+    } else {
+      EXPECT_EQ(r->text, first_text) << info.backend->name() << " vs " << names.front();
+    }
+    names.emplace_back(info.backend->name());
+  }
+  EXPECT_GE(names.size(), 3u) << "reference, cpu-flash and cpu-gemm at least";
 }
 
 }  // namespace

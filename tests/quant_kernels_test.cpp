@@ -13,6 +13,7 @@
 #include "kallpa/model/quant.h"
 #include "model/quant_kernels.h"
 #include "model/quant_types.h"
+#include "model/repack.h"
 #include "model/synthetic_llama.h"
 
 namespace {
@@ -340,6 +341,70 @@ TEST(QuantKernels, ExactActivationsErrorIsF32Rounding) {
     }
     EXPECT_LT(worst, 1e-6) << ggml_type_name(t);
   }
+}
+
+// Repacking (rows4) only reorders bytes: every kernel path (AVX2/scalar, decode/prefill tiles,
+// exact/Q8 activations) gives the same bits as with ggml's layout, and rows read back unchanged.
+TEST(QuantKernels, RepackedRows4IsBitwiseIdentical) {
+  for (GgmlType t : {GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1}) {
+    for (std::int64_t rows : {4, 8, 12, 36, 100}) {
+      for (std::int64_t cols : {32, 96, 576}) {
+        Problem p = make_problem(t, rows, cols, 9, static_cast<std::uint64_t>(rows * 3 + cols));
+        ASSERT_TRUE(can_repack_rows4(p.wm));
+        std::vector<std::byte> packed(p.w.size());
+        auto r4 = repack_rows4(p.wm, packed.data());
+        ASSERT_TRUE(r4.is_ok());
+        ASSERT_EQ(r4->layout, WeightLayout::rows4);
+        const std::string what =
+            std::string(ggml_type_name(t)) + " rows " + std::to_string(rows) + " cols " + std::to_string(cols);
+        std::vector<float> a(static_cast<std::size_t>(rows * cols)), b(a.size());
+        ASSERT_TRUE(dequantize_rows(p.wm, 0, rows, a.data()).is_ok());
+        ASSERT_TRUE(dequantize_rows(*r4, 0, rows, b.data()).is_ok());
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what << " dequantize_rows";
+        for (const auto act : {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8}) {
+          for (bool force_scalar : {false, true}) {
+            for (std::int64_t batch : {1, 2, 3, 9}) {
+              MatmulOptions o;
+              o.activations = act;
+              o.force_scalar = force_scalar;
+              const std::size_t n = static_cast<std::size_t>(rows * batch);
+              std::vector<float> ya(n), yb(n);
+              ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, ya.data(), rows, o).is_ok());
+              ASSERT_TRUE(matmul(*r4, p.x.data(), batch, cols, yb.data(), rows, o).is_ok());
+              ASSERT_EQ(std::memcmp(ya.data(), yb.data(), n * sizeof(float)), 0)
+                  << what << " batch " << batch << (force_scalar ? " scalar" : " simd")
+                  << (act == MatmulOptions::Activations::q8 ? " q8" : " f32");
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantKernels, RepackRejectsWhatItCannotPack) {
+  Problem p = make_problem(GgmlType::q4_1, 6, 64, 1, 1);  // 6 rows: not a multiple of 4
+  std::vector<std::byte> dst(p.w.size());
+  EXPECT_FALSE(can_repack_rows4(p.wm));
+  EXPECT_EQ(repack_rows4(p.wm, dst.data()).status().code(), ErrorCode::invalid_argument);
+  Problem f = make_problem(GgmlType::f16, 4, 64, 1, 1);
+  EXPECT_FALSE(can_repack_rows4(f.wm));
+  // A matrix claiming the rows4 layout with a row count it cannot have is refused by matmul.
+  WeightMatrix bad = p.wm;
+  bad.layout = WeightLayout::rows4;
+  std::vector<float> y(6);
+  EXPECT_EQ(matmul(bad, p.x.data(), 1, 64, y.data(), 6).code(), ErrorCode::invalid_argument);
+  // RepackedWeights repacks what it can and leaves the rest.
+  Problem q = make_problem(GgmlType::q8_0, 8, 64, 1, 2);
+  WeightMatrix a = q.wm, c = p.wm;
+  RepackedWeights store;
+  ASSERT_TRUE(store.repack({&a, &c}).is_ok());
+  if (store.bytes() != 0) {  // KALLPA_REPACK=0 turns repacking off
+    EXPECT_EQ(a.layout, WeightLayout::rows4);
+    EXPECT_EQ(store.bytes(), q.w.size());
+  }
+  EXPECT_EQ(c.layout, WeightLayout::rows);
+  EXPECT_EQ(c.data, p.wm.data);
 }
 
 TEST(QuantKernels, MatmulRejectsBadArguments) {

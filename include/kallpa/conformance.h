@@ -70,6 +70,11 @@ Tolerance tolerance_for(DType dtype) noexcept;
 // names, in the same order, with the same data on every platform.
 std::vector<Case> generate_cases(bool quick);
 
+// The health check's canaries: eight small cases over every dtype and KV layout, GQA, decode,
+// Dv != D, softcap + ALiBi, a window, and the edge rules a broken kernel most often breaks (rows
+// with no visible key, NaN in masked keys, saturating logits). Deterministic, like the suite.
+std::vector<Case> canary_cases();
+
 struct CaseResult {
   std::string backend;
   std::string case_name;

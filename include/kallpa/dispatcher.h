@@ -24,11 +24,20 @@ struct DispatchOptions {
   // automatic choice by priority among healthy backends on the tensors' device.
   std::vector<std::string> backends;
   // Strict: an explicit choice that cannot run the problem is an error, never a fallback to
-  // another backend (neither at selection nor after a run-time failure).
+  // another backend (neither at selection nor after a run-time failure). Without an explicit
+  // list, the automatic choice runs and its failure is an error.
   bool strict = false;
+  // Paranoid: after each run, check o and lse for non-finite values the contract forbids (finite
+  // inputs give finite outputs); one is a failure of the backend like an error it returns. Costs a
+  // pass over the outputs.
+  bool paranoid = false;
+  // A backend whose run fails (error, exception at a plugin boundary, paranoid check) this many
+  // times in the process is quarantined in the registry; 0 never quarantines.
+  int quarantine_after = 3;
 
-  // Reads KALLPA_ATTENTION ("name[,name...]") and KALLPA_ATTENTION_STRICT ("1"/"true"/"0"/
-  // "false"); a malformed value is an error naming the variable.
+  // Reads KALLPA_ATTENTION ("name[,name...]"), KALLPA_ATTENTION_STRICT and KALLPA_PARANOID
+  // ("1"/"true"/"0"/"false") and KALLPA_QUARANTINE_AFTER (an integer >= 0); a malformed value is
+  // an error naming the variable.
   static Result<DispatchOptions> from_env();
   // Parses a comma-separated list; rejects empty items.
   static Result<std::vector<std::string>> parse_backend_list(std::string_view text);
@@ -45,10 +54,13 @@ struct Verdict {
 
 class Dispatcher {
  public:
+  // Over the global registry, also loads KALLPA_PLUGIN_PATH (once per process, plugin.h).
   explicit Dispatcher(DispatchOptions options = {},
                       BackendRegistry* registry = &BackendRegistry::global());
 
-  // Validates, selects and runs; on a backend error, tries the next candidate (unless strict).
+  // Validates, selects and runs; on a backend failure, counts it (quarantining the backend at
+  // options().quarantine_after) and tries the next candidate (unless strict). Before the first
+  // choice, the registry's health check runs for backends not yet checked.
   Status run(const AttentionProblem& problem);
   Status run(const ValidatedProblem& problem);
 

@@ -572,4 +572,48 @@ std::vector<Case> generate_cases(bool quick) {
   return cases;
 }
 
+// A few small cases that between them touch each layout, dtype and edge rule a broken kernel is
+// likely to get wrong (including the decode shape the engine uses), cheap enough to run on every
+// backend at start-up.
+std::vector<Case> canary_cases() {
+  std::vector<CaseSpec> specs;
+  auto add = [&](DType dtype, const Shape& sh, auto&& tweak) {
+    CaseSpec s = make(dtype, sh);
+    s.lse = false;
+    tweak(s);
+    s.seed = Rng::mix(0xca4a, specs.size());
+    specs.push_back(std::move(s));
+  };
+  add(DType::f32, dense(1, 17, 17, 4, 2, 64), [](CaseSpec& s) { s.causal = true; s.lse = true; });
+  add(DType::f32, paged(7, {1, 1}, {20, 9}, 4, 2, 16), [](CaseSpec& s) { s.causal = true; });
+  add(DType::f32, dense(1, 7, 13, 2, 1, 32), [](CaseSpec& s) {
+    s.head_dim_v = 16;
+    s.causal = true;
+    s.softcap = 5.0f;
+    s.alibi = true;
+    s.lse = true;
+  });
+  add(DType::f16, packed({5, 1, 9}, {5, 12, 9}, 3, 1, 40), [](CaseSpec& s) {
+    s.window_left = 4;
+    s.window_right = 2;
+    s.padded_strides = true;
+    s.lse = true;
+  });
+  add(DType::bf16, paged(16, {1, 1}, {33, 70}, 8, 2, 128), [](CaseSpec& s) { s.causal = true; });
+  add(DType::f32, dense(1, 9, 3, 2, 1, 16), [](CaseSpec& s) { s.causal = true; s.lse = true; s.edge = Edge::all_masked; });
+  add(DType::f32, dense(1, 7, 40, 2, 1, 16), [](CaseSpec& s) {
+    s.causal = true;
+    s.window_left = 8;
+    s.edge = Edge::nan_in_masked_kv;
+  });
+  add(DType::f16, dense(1, 16, 16, 2, 1, 8), [](CaseSpec& s) { s.scale = 1e4f; s.edge = Edge::huge_logits; });
+
+  std::vector<Case> cases;
+  for (CaseSpec& s : specs) {
+    std::string name = name_of(s);
+    cases.push_back({std::move(name), std::move(s)});
+  }
+  return cases;
+}
+
 }  // namespace kallpa::conformance

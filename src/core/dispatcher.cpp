@@ -7,6 +7,9 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "core/output_check.h"
+#include "kallpa/plugin.h"
+
 namespace kallpa {
 namespace {
 
@@ -55,6 +58,25 @@ Result<std::vector<std::string>> DispatchOptions::parse_backend_list(std::string
   return names;
 }
 
+namespace {
+
+// Reads a 0/1/true/false variable into *out when it is set and not empty.
+Status env_flag(const char* variable, bool* out) {
+  const char* text = std::getenv(variable);
+  if (text == nullptr || *text == '\0') return {};
+  const std::string_view v(text);
+  if (v == "1" || v == "true") {
+    *out = true;
+  } else if (v == "0" || v == "false") {
+    *out = false;
+  } else {
+    return Status(ErrorCode::parse_error, variable, fmt::format("'{}' is not 0/1/true/false", v));
+  }
+  return {};
+}
+
+}  // namespace
+
 Result<DispatchOptions> DispatchOptions::from_env() {
   DispatchOptions options;
   if (const char* list = std::getenv("KALLPA_ATTENTION"); list != nullptr && *list != '\0') {
@@ -62,14 +84,16 @@ Result<DispatchOptions> DispatchOptions::from_env() {
     if (!names) return Status(ErrorCode::parse_error, "KALLPA_ATTENTION", names.status().message());
     options.backends = std::move(*names);
   }
-  if (const char* strict = std::getenv("KALLPA_ATTENTION_STRICT"); strict != nullptr && *strict != '\0') {
-    const std::string_view v(strict);
-    if (v == "1" || v == "true") {
-      options.strict = true;
-    } else if (v != "0" && v != "false") {
-      return Status(ErrorCode::parse_error, "KALLPA_ATTENTION_STRICT",
-                    fmt::format("'{}' is not 0/1/true/false", v));
+  if (Status s = env_flag("KALLPA_ATTENTION_STRICT", &options.strict); !s) return s;
+  if (Status s = env_flag("KALLPA_PARANOID", &options.paranoid); !s) return s;
+  if (const char* text = std::getenv("KALLPA_QUARANTINE_AFTER"); text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    const long n = std::strtol(text, &end, 10);
+    if (*end != '\0' || n < 0 || n > 1000000) {
+      return Status(ErrorCode::parse_error, "KALLPA_QUARANTINE_AFTER",
+                    fmt::format("'{}' is not a count of failures (an integer >= 0)", text));
     }
+    options.quarantine_after = static_cast<int>(n);
   }
   return options;
 }
@@ -77,7 +101,9 @@ Result<DispatchOptions> DispatchOptions::from_env() {
 Dispatcher::Dispatcher(DispatchOptions options, BackendRegistry* registry)
     : options_(std::move(options)),
       registry_(registry),
-      observers_(std::make_shared<const std::vector<std::shared_ptr<DispatchObserver>>>()) {}
+      observers_(std::make_shared<const std::vector<std::shared_ptr<DispatchObserver>>>()) {
+  if (registry_ == &BackendRegistry::global()) load_env_plugins();
+}
 
 void Dispatcher::add_observer(std::shared_ptr<DispatchObserver> observer) {
   // Copy-on-write, so that dispatching threads read the list without taking this lock for long.
@@ -106,6 +132,7 @@ void Dispatcher::warn_once(const std::string& key, const std::string& message) {
 }
 
 Result<std::vector<AttentionBackend*>> Dispatcher::compute_candidates(const ProblemSignature& sig) const {
+  registry_->ensure_checked();
   const std::vector<BackendInfo> all = registry_->list();
   std::vector<AttentionBackend*> chosen;
   std::vector<std::string> reasons;
@@ -143,7 +170,7 @@ Result<std::vector<AttentionBackend*>> Dispatcher::compute_candidates(const Prob
     }
     consider(*it);
   }
-  if (!options_.strict) {
+  if (!options_.strict || options_.backends.empty()) {
     // Automatic order; after an explicit list these are the fallbacks.
     for (const BackendInfo& info : all) consider(info);
   }
@@ -202,14 +229,17 @@ Status Dispatcher::run(const ValidatedProblem& problem) {
     AttentionBackend& backend = *candidates[i];
     const std::size_t bytes = backend.workspace_size(problem);
     Status status;
+    bool backend_at_fault = true;
     const auto start = std::chrono::steady_clock::now();
     if (void* memory = scratch.reserve(bytes); bytes > 0 && memory == nullptr) {
       status = Status(ErrorCode::out_of_memory, "workspace",
                       fmt::format("could not allocate {} bytes for {}", bytes, backend.name()));
+      backend_at_fault = false;
     } else {
       status = backend.run(problem, Workspace{memory, bytes});
     }
-    const auto elapsed = std::chrono::steady_clock::now() - start;
+    const auto elapsed = std::chrono::steady_clock::now() - start;  // the backend's time only
+    if (status && backend_at_fault && options_.paranoid) status = detail::check_outputs_finite(problem);
     DispatchEvent event;
     event.backend = backend.name();
     event.signature = &problem.signature();
@@ -220,6 +250,7 @@ Status Dispatcher::run(const ValidatedProblem& problem) {
     notify(event);
     if (status) return status;
 
+    if (backend_at_fault) registry_->record_failure(backend.name(), status, options_.quarantine_after);
     warn_once(fmt::format("{}/{}", backend.name(), error_code_name(status.code())),
               fmt::format("backend '{}' failed on [{}]: {}{}", backend.name(),
                           problem.signature().to_string(), status.to_string(),

@@ -1,4 +1,6 @@
 // Dequantisation of rows to f32 (embedding lookup, tests, tools).
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "kallpa/model/quant.h"
@@ -63,8 +65,17 @@ Status dequantize_rows(const WeightMatrix& w, std::int64_t first, std::int64_t c
     return {ErrorCode::invalid_argument, "rows",
             fmt::format("rows [{}, {}) out of range for a matrix of {} rows", first, first + count, w.rows)};
   }
+  if (w.layout == WeightLayout::rows4 && !kernels::is_quantized(w.type)) {
+    return {ErrorCode::invalid_argument, "w.layout", "the rows4 layout needs a quantised type"};
+  }
+  std::vector<std::byte> row(w.layout == WeightLayout::rows4 ? w.row_bytes : 0);
   for (std::int64_t r = 0; r < count; ++r) {
     const auto* src = static_cast<const std::byte*>(w.data) + static_cast<std::size_t>(first + r) * w.row_bytes;
+    if (w.layout == WeightLayout::rows4) {
+      kernels::load_row_ggml(w.type, w.layout, static_cast<const std::byte*>(w.data), w.row_bytes, first + r, w.cols,
+                             row.data());
+      src = row.data();
+    }
     Status st = dequantize_row(w.type, src, dst + r * w.cols, w.cols);
     if (!st) return st;
   }

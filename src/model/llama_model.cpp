@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "model/repack.h"
+
 namespace kallpa::model {
 namespace {
 
@@ -47,6 +49,13 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufF
     }
     m->layers_.push_back(l);
   }
+  auto packed = std::make_shared<RepackedWeights>();
+  std::vector<WeightMatrix*> mats{&m->output_};
+  for (Layer& l : m->layers_) {
+    for (WeightMatrix* p : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) mats.push_back(p);
+  }
+  if (!(s = packed->repack(std::move(mats)))) return s;
+  m->repacked_ = std::move(packed);
   return m;
 }
 

@@ -41,6 +41,11 @@ Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::in
             fmt::format("bad matmul shapes: W {}x{} ({} bytes/row), batch {}, ldx {}, ldy {}", w.rows, w.cols,
                         w.row_bytes, batch, ldx, ldy)};
   }
+  if (w.layout == WeightLayout::rows4 && (!kernels::is_quantized(w.type) || w.rows % 4 != 0)) {
+    return {ErrorCode::invalid_argument, "w.layout",
+            fmt::format("the rows4 layout needs a quantised type and rows % 4 == 0 (got {} with {} rows)",
+                        ggml_type_name(w.type), w.rows)};
+  }
   if (batch == 0 || w.rows == 0) return {};
   const bool avx2 = use_avx2(options);
   const bool quant = kernels::is_quantized(w.type);
@@ -71,7 +76,7 @@ Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::in
   const std::int64_t row_bytes_total = static_cast<std::int64_t>(w.row_bytes);
   std::int64_t row_chunk = std::max<std::int64_t>(4, (32 * 1024) / std::max<std::int64_t>(1, row_bytes_total));
   row_chunk = std::min<std::int64_t>(row_chunk, batch <= 4 ? 16 : 64);  // decode: finer, for balance
-  row_chunk = (row_chunk + 3) / 4 * 4;
+  row_chunk = (row_chunk + 3) / 4 * 4;  // tasks start at a rows4 group
   const std::int64_t n_row_tasks = (w.rows + row_chunk - 1) / row_chunk;
   const std::int64_t n_batch_tasks = (batch + kBatchChunk - 1) / kBatchChunk;
   auto task = [&](std::int64_t t, int) {
@@ -86,16 +91,16 @@ Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::in
     if (quant_q8) {
       const BlockQ8x* xt = xq.data() + b0 * nb;
       if (avx2) {
-        kernels::gemm_q_avx2(w.type, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
+        kernels::gemm_q_avx2(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
       } else {
-        kernels::gemm_q_scalar(w.type, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
+        kernels::gemm_q_scalar(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
       }
     } else if (quant) {
       const float* xt = x + b0 * ldx;
       if (avx2) {
-        kernels::gemm_qf_avx2(w.type, wr, w.row_bytes, nr, xt, ldx, nbt, k, yt, ldy);
+        kernels::gemm_qf_avx2(w.type, w.layout, wr, w.row_bytes, nr, xt, ldx, nbt, k, yt, ldy);
       } else {
-        kernels::gemm_qf_scalar(w.type, wr, w.row_bytes, nr, xt, ldx, nbt, k, yt, ldy);
+        kernels::gemm_qf_scalar(w.type, w.layout, wr, w.row_bytes, nr, xt, ldx, nbt, k, yt, ldy);
       }
     } else {
       const float* xt = x + b0 * ldx;

@@ -1,8 +1,11 @@
-// AVX2 + FMA + F16C kernels (run-time selected; see quant_kernels.h). Quantised weights are dotted
-// with Q8 activation blocks in integer arithmetic (maddubs/madd), one float FMA per block and
-// pair of rows; tiles of up to 4 weight rows x 4 activation rows share every load. The exact-
-// activation kernels (gemm_qf) expand weight blocks to f32 in registers (small batches) or into a
-// per-thread f32 tile run through a 3 x 4 f32 micro-kernel (larger batches), same FMA order.
+// AVX2 + FMA + F16C kernels (run-time selected; see quant_kernels.h), written once over the block
+// type (Q8_0/Q4_0/Q4_1, block_geom) and the layout (ggml's rows, or kallpa's repacked rows4, where
+// a 4-row tile reads its blocks from one stream and converts its 4 scales with one instruction).
+// Quantised weights are dotted with Q8 activation blocks in integer arithmetic (maddubs/madd), one
+// float FMA per block and pair of rows; tiles of up to 4 weight rows x 4 activation rows share
+// every load. The exact-activation kernels (gemm_qf) expand weight blocks to f32 in registers
+// (small batches) or into a per-thread f32 tile run through a 3 x 4 f32 micro-kernel (larger
+// batches), same FMA order.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -42,37 +45,65 @@ inline float half(const std::byte* p) {
   return _cvtsh_ss(h);
 }
 
-inline __m256i unpack_q4(const std::uint8_t* qs) {
+inline __m256i unpack_q4(const std::byte* qs) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
   const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
   return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
 }
 
-template <GgmlType T>
-constexpr std::size_t block_bytes() {
-  if constexpr (T == GgmlType::q8_0) return sizeof(BlockQ8_0);
-  if constexpr (T == GgmlType::q4_0) return sizeof(BlockQ4_0);
-  return sizeof(BlockQ4_1);
+// Scales of rows r .. r+NW-1 at block b as floats: d[i], and m[i] for Q4_1 (Q4_0: m = -8d, exact;
+// Q8_0: none). In the rows4 layout a 4-row tile finds its 4 (or 8) f16 side by side: one convert.
+template <GgmlType T, WeightLayout L, int NW>
+inline void load_scales(const std::byte* w, std::size_t row_bytes, std::int64_t r, std::int64_t b, float* d,
+                        float* m) {
+  constexpr BlockGeom g = block_geom(T);
+  if constexpr (L == WeightLayout::rows4 && NW % 4 == 0) {  // r % 4 == 0
+    for (int i = 0; i < NW; i += 4) {
+      const std::byte* p =
+          w + static_cast<std::size_t>(r + i) * row_bytes + static_cast<std::size_t>(b) * 4 * g.bytes;
+      if constexpr (g.has_m) {
+        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        _mm_storeu_ps(d + i, _mm256_castps256_ps128(dm));
+        _mm_storeu_ps(m + i, _mm256_extractf128_ps(dm, 1));
+      } else {
+        const __m128 d4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+        _mm_storeu_ps(d + i, d4);
+        if constexpr (T == GgmlType::q4_0) _mm_storeu_ps(m + i, _mm_mul_ps(d4, _mm_set1_ps(-8.0f)));
+      }
+    }
+  } else {
+    for (int i = 0; i < NW; ++i) {
+      const BlockPtr p = block_ptr(g, L, w, row_bytes, r + i, b);
+      d[i] = half(p.d);
+      if constexpr (g.has_m) {
+        m[i] = half(p.m);
+      } else if constexpr (T == GgmlType::q4_0) {
+        m[i] = -8.0f * d[i];
+      }
+    }
+  }
 }
 
-// Blocks per chunk of the constant-term pass (Q4_0's -8d, Q4_1's m): their per-block weight
-// constants are collected during the integer pass, then dotted with the activation block sums.
-constexpr std::int64_t kMChunk = 64;
-
-inline float dot_f32(const float* a, const float* b, std::int64_t n) {
-  __m256 s = _mm256_setzero_ps();
-  std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s);
-  float r = hsum(s);
-  for (; i < n; ++i) r = std::fma(a[i], b[i], r);
-  return r;
+// The quants of row r0 + r at block b. A 4-row tile in the rows4 layout (r0 % 4 == 0) addresses its
+// group with constant offsets, without block_ptr's general row arithmetic.
+template <GgmlType T, WeightLayout L, int NW>
+inline const std::byte* quants(const std::byte* w, std::size_t row_bytes, std::int64_t r0, int r, std::int64_t b) {
+  constexpr BlockGeom g = block_geom(T);
+  if constexpr (L == WeightLayout::rows4 && NW % 4 == 0) {
+    return w + static_cast<std::size_t>(r0 + (r & ~3)) * row_bytes + static_cast<std::size_t>(b) * 4 * g.bytes +
+           (g.has_m ? 16 : 8) + static_cast<std::size_t>(r & 3) * g.qs_bytes;
+  } else {
+    return block_ptr(g, L, w, row_bytes, r0 + r, b).qs;
+  }
 }
 
-// One tile: NW weight rows x NX activation rows. Per block and pair: integer dot (maddubs, madd),
-// then acc += (float(isum) * dx) * dw -- the same operations whatever the tile shape.
-// xs: the activations' block sums (BlockQ8x::s), NX rows of nb floats.
-template <GgmlType T, int NW, int NX>
-void tile_q(const std::byte* w, std::size_t row_bytes, const BlockQ8x* xq, const float* xs, std::int64_t nb,
+// --- Q8 activations (gemm_q): integer dot products ---
+
+// One tile: NW weight rows (from row r0) x NX activation rows. Per block and pair: integer dot
+// (maddubs, madd), then acc += (float(isum) * dx) * dw, and the constant term (Q4_0's -8d, Q4_1's
+// m) as macc = fma(m, x block sum, macc): the same operations whatever the tile shape or layout.
+template <GgmlType T, WeightLayout L, int NW, int NX>
+void tile_q(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const BlockQ8x* xq, std::int64_t nb,
             float* y, std::int64_t ldy) {
   __m256 acc[NW][NX];
   float macc[NW][NX];
@@ -82,48 +113,33 @@ void tile_q(const std::byte* w, std::size_t row_bytes, const BlockQ8x* xq, const
       macc[r][x] = 0.0f;
     }
   }
-  alignas(32) float marr[NW][kMChunk];
   const __m256i ones = _mm256_set1_epi16(1);
-  for (std::int64_t b0 = 0; b0 < nb; b0 += kMChunk) {
-    const std::int64_t bn = nb - b0 < kMChunk ? nb - b0 : kMChunk;
-    for (std::int64_t j = 0; j < bn; ++j) {
-      const std::int64_t b = b0 + j;
-      __m256i wv[NW];
-      __m256 dw[NW];
-      for (int r = 0; r < NW; ++r) {
-        const std::byte* blk =
-            w + static_cast<std::size_t>(r) * row_bytes + static_cast<std::size_t>(b) * block_bytes<T>();
-        const float d = half(blk);
-        dw[r] = _mm256_set1_ps(d);
-        if constexpr (T == GgmlType::q8_0) {
-          wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-        } else if constexpr (T == GgmlType::q4_0) {
-          wv[r] = unpack_q4(reinterpret_cast<const std::uint8_t*>(blk + 2));
-          marr[r][j] = -8.0f * d;
-        } else {
-          wv[r] = unpack_q4(reinterpret_cast<const std::uint8_t*>(blk + 4));
-          marr[r][j] = half(blk + 2);
-        }
-      }
-      for (int x = 0; x < NX; ++x) {
-        const BlockQ8x& xb = xq[static_cast<std::int64_t>(x) * nb + b];
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
-        const __m256 dx = _mm256_broadcast_ss(&xb.d);
-        for (int r = 0; r < NW; ++r) {
-          __m256i p;
-          if constexpr (T == GgmlType::q8_0) {
-            p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv[r], wv[r]), _mm256_sign_epi8(xv, wv[r]));
-          } else {
-            p = _mm256_maddubs_epi16(wv[r], xv);
-          }
-          const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-          acc[r][x] = _mm256_fmadd_ps(_mm256_mul_ps(s, dx), dw[r], acc[r][x]);
-        }
+  for (std::int64_t b = 0; b < nb; ++b) {
+    alignas(16) float d[NW < 4 ? 4 : NW], m[NW < 4 ? 4 : NW];
+    load_scales<T, L, NW>(w, row_bytes, r0, b, d, m);
+    __m256i wv[NW];
+    for (int r = 0; r < NW; ++r) {
+      const std::byte* qs = quants<T, L, NW>(w, row_bytes, r0, r, b);
+      if constexpr (T == GgmlType::q8_0) {
+        wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
+      } else {
+        wv[r] = unpack_q4(qs);
       }
     }
-    if constexpr (T != GgmlType::q8_0) {
+    for (int x = 0; x < NX; ++x) {
+      const BlockQ8x& xb = xq[static_cast<std::int64_t>(x) * nb + b];
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+      const __m256 dx = _mm256_broadcast_ss(&xb.d);
       for (int r = 0; r < NW; ++r) {
-        for (int x = 0; x < NX; ++x) macc[r][x] += dot_f32(marr[r], xs + static_cast<std::int64_t>(x) * nb + b0, bn);
+        __m256i p;
+        if constexpr (T == GgmlType::q8_0) {
+          p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv[r], wv[r]), _mm256_sign_epi8(xv, wv[r]));
+        } else {
+          p = _mm256_maddubs_epi16(wv[r], xv);
+        }
+        const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+        acc[r][x] = _mm256_fmadd_ps(_mm256_mul_ps(s, dx), _mm256_set1_ps(d[r]), acc[r][x]);
+        if constexpr (T != GgmlType::q8_0) macc[r][x] = std::fma(m[r], xb.s, macc[r][x]);
       }
     }
   }
@@ -132,46 +148,39 @@ void tile_q(const std::byte* w, std::size_t row_bytes, const BlockQ8x* xq, const
   }
 }
 
-template <GgmlType T>
+template <GgmlType T, WeightLayout L>
 void gemm_q_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ8x* xq, std::int64_t nx,
                   std::int64_t k, float* y, std::int64_t ldy) {
   const std::int64_t nb = k / kQK;
-  thread_local std::vector<float> xs_buf;
-  if constexpr (T != GgmlType::q8_0) {
-    xs_buf.resize(static_cast<std::size_t>(nx * nb));
-    for (std::int64_t i = 0; i < nx * nb; ++i) xs_buf[static_cast<std::size_t>(i)] = xq[i].s;
-  }
-  std::int64_t x = 0;
-  for (; x < nx;) {
+  for (std::int64_t x = 0; x < nx;) {
     const std::int64_t xn = nx - x >= 4 ? 4 : nx - x;
     const BlockQ8x* xt = xq + x * nb;
-    const float* xs = xs_buf.data() + x * nb;
     float* yt = y + x * ldy;
     std::int64_t r = 0;
     if (xn == 1) {
-      for (; r + 4 <= nw; r += 4) tile_q<T, 4, 1>(w + static_cast<std::size_t>(r) * row_bytes, row_bytes, xt, xs, nb, yt + r, ldy);
+      for (; r + 4 <= nw; r += 4) tile_q<T, L, 4, 1>(w, row_bytes, r, xt, nb, yt + r, ldy);
     }
     for (; r + 2 <= nw; r += 2) {
-      const std::byte* wt = w + static_cast<std::size_t>(r) * row_bytes;
       switch (xn) {
-        case 4: tile_q<T, 2, 4>(wt, row_bytes, xt, xs, nb, yt + r, ldy); break;
-        case 3: tile_q<T, 2, 3>(wt, row_bytes, xt, xs, nb, yt + r, ldy); break;
-        case 2: tile_q<T, 2, 2>(wt, row_bytes, xt, xs, nb, yt + r, ldy); break;
-        default: tile_q<T, 2, 1>(wt, row_bytes, xt, xs, nb, yt + r, ldy); break;
+        case 4: tile_q<T, L, 2, 4>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
+        case 3: tile_q<T, L, 2, 3>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
+        case 2: tile_q<T, L, 2, 2>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
+        default: tile_q<T, L, 2, 1>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
       }
     }
     for (; r < nw; ++r) {
-      const std::byte* wt = w + static_cast<std::size_t>(r) * row_bytes;
       switch (xn) {
-        case 4: tile_q<T, 1, 4>(wt, row_bytes, xt, xs, nb, yt + r, ldy); break;
-        case 3: tile_q<T, 1, 3>(wt, row_bytes, xt, xs, nb, yt + r, ldy); break;
-        case 2: tile_q<T, 1, 2>(wt, row_bytes, xt, xs, nb, yt + r, ldy); break;
-        default: tile_q<T, 1, 1>(wt, row_bytes, xt, xs, nb, yt + r, ldy); break;
+        case 4: tile_q<T, L, 1, 4>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
+        case 3: tile_q<T, L, 1, 3>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
+        case 2: tile_q<T, L, 1, 2>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
+        default: tile_q<T, L, 1, 1>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
       }
     }
     x += xn;
   }
 }
+
+// --- float weights (gemm_f) ---
 
 template <GgmlType T>
 inline __m256 load8(const std::byte* p) {
@@ -264,36 +273,19 @@ void gemm_f_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, co
 
 // --- exact activations (gemm_qf): weights dequantised to f32, f32 FMAs in the canonical order ---
 
-// The 32 weights of one block as 4 x 8 floats, bit-identical to dequantize_row_scalar: q*d is exact
-// in f32 (|q| < 2^8, d an f16), so fma(q, d, m) rounds q*d + m once, like the scalar q*d + m.
+// The 32 weights of one block (quants at qs, scale d, min m) as 4 x 8 floats, bit-identical to
+// dequantize_row_scalar: q*d is exact in f32 (|q| < 2^8, d an f16), so fma(q, d, m) rounds
+// q*d + m once, like the scalar q*d + m (Q4_0: m = -8d, and (q-8)*d is exact).
 template <GgmlType T>
-inline void expand_block(const std::byte* blk, __m256 (&w)[4]) {
-  if constexpr (T == GgmlType::q4_1) {  // d and m converted together
-    std::uint32_t dm;
-    std::memcpy(&dm, blk, 4);
-    const __m128 dm4 = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm)));
-    const __m256 d = _mm256_broadcastss_ps(dm4);
-    const __m256 m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm4));
-    const std::byte* qs = blk + 4;
-    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));      // bytes 0..7
-    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));  // bytes 8..15
-    const __m256i lo = _mm256_set1_epi32(0x0f);
-    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(a, lo)), d, m);  // elements 0..7
-    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, lo)), d, m);  // 8..15
-    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), d, m);  // 16..23
-    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), d, m);  // 24..31
-    return;
-  }
-  const float dv = half(blk);
+inline void expand_block(const std::byte* qs, float dv, float mv, __m256 (&w)[4]) {
   const __m256 d = _mm256_set1_ps(dv);
   if constexpr (T == GgmlType::q8_0) {
     for (int i = 0; i < 4; ++i) {
-      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * i));
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8 * i));
       w[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
     }
   } else {
-    const std::byte* qs = blk + (T == GgmlType::q4_0 ? 2 : 4);
-    const __m256 m = _mm256_set1_ps(T == GgmlType::q4_0 ? -8.0f * dv : half(blk + 2));  // -8d: exact
+    const __m256 m = _mm256_set1_ps(mv);
     const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));      // bytes 0..7
     const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));  // bytes 8..15
     const __m256i lo = _mm256_set1_epi32(0x0f);
@@ -304,18 +296,21 @@ inline void expand_block(const std::byte* blk, __m256 (&w)[4]) {
   }
 }
 
-// Small batches: NW weight rows x NX activation rows, weights expanded in registers block by block.
-template <GgmlType T, int NW, int NX>
-void tile_qf(const std::byte* w, std::size_t row_bytes, const float* x, std::int64_t ldx, std::int64_t nb, float* y,
-             std::int64_t ldy) {
+// Small batches: NW weight rows (from row r0) x NX activation rows, weights expanded in registers
+// block by block.
+template <GgmlType T, WeightLayout L, int NW, int NX>
+void tile_qf(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const float* x, std::int64_t ldx,
+             std::int64_t nb, float* y, std::int64_t ldy) {
   __m256 acc[NW][NX];
   for (int r = 0; r < NW; ++r) {
     for (int c = 0; c < NX; ++c) acc[r][c] = _mm256_setzero_ps();
   }
   for (std::int64_t b = 0; b < nb; ++b) {
+    alignas(16) float d[NW < 4 ? 4 : NW], m[NW < 4 ? 4 : NW];
+    load_scales<T, L, NW>(w, row_bytes, r0, b, d, m);
     for (int r = 0; r < NW; ++r) {
       __m256 wv[4];
-      expand_block<T>(w + static_cast<std::size_t>(r) * row_bytes + static_cast<std::size_t>(b) * block_bytes<T>(), wv);
+      expand_block<T>(quants<T, L, NW>(w, row_bytes, r0, r, b), d[r], m[r], wv);
       for (int c = 0; c < NX; ++c) {
         const float* xb = x + static_cast<std::int64_t>(c) * ldx + b * kQK;
         for (int i = 0; i < 4; ++i) acc[r][c] = _mm256_fmadd_ps(wv[i], _mm256_loadu_ps(xb + 8 * i), acc[r][c]);
@@ -327,7 +322,6 @@ void tile_qf(const std::byte* w, std::size_t row_bytes, const float* x, std::int
   }
 }
 
-// Larger batches: the f32 micro-kernel over dequantised weight rows (k floats apart).
 template <int NW, int NX>
 void tile_ff(const float* w, std::int64_t k, const float* x, std::int64_t ldx, float* y, std::int64_t ldy) {
   __m256 acc[NW][NX];
@@ -361,26 +355,25 @@ void tile_ff_cols(const float* w, std::int64_t k, const float* x, std::int64_t l
   }
 }
 
-template <GgmlType T>
+template <GgmlType T, WeightLayout L>
 void gemm_qf_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x, std::int64_t ldx,
                    std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  constexpr BlockGeom g = block_geom(T);
   const std::int64_t nb = k / kQK;
   if (nx <= 2) {  // decode: fused, memory bound
-    std::int64_t r = 0;  // 4 rows per tile: measured faster than 6 or 8 (register pressure)
+    std::int64_t r = 0;  // 4 rows per tile: measured faster than 8 (spills; v2: 8 is 2x slower on Q8_0)
     for (; r + 4 <= nw; r += 4) {
-      const std::byte* wt = w + static_cast<std::size_t>(r) * row_bytes;
       if (nx == 1) {
-        tile_qf<T, 4, 1>(wt, row_bytes, x, ldx, nb, y + r, ldy);
+        tile_qf<T, L, 4, 1>(w, row_bytes, r, x, ldx, nb, y + r, ldy);
       } else {
-        tile_qf<T, 4, 2>(wt, row_bytes, x, ldx, nb, y + r, ldy);
+        tile_qf<T, L, 4, 2>(w, row_bytes, r, x, ldx, nb, y + r, ldy);
       }
     }
     for (; r < nw; ++r) {
-      const std::byte* wt = w + static_cast<std::size_t>(r) * row_bytes;
       if (nx == 1) {
-        tile_qf<T, 1, 1>(wt, row_bytes, x, ldx, nb, y + r, ldy);
+        tile_qf<T, L, 1, 1>(w, row_bytes, r, x, ldx, nb, y + r, ldy);
       } else {
-        tile_qf<T, 1, 2>(wt, row_bytes, x, ldx, nb, y + r, ldy);
+        tile_qf<T, L, 1, 2>(w, row_bytes, r, x, ldx, nb, y + r, ldy);
       }
     }
     return;
@@ -396,11 +389,12 @@ void gemm_qf_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, c
   for (std::int64_t r0 = 0; r0 < nw; r0 += kRowTile) {
     const std::int64_t nr = nw - r0 < kRowTile ? nw - r0 : kRowTile;
     for (std::int64_t r = 0; r < nr; ++r) {
-      const std::byte* wr = w + static_cast<std::size_t>(r0 + r) * row_bytes;
       float* dst = wbuf.data() + r * k;
       for (std::int64_t b = 0; b < nb; ++b) {
+        float d, m;
+        load_scales<T, L, 1>(w, row_bytes, r0 + r, b, &d, &m);
         __m256 wv[4];
-        expand_block<T>(wr + static_cast<std::size_t>(b) * block_bytes<T>(), wv);
+        expand_block<T>(block_ptr(g, L, w, row_bytes, r0 + r, b).qs, d, m, wv);
         for (int i = 0; i < 4; ++i) _mm256_storeu_ps(dst + b * kQK + 8 * i, wv[i]);
       }
     }
@@ -447,14 +441,39 @@ void quantize_row_q8x_avx2(const float* x, BlockQ8x* out, std::int64_t k) {
   }
 }
 
-void gemm_q_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ8x* xq,
-                 std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+
+namespace {
+
+template <template <GgmlType, WeightLayout> class K, typename... Args>
+void by_type_and_layout(GgmlType type, WeightLayout layout, Args... args) {
+  const bool r4 = layout == WeightLayout::rows4;
   switch (type) {
-    case GgmlType::q8_0: gemm_q_typed<GgmlType::q8_0>(w, row_bytes, nw, xq, nx, k, y, ldy); return;
-    case GgmlType::q4_0: gemm_q_typed<GgmlType::q4_0>(w, row_bytes, nw, xq, nx, k, y, ldy); return;
-    case GgmlType::q4_1: gemm_q_typed<GgmlType::q4_1>(w, row_bytes, nw, xq, nx, k, y, ldy); return;
+    case GgmlType::q8_0:
+      return r4 ? K<GgmlType::q8_0, WeightLayout::rows4>::run(args...) : K<GgmlType::q8_0, WeightLayout::rows>::run(args...);
+    case GgmlType::q4_0:
+      return r4 ? K<GgmlType::q4_0, WeightLayout::rows4>::run(args...) : K<GgmlType::q4_0, WeightLayout::rows>::run(args...);
+    case GgmlType::q4_1:
+      return r4 ? K<GgmlType::q4_1, WeightLayout::rows4>::run(args...) : K<GgmlType::q4_1, WeightLayout::rows>::run(args...);
     default: return;
   }
+}
+
+template <GgmlType T, WeightLayout L>
+struct GemmQ {
+  template <typename... Args>
+  static void run(Args... args) { gemm_q_typed<T, L>(args...); }
+};
+template <GgmlType T, WeightLayout L>
+struct GemmQf {
+  template <typename... Args>
+  static void run(Args... args) { gemm_qf_typed<T, L>(args...); }
+};
+
+}  // namespace
+
+void gemm_q_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                 const BlockQ8x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  by_type_and_layout<GemmQ>(type, layout, w, row_bytes, nw, xq, nx, k, y, ldy);
 }
 
 void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
@@ -467,14 +486,9 @@ void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::
   }
 }
 
-void gemm_qf_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
-                  std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
-  switch (type) {
-    case GgmlType::q8_0: gemm_qf_typed<GgmlType::q8_0>(w, row_bytes, nw, x, ldx, nx, k, y, ldy); return;
-    case GgmlType::q4_0: gemm_qf_typed<GgmlType::q4_0>(w, row_bytes, nw, x, ldx, nx, k, y, ldy); return;
-    case GgmlType::q4_1: gemm_qf_typed<GgmlType::q4_1>(w, row_bytes, nw, x, ldx, nx, k, y, ldy); return;
-    default: return;
-  }
+void gemm_qf_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                  const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  by_type_and_layout<GemmQf>(type, layout, w, row_bytes, nw, x, ldx, nx, k, y, ldy);
 }
 
 #pragma GCC pop_options
@@ -483,17 +497,17 @@ void gemm_qf_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std:
 
 bool avx2_available() noexcept { return false; }
 void quantize_row_q8x_avx2(const float* x, BlockQ8x* out, std::int64_t k) { quantize_row_q8x_scalar(x, out, k); }
-void gemm_q_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ8x* xq,
-                 std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
-  gemm_q_scalar(type, w, row_bytes, nw, xq, nx, k, y, ldy);
+void gemm_q_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                 const BlockQ8x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  gemm_q_scalar(type, layout, w, row_bytes, nw, xq, nx, k, y, ldy);
 }
 void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
                  std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
   gemm_f_scalar(type, w, row_bytes, nw, x, ldx, nx, k, y, ldy);
 }
-void gemm_qf_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
-                  std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
-  gemm_qf_scalar(type, w, row_bytes, nw, x, ldx, nx, k, y, ldy);
+void gemm_qf_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                  const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  gemm_qf_scalar(type, layout, w, row_bytes, nw, x, ldx, nx, k, y, ldy);
 }
 
 #endif

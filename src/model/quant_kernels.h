@@ -1,11 +1,13 @@
 // Kernels behind kallpa::model::matmul / dequantize_row, each in a plain scalar reference and an
 // AVX2 (+FMA, F16C) version selected at run time. Tests compare the two.
 //
-// Tile kernels compute y[x * ldy + r] = sum_k W[r][k] * X[x][k] for r < nw weight rows (row_bytes
-// apart) and x < nx activation rows. For quantised weights (Q8_0/Q4_0/Q4_1) X is given as BlockQ8x
-// blocks (k / 32 per row, row x starting at xq + x * (k / 32)); for float weights (F32/F16/BF16) as
-// floats (ldx apart). Every output element is computed with the same sequence of operations whatever
-// nw/nx/tile it is part of, so results do not depend on batch size or thread count.
+// Tile kernels compute y[x * ldy + r] = sum_k W[r][k] * X[x][k] for r < nw weight rows and x < nx
+// activation rows. Quantised weights (Q8_0/Q4_0/Q4_1) come in either layout of WeightLayout (w
+// points at a row that starts a 4-row group in the rows4 layout); float weights (F32/F16/BF16) are
+// always row after row, row_bytes apart. For gemm_q_*, X is given as BlockQ8x blocks (k / 32 per
+// row, row x starting at xq + x * (k / 32)); for gemm_f_* and gemm_qf_* as floats (ldx apart).
+// Every output element is computed with the same sequence of operations whatever nw/nx/tile or
+// layout it is part of, so results do not depend on batch size, thread count or repacking.
 //
 // gemm_qf_* (exact activations) take quantised weights and float X (ldx apart). Each output is the
 // canonical f32 sum: weights dequantised exactly as dequantize_row_scalar (q*d, (q-8)*d, q*d + m:
@@ -19,33 +21,79 @@
 #include <cstdint>
 
 #include "kallpa/model/ggml_type.h"
+#include "kallpa/model/quant.h"
 #include "model/quant_types.h"
 
 namespace kallpa::model::kernels {
+
+inline bool is_quantized(GgmlType t) noexcept {
+  return t == GgmlType::q8_0 || t == GgmlType::q4_0 || t == GgmlType::q4_1;
+}
+
+// Sizes of one block of a quantised type: all of it, its quants, and whether it has a min (Q4_1).
+struct BlockGeom {
+  std::size_t bytes;
+  std::size_t qs_bytes;
+  bool has_m;
+};
+constexpr BlockGeom block_geom(GgmlType t) noexcept {
+  return t == GgmlType::q8_0   ? BlockGeom{sizeof(BlockQ8_0), kQK, false}
+         : t == GgmlType::q4_0 ? BlockGeom{sizeof(BlockQ4_0), kQK / 2, false}
+                               : BlockGeom{sizeof(BlockQ4_1), kQK / 2, true};
+}
+
+// Where block b of row r lives: its scale d (f16), min m (f16, Q4_1 only) and quants.
+// rows:  row r at w + r * row_bytes, its blocks one after another (ggml's block structs).
+// rows4: rows 4g..4g+3 at w + 4g * row_bytes; for each block b, in 4 * bytes: d[4], then m[4]
+//        (Q4_1), then the 4 rows' quants (qs_bytes each, ggml's nibble order).
+struct BlockAt {  // byte offsets from w
+  std::size_t d, m, qs;
+};
+constexpr BlockAt block_at(BlockGeom g, WeightLayout layout, std::size_t row_bytes, std::int64_t r,
+                           std::int64_t b) noexcept {
+  if (layout == WeightLayout::rows) {
+    const std::size_t p = static_cast<std::size_t>(r) * row_bytes + static_cast<std::size_t>(b) * g.bytes;
+    return {p, p + 2, p + (g.has_m ? 4 : 2)};
+  }
+  const auto i = static_cast<std::size_t>(r & 3);
+  const std::size_t p = static_cast<std::size_t>(r - static_cast<std::int64_t>(i)) * row_bytes +
+                        static_cast<std::size_t>(b) * 4 * g.bytes;
+  return {p + 2 * i, p + 8 + 2 * i, p + (g.has_m ? 16 : 8) + i * g.qs_bytes};
+}
+struct BlockPtr {
+  const std::byte* d;
+  const std::byte* m;
+  const std::byte* qs;
+};
+constexpr BlockPtr block_ptr(BlockGeom g, WeightLayout layout, const std::byte* w, std::size_t row_bytes,
+                             std::int64_t r, std::int64_t b) noexcept {
+  const BlockAt at = block_at(g, layout, row_bytes, r, b);
+  return {w + at.d, w + at.m, w + at.qs};
+}
+
+// Row r of a quantised matrix as ggml's row bytes (k / 32 blocks) in out.
+void load_row_ggml(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t r,
+                   std::int64_t k, std::byte* out);
 
 // --- scalar reference (quant_ref.cpp) ---
 void dequantize_row_scalar(GgmlType type, const void* src, float* dst, std::int64_t n);
 void quantize_row_scalar(GgmlType type, const float* src, void* dst, std::int64_t n);  // weights
 void quantize_row_q8x_scalar(const float* x, BlockQ8x* out, std::int64_t k);
-void gemm_q_scalar(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+void gemm_q_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                    const BlockQ8x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 void gemm_f_scalar(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                    const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
-void gemm_qf_scalar(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+void gemm_qf_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                     const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 
 // --- AVX2 + FMA + F16C (quant_dot_avx2.cpp); only call when avx2_available() ---
 bool avx2_available() noexcept;
 void quantize_row_q8x_avx2(const float* x, BlockQ8x* out, std::int64_t k);
-void gemm_q_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+void gemm_q_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                  const BlockQ8x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                  const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
-void gemm_qf_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+void gemm_qf_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                   const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
-
-inline bool is_quantized(GgmlType t) noexcept {
-  return t == GgmlType::q8_0 || t == GgmlType::q4_0 || t == GgmlType::q4_1;
-}
 
 }  // namespace kallpa::model::kernels

@@ -158,13 +158,27 @@ void quantize_row_q8x_scalar(const float* x, BlockQ8x* out, std::int64_t k) {
   }
 }
 
-void gemm_q_scalar(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ8x* xq,
-                   std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+void load_row_ggml(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t r,
+                   std::int64_t k, std::byte* out) {
+  const BlockGeom g = block_geom(type);
+  for (std::int64_t b = 0; b < k / kQK; ++b) {
+    const BlockPtr p = block_ptr(g, layout, w, row_bytes, r, b);
+    std::byte* o = out + static_cast<std::size_t>(b) * g.bytes;
+    std::memcpy(o, p.d, 2);
+    if (g.has_m) std::memcpy(o + 2, p.m, 2);
+    std::memcpy(o + (g.has_m ? 4 : 2), p.qs, g.qs_bytes);
+  }
+}
+
+void gemm_q_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                   const BlockQ8x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
   const std::int64_t nb = k / kQK;
+  std::vector<std::byte> row(row_bytes);
   for (std::int64_t x = 0; x < nx; ++x) {
     const BlockQ8x* xr = xq + x * nb;
     for (std::int64_t r = 0; r < nw; ++r) {
-      const std::byte* wr = w + static_cast<std::size_t>(r) * row_bytes;
+      load_row_ggml(type, layout, w, row_bytes, r, k, row.data());
+      const std::byte* wr = row.data();
       float acc = 0.0f;
       float macc = 0.0f;
       for (std::int64_t b = 0; b < nb; ++b) {
@@ -181,14 +195,14 @@ void gemm_q_scalar(GgmlType type, const std::byte* w, std::size_t row_bytes, std
             isum += (blk.qs[j] & 0x0f) * xb.qs[j] + (blk.qs[j] >> 4) * xb.qs[j + kQK / 2];
           }
           d = f16_to_f32(blk.d);
-          macc += -8.0f * d * xb.s;
+          macc = std::fma(-8.0f * d, xb.s, macc);
         } else {  // q4_1
           const auto blk = load<BlockQ4_1>(wr + b * static_cast<std::int64_t>(sizeof(BlockQ4_1)));
           for (int j = 0; j < kQK / 2; ++j) {
             isum += (blk.qs[j] & 0x0f) * xb.qs[j] + (blk.qs[j] >> 4) * xb.qs[j + kQK / 2];
           }
           d = f16_to_f32(blk.d);
-          macc += f16_to_f32(blk.m) * xb.s;
+          macc = std::fma(f16_to_f32(blk.m), xb.s, macc);
         }
         acc += static_cast<float>(isum) * (d * xb.d);
       }
@@ -220,11 +234,13 @@ void gemm_f_scalar(GgmlType type, const std::byte* w, std::size_t row_bytes, std
   }
 }
 
-void gemm_qf_scalar(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
-                    std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+void gemm_qf_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                    const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
   std::vector<float> wrow(static_cast<std::size_t>(k));
+  std::vector<std::byte> row(row_bytes);
   for (std::int64_t r = 0; r < nw; ++r) {
-    dequantize_row_scalar(type, w + static_cast<std::size_t>(r) * row_bytes, wrow.data(), k);
+    load_row_ggml(type, layout, w, row_bytes, r, k, row.data());
+    dequantize_row_scalar(type, row.data(), wrow.data(), k);
     for (std::int64_t xi = 0; xi < nx; ++xi) {
       const float* xr = x + xi * ldx;
       float a[8] = {};

@@ -1,5 +1,12 @@
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define KALLPA_X86 1
+#endif
 
 #include "core/parallel.h"
 #include "kallpa/runtime/ops.h"
@@ -19,9 +26,54 @@ void for_rows(std::int64_t rows, std::int64_t row_elements, Fn fn) {
   }
 }
 
+#if KALLPA_X86
+// exp(x) for x in [-87, 88] (clamped outside), Cephes' expf: 2^n * p(r), r = x - n ln2 in
+// [-ln2/2, ln2/2], degree-5 polynomial; within 2 ulp of expf.
+__attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// The vectorised part of swiglu (a multiple of 8 elements); returns how many it did. The tail
+// and non-AVX2 machines use std::exp.
+__attribute__((target("avx2,fma"))) std::int64_t swiglu_avx2(const float* gate, const float* up, float* out,
+                                                             std::int64_t n) {
+  std::int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = exp_avx2(_mm256_xor_ps(g, sign));
+    const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+  }
+  return i;
+}
+#endif
+
 class CpuOps final : public Ops {
  public:
   std::string_view device_name() const noexcept override { return "cpu"; }
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  // KALLPA_MATMUL_ACTIVATIONS=q8 opts into Q8-quantised activations (faster, not exact; see
+  // kallpa/model/quant.h); the default is exact f32 activations.
+  const model::MatmulOptions matmul_options_ = [] {
+    model::MatmulOptions o;
+    const char* e = std::getenv("KALLPA_MATMUL_ACTIVATIONS");
+    if (e != nullptr && std::string_view(e) == "q8") o.activations = model::MatmulOptions::Activations::q8;
+    return o;
+  }();
 
   Status embedding(const model::WeightMatrix& table, std::span<const std::int32_t> ids, float* out) override {
     for (std::size_t t = 0; t < ids.size(); ++t) {
@@ -48,7 +100,7 @@ class CpuOps final : public Ops {
   }
 
   Status matmul(const model::WeightMatrix& w, const float* x, std::int64_t rows, float* y) override {
-    return model::matmul(w, x, rows, w.cols, y, w.rows);
+    return model::matmul(w, x, rows, w.cols, y, w.rows, matmul_options_);
   }
 
   void rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
@@ -78,7 +130,11 @@ class CpuOps final : public Ops {
   }
 
   void swiglu(const float* gate, const float* up, float* out, std::int64_t n) override {
-    for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t i = 0;
+#if KALLPA_X86
+    if (avx2) i = swiglu_avx2(gate, up, out, n);
+#endif
+    for (; i < n; ++i) {
       const float g = gate[i];
       out[i] = g / (1.0f + std::exp(-g)) * up[i];
     }

@@ -3,15 +3,47 @@
 #include <algorithm>
 #include <chrono>
 
+#include <sys/mman.h>
+
 #include <fmt/format.h>
 
 #include "kallpa/model/gguf_tokenizer.h"
 
 namespace kallpa::runtime {
 
+namespace {
+
+// Reads one byte per page of the weights, so that the disk reads happen here, with progress shown,
+// rather than as page faults spread over the first forward passes (which would make the first
+// tokens look slow and the load look instant).
+void page_in_weights(const model::GgufFile& file, const std::function<void(const LoadProgress&)>& on_progress) {
+  const std::uint64_t begin = file.data_offset();
+  const std::uint64_t total = file.file_size() > begin ? file.file_size() - begin : 0;
+  if (total == 0 || file.base() == nullptr) return;
+  const std::byte* data = file.base() + begin;
+  constexpr std::uint64_t kChunk = 8u << 20;
+  constexpr std::uint64_t kPage = 4096;
+  // Asks the kernel to start reading ahead; advisory, so a failure changes nothing.
+  const auto page_start = reinterpret_cast<std::uintptr_t>(data) & ~(kPage - 1);
+  (void)madvise(reinterpret_cast<void*>(page_start), total + (reinterpret_cast<std::uintptr_t>(data) - page_start),
+                MADV_WILLNEED);
+  volatile unsigned char sink = 0;
+  for (std::uint64_t done = 0; done < total;) {
+    const std::uint64_t end = std::min(total, done + kChunk);
+    unsigned char acc = 0;
+    for (std::uint64_t at = done; at < end; at += kPage) acc ^= static_cast<unsigned char>(data[at]);
+    sink = sink ^ acc;
+    done = end;
+    if (on_progress) on_progress({done, total});
+  }
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   auto file = model::GgufFile::open(options.model_path);
   if (!file) return file.status();
+  page_in_weights(**file, options.on_progress);
   return load(*file, options);
 }
 
@@ -29,9 +61,9 @@ Result<std::unique_ptr<Engine>> Engine::load(std::shared_ptr<const model::GgufFi
     return Status::invalid("tokenizer.ggml.tokens", fmt::format("{} tokens, but the model's output has {} rows",
                                                                 e->tokenizer_->vocab_size(), e->model_->config().vocab_size));
   }
-  KvCacheOptions cache = options.cache;
-  cache.max_tokens = std::min<std::int64_t>(cache.max_tokens, e->model_->config().context_length);
-  auto kv = e->model_->make_cache(cache);
+  // The cache's capacity is shared by every sequence, so it is not capped at the model's context
+  // length: that limit applies per sequence (generate() and the scheduler check it).
+  auto kv = e->model_->make_cache(options.cache);
   if (!kv) return kv.status();
   e->cache_ = std::move(*kv);
   e->ops_ = make_cpu_ops();
@@ -51,6 +83,13 @@ void Session::reset() {
   tokens_.clear();
   logits_.clear();
   sampler_.reset();
+}
+
+void Session::rewind(std::int64_t position) {
+  position = std::clamp<std::int64_t>(position, 0, this->position());
+  engine_->cache().truncate(seq_, position);
+  tokens_.resize(static_cast<std::size_t>(position));
+  logits_.clear();
 }
 
 Status Session::feed(std::span<const std::int32_t> tokens) {

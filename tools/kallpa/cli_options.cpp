@@ -1,4 +1,5 @@
-// Global options: dispatch choice (--attention, --strict, KALLPA_ATTENTION*), logging.
+// Global options: dispatch choice (--attention, --strict, KALLPA_ATTENTION*), logging, plugins and
+// health checks.
 #include <memory>
 #include <string>
 
@@ -7,6 +8,8 @@
 #include <spdlog/spdlog.h>
 
 #include "cli.h"
+#include "kallpa/health.h"
+#include "kallpa/plugin.h"
 
 namespace kallpa::cli {
 
@@ -22,6 +25,29 @@ void add_global_options(CLI::App& app, GlobalOptions& options) {
       ->envname("KALLPA_LOG_LEVEL")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
       ->capture_default_str();
+  app.add_option("--plugin", options.plugins,
+                 "Load an attention backend plugin (a shared library; repeatable; also "
+                 "KALLPA_PLUGIN_PATH=LIB|DIR[:...])")
+      ->type_name("PATH");
+  app.add_flag("--no-health-check", options.no_health_check,
+               "Select backends without running their canary health check first (faster start-up; "
+               "also KALLPA_SKIP_HEALTH_CHECK=1)");
+}
+
+void setup_backends(const GlobalOptions& options) {
+  BackendRegistry& registry = BackendRegistry::global();
+  if (options.no_health_check) registry.set_health_check(skipped_health_check("--no-health-check"));
+  std::vector<PluginLoadReport> reports = load_env_plugins();
+  for (const std::string& path : options.plugins) {
+    std::vector<PluginLoadReport> more = load_plugins(path, registry);
+    reports.insert(reports.end(), more.begin(), more.end());
+  }
+  for (const PluginLoadReport& r : reports) {
+    // load_plugins logs at warn; say it here too when logging is quieter, so it is never silent.
+    if (!r.status && spdlog::get_level() > spdlog::level::warn) {
+      fmt::print(stderr, "kallpa: plugin {} not loaded: {}\n", r.path, r.status.message());
+    }
+  }
 }
 
 void configure_logging(const GlobalOptions& options) {

@@ -18,7 +18,11 @@ struct BackendsOptions {
 };
 
 int list_backends(const BackendsOptions& options) {
-  const std::vector<BackendInfo> backends = BackendRegistry::global().list();
+  BackendRegistry& registry = BackendRegistry::global();
+  // What a dispatcher would do before its first choice: the canary health check (health.h).
+  registry.ensure_checked();
+  const std::vector<BackendInfo> backends = registry.list();
+  const HealthCounters counters = registry.health_counters();
   if (options.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const BackendInfo& info : backends) {
@@ -29,6 +33,7 @@ int list_backends(const BackendsOptions& options) {
                      {"priority", b.priority()},
                      {"health", health_name(info.health)},
                      {"health_reason", info.health_reason},
+                     {"run_failures", info.run_failures},
                      {"description", b.description()}});
     }
     fmt::print("{}\n", out.dump(2));
@@ -45,7 +50,8 @@ int list_backends(const BackendsOptions& options) {
                    std::string(b.description())});
   }
   table.print(stdout);
-  fmt::print("{} backend(s)\n", backends.size());
+  fmt::print("{} backend(s); health check: {} checked, {} quarantined, {:.1f} ms\n", backends.size(),
+             counters.checked, counters.quarantined_at_check, counters.check_milliseconds);
   return kExitOk;
 }
 

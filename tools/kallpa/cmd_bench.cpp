@@ -1,4 +1,4 @@
-// `kallpa bench attention`: every selected backend on every shape, side by side, against the
+// `kallpa bench attention` and `kallpa bench peak` (`bench model` lives in cmd_bench_model.cpp): every selected backend on every shape, side by side, against the
 // machine's measured peaks (the harness in src/harness does the work).
 #include <cstdlib>
 #include <string>
@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "cli.h"
+#include "cmd_bench_model.h"
 #include "harness/attention_bench.h"
 #include "harness/peak.h"
 #include "kallpa/problem_spec.h"
@@ -115,7 +116,11 @@ Command add_bench_command(CLI::App& app) {
   peak->add_option("--threads,-t", options->threads, "Threads (default: all cores)")->check(CLI::Range(1, 1024));
   peak->add_flag("--json", options->json, "One JSON object on stdout");
   peak->parse_complete_callback([options] { options->peak_only = true; });
-  return {bench, [options](const GlobalOptions&) { return run_bench(*options); }};
+  auto run_model = add_bench_model_subcommand(bench);
+  CLI::App* model = bench->get_subcommand("model");
+  return {bench, [options, model, run_model](const GlobalOptions& global) {
+            return model->parsed() ? run_model(global) : run_bench(*options);
+          }};
 }
 
 }  // namespace kallpa::cli

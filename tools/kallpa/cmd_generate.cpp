@@ -11,17 +11,11 @@
 
 #include "cli.h"
 #include "kallpa/runtime/engine.h"
-#include "model_path.h"
+#include "engine_cli.h"
 #include "output.h"
 
 namespace kallpa::cli {
 namespace {
-
-struct EngineCliOptions {
-  std::string model;
-  int threads = 0;
-  std::int64_t context = 4096;  // KV cache capacity in tokens
-};
 
 struct SamplingCliOptions {
   float temperature = 0.8f;
@@ -32,14 +26,6 @@ struct SamplingCliOptions {
   std::int64_t seed = -1;  // -1: random
   std::int64_t max_tokens = 256;
 };
-
-void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
-  sub->add_option("-m,--model", o.model, "GGUF model (default: $KALLPA_MODEL or models/" +
-                                             std::string(kDefaultModelFile) + ")");
-  sub->add_option("--threads,-t", o.threads, "CPU threads (default: all cores; env KALLPA_THREADS)")
-      ->check(CLI::Range(1, 1024));
-  sub->add_option("--context", o.context, "KV cache capacity in tokens")->check(CLI::Range(16, 1 << 20));
-}
 
 void add_sampling_options(CLI::App* sub, SamplingCliOptions& o) {
   sub->add_option("-n,--max-tokens", o.max_tokens, "Tokens to generate at most")->check(CLI::Range(1, 1 << 20));
@@ -61,36 +47,6 @@ Result<runtime::SamplingParams> sampling_params(const SamplingCliOptions& o) {
   p.seed = o.seed >= 0 ? static_cast<std::uint64_t>(o.seed) : std::random_device{}();
   if (Status s = p.validate(); !s) return s;
   return p;
-}
-
-// Loads the engine; prints the error and returns nullptr on failure (exit code in *code).
-std::unique_ptr<runtime::Engine> load_engine(const EngineCliOptions& o, const GlobalOptions& global, int* code) {
-  if (o.threads > 0) setenv("KALLPA_THREADS", std::to_string(o.threads).c_str(), 1);  // before the pool starts
-  runtime::EngineOptions options;
-  options.model_path = o.model.empty() ? default_model_path() : o.model;
-  if (options.model_path.empty()) {
-    print_error("", Status(ErrorCode::not_found, "model",
-                           fmt::format("no -m given and {} not found; run `bash scripts/fetch_model.sh` or set "
-                                       "KALLPA_MODEL",
-                                       kDefaultModelFile)));
-    *code = kExitUsage;
-    return nullptr;
-  }
-  auto dispatch = dispatch_options(global, BackendRegistry::global());
-  if (!dispatch) {
-    print_error("", dispatch.status());
-    *code = kExitUsage;
-    return nullptr;
-  }
-  options.attention = *dispatch;
-  options.cache.max_tokens = o.context;
-  auto engine = runtime::Engine::load(options);
-  if (!engine) {
-    print_error(fmt::format("cannot load {}", options.model_path), engine.status());
-    *code = engine.status().code() == ErrorCode::not_found ? kExitUsage : kExitFailure;
-    return nullptr;
-  }
-  return std::move(*engine);
 }
 
 // Sampling options checked first (a bad value should not wait for a model load), then the engine.

@@ -27,13 +27,13 @@ int main(int argc, char** argv) {
     const std::vector<Command> commands = {add_demo_command(app), add_backends_command(app),
                                            add_conformance_command(app), add_bench_command(app),
                                            add_generate_command(app),    add_chat_command(app),
-                                           add_tokenize_command(app)};
+                                           add_tokenize_command(app),    add_serve_command(app)};
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
       if (app.get_subcommands().empty() && !app.remaining().empty()) {
         // `kallpa frobnicate`: say so, rather than CLI11's "a subcommand is required".
-        fmt::print(stderr, "kallpa: unknown command '{}' (commands: generate, chat, tokenize, demo, backends, conformance, bench)\n"
+        fmt::print(stderr, "kallpa: unknown command '{}' (commands: generate, chat, tokenize, serve, demo, backends, conformance, bench)\n"
                            "Run with --help for more information.\n",
                    app.remaining().front());
         return kExitUsage;
@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
     }
 
     configure_logging(global);
+    setup_backends(global);
     for (const Command& command : commands) {
       if (command.app->parsed()) return command.run(global);
     }

@@ -62,6 +62,9 @@ class LlamaModel {
   std::shared_ptr<const GgufFile> file_;
   ModelConfig config_;
   WeightMatrix token_embd_, output_;
+  // The matrix products' weights repacked at load for the SIMD kernels (model/repack.h); the
+  // embedding lookup keeps reading the file. Held by pointer so this header needs no src/ include.
+  std::shared_ptr<const void> repacked_;
   const float* output_norm_ = nullptr;
   std::vector<Layer> layers_;
 

@@ -10,8 +10,10 @@
 //   - Activations::q8: each x row is first quantised to Q8 blocks of 32 (one scale per block,
 //     round-to-nearest-even) and the products run in integer arithmetic (llama.cpp does the same);
 //     the result differs from the exact product by at most sum_j |W[i][j]| * max|x_block| / 254
-//     (plus float rounding). Faster for large batches, but the noise (~0.5% per dot) can change a
-//     small model's greedy answers.
+//     (plus float rounding). Faster (decode GEMVs ~1.5-2x on AVX2), but the noise (~0.5% per dot)
+//     changes a small model's greedy answers: SmolLM2-135M's answer to "What is the capital of
+//     France?" turns to nonsense with it (scalar reference and AVX2 alike), so it is opt-in only
+//     (KALLPA_MATMUL_ACTIVATIONS=q8 for the CPU ops).
 // F32/F16/BF16 weights always use f32 x directly (the option is ignored for them).
 //
 // Every output element is computed by the same sequence of operations whatever batch size, batch
@@ -31,13 +33,22 @@
 
 namespace kallpa::model {
 
-// A row-major weight matrix: rows x cols elements of `type`, row_bytes apart.
+// How a quantised matrix's blocks are laid out in memory.
+enum class WeightLayout : std::uint8_t {
+  rows,   // ggml's: row after row, each row its blocks in order (as in a GGUF file)
+  rows4,  // kallpa's repacked one (model/repack.h): groups of 4 rows, block-interleaved, scales
+          // gathered per block, for SIMD kernels; same bytes per 4 rows, rows % 4 == 0
+};
+
+// A weight matrix: rows x cols elements of `type`, row_bytes per row (row r of the rows layout
+// starts at r * row_bytes; in rows4, group g of rows 4g..4g+3 starts at 4g * row_bytes).
 struct WeightMatrix {
   GgmlType type = GgmlType::f32;
   const void* data = nullptr;
   std::int64_t rows = 0;        // n (outputs)
   std::int64_t cols = 0;        // k (inputs), a multiple of the type's block size
   std::uint64_t row_bytes = 0;  // bytes per row
+  WeightLayout layout = WeightLayout::rows;
 };
 
 // The 2-D view of a tensor (ne = {cols, rows}); invalid_argument (field = tensor name) if it has

@@ -6,6 +6,7 @@
 //   auto result = generate(session, prompt_ids, {.max_tokens = 64}, [](std::string_view t) { ... });
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -23,8 +24,16 @@
 
 namespace kallpa::runtime {
 
+// How far a load has come, for a progress indicator: `done` of `total` bytes of weights paged in.
+struct LoadProgress {
+  std::uint64_t done = 0;
+  std::uint64_t total = 0;
+};
+
 struct EngineOptions {
   std::string model_path;
+  // Called from the loading thread as weights are paged in (never after load returns).
+  std::function<void(const LoadProgress&)> on_progress;
   DispatchOptions attention;     // which attention backends; default: automatic
   KvCacheOptions cache;          // capacity over all sessions
   std::int64_t prefill_chunk = 256;  // prompt tokens per forward pass
@@ -75,6 +84,9 @@ class Session {
   Result<std::int32_t> sample();
   // Empties the context and restarts the sampler's random stream.
   void reset();
+  // Forgets every token from `position` on (clamped to [0, position()]) and frees their KV blocks;
+  // the logits are gone too, so feed at least one token before sampling again.
+  void rewind(std::int64_t position);
 
   std::int64_t position() const noexcept { return static_cast<std::int64_t>(tokens_.size()); }
   const std::vector<std::int32_t>& tokens() const noexcept { return tokens_; }

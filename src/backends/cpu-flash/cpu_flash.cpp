@@ -269,6 +269,69 @@ Plan make_plan(const ValidatedProblem& vp) {
   return plan;
 }
 
+bool decode_applicable(const ValidatedProblem& vp) noexcept {
+  return fast_applicable(vp) && vp.max_seqlen_q() * vp.group_size() <= kDecodeMaxRows;
+}
+
+DecodePlan make_decode_plan(const ValidatedProblem& vp) {
+  DecodePlan plan;
+  struct Seq {
+    std::int32_t b;
+    std::int64_t lo, hi;
+  };
+  std::vector<Seq> seqs;
+  std::int64_t total = 0;
+  for (std::int32_t b = 0; b < vp.batch(); ++b) {
+    const std::int64_t sq = vp.seqlen_q(b);
+    if (sq == 0) continue;
+    std::int64_t lo = std::numeric_limits<std::int64_t>::max(), hi = -1;
+    for (std::int64_t i = 0; i < sq; ++i) {
+      const auto r = vp.visible_keys(b, i);
+      if (r.first > r.last) continue;
+      lo = std::min(lo, r.first);
+      hi = std::max(hi, r.last);
+    }
+    if (hi < 0) lo = hi = 0;  // no visible key: the task only writes zeros
+    else ++hi;
+    seqs.push_back({b, lo, hi});
+    total += hi - lo;
+    plan.kv_bytes += static_cast<double>(hi - lo) * vp.hkv() *
+                     (vp.head_dim() * static_cast<double>(dtype_size(vp.problem().k.dtype)) +
+                      vp.head_dim_v() * static_cast<double>(dtype_size(vp.problem().v.dtype)));
+    plan.rows_max = std::max<std::int64_t>(plan.rows_max, sq * vp.hq());
+  }
+  // Chunks from the shape only (never the thread count), so results do not depend on threads.
+  const std::int64_t chunk = std::clamp(round_up((total + kDecodeChunksTarget - 1) / kDecodeChunksTarget, kDecodeBlock),
+                                        kDecodeMinChunk, kDecodeMaxChunk);
+  for (const Seq& s : seqs) {
+    const std::int64_t span = s.hi - s.lo;
+    std::int64_t n = std::max<std::int64_t>(1, (span + chunk - 1) / chunk);
+    const std::int64_t per = n == 1 ? span : round_up((span + n - 1) / n, kDecodeBlock);
+    if (n > 1) n = (span + per - 1) / per;
+    DecodeTask t;
+    t.b = s.b;
+    t.chunks = static_cast<std::int32_t>(n);
+    if (n > 1) {
+      t.first_slot = plan.n_slots;
+      t.counter = static_cast<std::int32_t>(plan.n_counters++);
+      plan.n_slots += n;
+    }
+    for (std::int64_t c = 0; c < n; ++c) {
+      t.chunk = static_cast<std::int32_t>(c);
+      t.k_begin = s.lo + c * per;
+      t.k_end = n == 1 ? s.hi : std::min(s.hi, t.k_begin + per);
+      plan.tasks.push_back(t);
+    }
+  }
+  // Longest chunks first, so that the last tasks handed out are short and the threads finish together.
+  std::stable_sort(plan.tasks.begin(), plan.tasks.end(), [&](const DecodeTask& a, const DecodeTask& b) {
+    return (a.k_end - a.k_begin) * vp.seqlen_q(a.b) > (b.k_end - b.k_begin) * vp.seqlen_q(b.b);
+  });
+  plan.worker_bytes = decode_layout(plan.rows_max, vp.head_dim(), vp.head_dim_v()).total;
+  plan.slot_bytes = static_cast<std::size_t>(round_up((2 * plan.rows_max + plan.rows_max * vp.head_dim_v()) * 4, 64));
+  return plan;
+}
+
 // Above reference (0): the default CPU backend. Passes the full conformance matrix.
 int CpuFlashBackend::priority() const noexcept { return 100; }
 
@@ -283,11 +346,17 @@ bool CpuFlashBackend::uses_fast_path(const ValidatedProblem& vp) const noexcept 
   return options_.path != Path::generic && fast_applicable(vp);
 }
 
+bool CpuFlashBackend::use_decode_path(const ValidatedProblem& vp) const noexcept {
+  return options_.decode != DecodeKernel::tiled && decode_applicable(vp);
+}
+
 std::size_t CpuFlashBackend::workspace_size(const ValidatedProblem& vp) const noexcept {
   if (!uses_fast_path(vp) || vp.total_q() == 0) return 0;
   try {
+    const int threads = parallel::ThreadPool::global().threads_for(options_.threads);
+    if (use_decode_path(vp)) return make_decode_plan(vp).workspace_bytes(threads);
     const Plan plan = make_plan(vp);
-    return plan.workspace_bytes(parallel::ThreadPool::global().threads_for(options_.threads));
+    return plan.workspace_bytes(threads);
   } catch (...) {
     return 0;
   }
@@ -297,10 +366,40 @@ std::string CpuFlashBackend::simd_target() { return fast_target_name(); }
 std::vector<std::string> CpuFlashBackend::simd_targets() { return fast_target_names(); }
 bool CpuFlashBackend::force_simd_target(const std::string& name) { return force_fast_target(name); }
 
+Status CpuFlashBackend::run_decode(const ValidatedProblem& vp, Workspace workspace) const {
+  const DecodePlan plan = make_decode_plan(vp);
+  auto& pool = parallel::ThreadPool::global();
+  const int threads = pool.threads_for(options_.threads);
+  const std::size_t need = plan.workspace_bytes(threads);
+  std::unique_ptr<std::byte[]> owned;
+  std::byte* base = static_cast<std::byte*>(workspace.data);
+  if (base == nullptr || workspace.bytes < need) {
+    owned.reset(new (std::nothrow) std::byte[need]);
+    if (!owned) return Status(ErrorCode::out_of_memory, "workspace", "cpu-flash could not allocate scratch");
+    base = owned.get();
+  }
+  const auto addr = reinterpret_cast<std::uintptr_t>(base);
+  base += (64 - addr % 64) % 64;
+  std::byte* slots = base + static_cast<std::size_t>(threads) * plan.worker_bytes;
+  auto* counters = reinterpret_cast<std::int32_t*>(slots + static_cast<std::size_t>(plan.n_slots) * plan.slot_bytes);
+  std::fill(counters, counters + plan.n_counters, 0);
+  const bool direct = options_.decode == DecodeKernel::direct ||
+                      (options_.decode == DecodeKernel::automatic && plan.kv_bytes <= kDecodeDirectMaxBytes);
+  pool.parallel_for(
+      static_cast<std::int64_t>(plan.tasks.size()),
+      [&](std::int64_t t, int worker) {
+        run_decode_task(vp, plan, plan.tasks[static_cast<std::size_t>(t)],
+                        base + static_cast<std::size_t>(worker) * plan.worker_bytes, slots, counters, direct);
+      },
+      threads);
+  return Status::ok();
+}
+
 Status CpuFlashBackend::run(const ValidatedProblem& vp, Workspace workspace) noexcept {
   try {
     if (vp.total_q() == 0) return Status::ok();
     if (!uses_fast_path(vp)) return run_generic(vp, options_.threads);
+    if (use_decode_path(vp)) return run_decode(vp, workspace);
 
     const Plan plan = make_plan(vp);
     auto& pool = parallel::ThreadPool::global();

@@ -21,9 +21,19 @@ enum class Path : int {
   fast = 2,       // tiled SIMD path; falls back to generic when its conditions do not hold
 };
 
+// Kernel generation for decode-shaped problems (Sq * group <= 16 rows per KV head); the older ones
+// stay selectable so that benchmarks compare them side by side.
+enum class DecodeKernel : int {
+  automatic = 0,  // direct while the K/V of the call fit in cache, else staged
+  tiled = 2,      // v2: the general tiled path (per-head tasks, split-KV)
+  staged = 3,     // v3: key-chunk tasks over all heads, each block converted to f32 scratch first
+  direct = 4,     // v4: like staged, but K/V rows read in place (F16C / bf16 promote in registers)
+};
+
 struct Options {
   int threads = 0;  // 0: every thread of the global pool
   Path path = Path::automatic;
+  DecodeKernel decode = DecodeKernel::automatic;
 };
 
 class CpuFlashBackend final : public AttentionBackend {
@@ -53,6 +63,9 @@ class CpuFlashBackend final : public AttentionBackend {
   static bool force_simd_target(const std::string& name);
 
  private:
+  bool use_decode_path(const ValidatedProblem& problem) const noexcept;
+  Status run_decode(const ValidatedProblem& problem, Workspace workspace) const;
+
   Options options_;
 };
 

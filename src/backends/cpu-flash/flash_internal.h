@@ -100,6 +100,91 @@ Plan make_plan(const ValidatedProblem& problem);
 // partial slot (null when the task writes o/lse directly).
 void run_fast_task(const ValidatedProblem& problem, const Plan& plan, const Task& task, void* scratch,
                    float* partial);
+// ---------------------------------------------------------------------------------------------
+// Decode path (few query rows per KV head, long KV): one task is a chunk of keys of one sequence
+// against every query row of that sequence, all KV heads. The chunk streams K/V in memory order
+// (every head of a key row is used while it is in cache) and each chunk of a split sequence writes
+// a partial (m, l, o) that the last chunk to finish merges, so one parallel_for does everything.
+
+inline constexpr std::int64_t kDecodeMaxRows = 16;   // query rows per KV head (Sq * group) at most
+inline constexpr std::int64_t kDecodeBlock = 32;     // keys per block inside a chunk
+inline constexpr std::int64_t kDecodeMinChunk = 256; // keys
+inline constexpr std::int64_t kDecodeMaxChunk = 8192;
+inline constexpr std::int64_t kDecodeChunksTarget = 16;  // chunks for the whole call, if long enough
+// Reading K/V in place wins while they are cache resident (a third fewer instructions); streamed
+// from DRAM, converting each block in one sequential pass first keeps more misses in flight
+// (measured side by side in bench/cpu_flash_bench.cpp: v3 staged vs v4 direct).
+inline constexpr double kDecodeDirectMaxBytes = 4.0 * 1024 * 1024;
+
+struct DecodeTask {
+  std::int32_t b = 0;
+  std::int32_t chunk = 0;   // index within the sequence
+  std::int32_t chunks = 1;  // chunks of the sequence; 1: the task writes o/lse itself
+  std::int64_t k_begin = 0, k_end = 0;
+  std::int64_t first_slot = 0;  // partial slot of chunk 0 of this sequence (chunks > 1)
+  std::int32_t counter = -1;    // index of the sequence's completion counter (chunks > 1)
+};
+
+struct DecodePlan {
+  std::vector<DecodeTask> tasks;  // longest first
+  std::int64_t rows_max = 0;      // max over sequences of Sq_b * Hq
+  std::int64_t n_slots = 0;
+  std::int64_t n_counters = 0;
+  std::size_t worker_bytes = 0;
+  std::size_t slot_bytes = 0;     // m[rows_max], l[rows_max], o[rows_max][Dv]
+  double kv_bytes = 0.0;          // K/V bytes the call reads
+
+  std::size_t workspace_bytes(int threads) const {
+    return static_cast<std::size_t>(threads) * worker_bytes + static_cast<std::size_t>(n_slots) * slot_bytes +
+           static_cast<std::size_t>(round_up(n_counters * 4, 64)) + 64;
+  }
+};
+
+// Per-worker scratch of the decode path, byte offsets (each 64-aligned).
+struct DecodeLayout {
+  std::int64_t dp = 0, dvp = 0;
+  std::size_t q = 0;     // f32 [rows][Dp], scaled; rows ordered (kvh, i, g)
+  std::size_t acc = 0;   // f32 [rows][Dvp]
+  std::size_t m = 0, l = 0;  // f32 [rows]
+  std::size_t s = 0;     // f32 [kDecodeMaxRows][kDecodeBlock]
+  std::size_t k = 0;     // f32 [kDecodeBlock][Dp]
+  std::size_t v = 0;     // f32 [kDecodeBlock][Dvp]
+  std::size_t koff = 0, voff = 0;  // int64 [2][kDecodeBlock]: row offsets of this and the next block
+  std::size_t total = 0;
+};
+
+inline DecodeLayout decode_layout(std::int64_t rows_max, std::int64_t d, std::int64_t dv) {
+  DecodeLayout L;
+  L.dp = round_up(d, kAlign);
+  L.dvp = round_up(dv, kAlign);
+  std::size_t at = 0;
+  auto take = [&](std::int64_t bytes) {
+    const std::size_t off = at;
+    at += static_cast<std::size_t>(round_up(bytes, 64));
+    return off;
+  };
+  const std::int64_t rows = rows_max < 1 ? 1 : rows_max;
+  L.q = take(rows * L.dp * 4);
+  L.acc = take(rows * L.dvp * 4);
+  L.m = take(rows * 4);
+  L.l = take(rows * 4);
+  L.s = take(kDecodeMaxRows * kDecodeBlock * 4);
+  L.k = take(kDecodeBlock * L.dp * 4);
+  L.v = take(kDecodeBlock * L.dvp * 4);
+  L.koff = take(2 * kDecodeBlock * 8);
+  L.voff = take(2 * kDecodeBlock * 8);
+  L.total = at;
+  return L;
+}
+
+bool decode_applicable(const ValidatedProblem& problem) noexcept;
+DecodePlan make_decode_plan(const ValidatedProblem& problem);
+// Runs one chunk. `slots` and `counters` are the call's partial slots and completion counters
+// (zeroed before the parallel_for); the last chunk of a split sequence merges and writes o/lse.
+// allow_direct: read K/V in place when the layout allows (else convert each block to f32 first).
+void run_decode_task(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
+                     void* scratch, std::byte* slots, std::int32_t* counters, bool allow_direct);
+
 std::string fast_target_name();              // the target the dispatcher uses now
 std::vector<std::string> fast_target_names();  // compiled and supported by this CPU, best first
 bool force_fast_target(const std::string& name);  // tests: pin one target ("" restores)

@@ -1,0 +1,163 @@
+// Continuous batching: many requests share the engine's forward passes.
+//
+// One scheduler thread owns the model. Each step it builds one batch for LlamaModel::forward:
+// first one decode token for every running sequence (so a long prompt never stalls the streams
+// already running), then prefill chunks of waiting prompts while the step's token budget lasts.
+// Requests are admitted from a bounded FIFO queue between steps, as soon as the KV cache can hold
+// their worst case (prompt + max_tokens, capped by the context): admission never over-commits the
+// cache, so a running sequence never runs out of KV blocks and never touches another's.
+//
+//   Scheduler sched(engine, {});
+//   auto handle = sched.submit({.prompt = ids, .sampling = {...}, .max_tokens = 64},
+//                              {.on_text = ..., .on_done = ...});
+//   handle->cancel();   // e.g. the client went away: its KV blocks are freed at the next step
+//
+// Batching guarantee: a request's logits are those it would get alone, up to float reordering
+// inside attention; its sampling (sampler, seed, stop, limits) is its own. So the same seed gives
+// the same text alone or batched, except where a reordering-sized difference tips a draw. The
+// scheduler's part is exact: prefill chunk boundaries are fixed positions (multiples of
+// prefill_chunk) whatever else is in the batch, and the rest of the forward pass is row-wise
+// (quantised matmul with exact f32 activations, norms, RoPE), so alone and batched differ only
+// where an attention backend sums a sequence's keys in a batch-dependent order (cpu-flash sizes its
+// split-KV decode chunks from the whole batch, and picks its decode kernel by the batch's longest
+// query). In practice the texts are identical: tests/scheduler_test.cpp and tests/server check
+// equality, and SmolLM2 gave identical seeded texts for 6 mixed-length requests alone and batched.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "kallpa/runtime/engine.h"
+#include "kallpa/runtime/sampler.h"
+#include "kallpa/status.h"
+
+namespace kallpa::runtime {
+
+struct SchedulerOptions {
+  // Tokens per forward pass (decode tokens + prefill chunks). A step may exceed it by one chunk
+  // when nothing else would let a waiting prompt progress.
+  std::int64_t max_batch_tokens = 512;
+  // Prompt tokens per prefill chunk; chunks always start at multiples of it.
+  std::int64_t prefill_chunk = 256;
+  std::int32_t max_running = 32;  // sequences admitted at once
+  std::int64_t max_queue = 64;    // requests waiting for admission; more are refused
+};
+
+struct RequestOptions {
+  std::vector<std::int32_t> prompt;
+  SamplingParams sampling;
+  std::int64_t max_tokens = 128;  // also capped by the model's context
+  std::vector<std::string> stop;  // stop strings: end generation, never emitted
+  bool stop_at_eos = true;
+};
+
+struct Completion {
+  Status status;              // not ok when finish_reason is "error"
+  std::string finish_reason;  // "stop" (EOS or stop string), "length", "cancelled" or "error"
+  std::int64_t prompt_tokens = 0;
+  std::int64_t generated_tokens = 0;
+};
+
+// Called on the scheduler thread: keep them short, never block, never throw, never submit(). on_token runs once
+// per generated token (text: what became final with it, often empty while a stop string or a
+// UTF-8 sequence is incomplete) and once more with tokens = 0 for text flushed at the end.
+// on_done runs exactly once, last, for every accepted request.
+struct RequestCallbacks {
+  std::function<void(std::string_view text, std::int32_t tokens)> on_token;
+  std::function<void(const Completion&)> on_done;
+};
+
+class RequestHandle {
+ public:
+  // Ends the request at the next step boundary (at most one forward pass away): its sequence and
+  // KV blocks are freed and on_done reports "cancelled". Safe from any thread, any number of times.
+  void cancel() noexcept { cancelled_.store(true, std::memory_order_relaxed); }
+  bool cancelled() const noexcept { return cancelled_.load(std::memory_order_relaxed); }
+  std::uint64_t id() const noexcept { return id_; }
+
+ private:
+  friend class Scheduler;
+  explicit RequestHandle(std::uint64_t id) : id_(id) {}
+  std::uint64_t id_;
+  std::atomic<bool> cancelled_{false};
+};
+
+struct SchedulerStats {
+  std::int64_t queued = 0;
+  std::int64_t running = 0;
+  std::int64_t kv_blocks_used = 0;
+  std::int64_t kv_blocks_free = 0;
+  std::int64_t kv_blocks_committed = 0;  // worst case of the running requests
+  std::uint64_t steps = 0;               // forward passes
+  std::uint64_t batch_tokens = 0;        // tokens over all forward passes
+  std::uint64_t batch_sequences = 0;     // sequences over all forward passes
+};
+
+class Scheduler {
+ public:
+  // Starts the scheduler thread. The engine must outlive the scheduler, and nothing else may run
+  // the engine's model while it lives.
+  Scheduler(Engine& engine, SchedulerOptions options);
+  // Cancels whatever is queued or running (each gets on_done) and joins the thread.
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request. Errors (nothing is queued, no callback runs):
+  //   invalid_argument "prompt" (empty, or no room left in the context), "max_tokens" (< 1),
+  //     "stop" (an empty string), or a sampling field (SamplingParams::validate);
+  //   out_of_memory "kv_cache": its worst case can never fit the KV cache (ask for fewer tokens);
+  //   out_of_memory "queue": the queue is full (try again later);
+  //   unsupported "scheduler": it is shutting down.
+  Result<std::shared_ptr<RequestHandle>> submit(RequestOptions request, RequestCallbacks callbacks);
+
+  // Cancels every queued and running request.
+  void cancel_all();
+  SchedulerStats stats() const;
+  const SchedulerOptions& options() const noexcept { return options_; }
+
+ private:
+  struct Active;
+  struct Pending;
+
+  void loop();
+  void admit();
+  void reap_cancelled();
+  bool step();
+  void finish(Active& a, std::string reason, Status status = {});
+  void sample_and_emit(Active& a, std::span<const float> logits);
+  std::int64_t blocks_for(std::int64_t positions) const;
+
+  Engine& engine_;
+  SchedulerOptions options_;
+  std::int64_t total_blocks_ = 0;
+  std::int64_t context_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Pending>> queue_;  // guarded by mu_
+  bool stopping_ = false;                       // guarded by mu_
+  bool cancel_all_requested_ = false;           // guarded by mu_
+  std::uint64_t next_id_ = 1;                   // guarded by mu_
+
+  // Owned by the scheduler thread.
+  std::vector<std::unique_ptr<Active>> running_;
+  std::vector<float> logits_;
+  std::vector<float> scratch_;
+
+  std::atomic<std::int64_t> n_queued_{0}, n_running_{0}, committed_{0};
+  std::atomic<std::uint64_t> steps_{0}, batch_tokens_{0}, batch_sequences_{0};
+
+  std::thread thread_;  // last: starts after everything above is constructed
+};
+
+}  // namespace kallpa::runtime

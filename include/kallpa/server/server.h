@@ -1,0 +1,65 @@
+// `kallpa serve`: an OpenAI-compatible HTTP server over one engine, with continuous batching
+// (runtime/scheduler.h), SSE streaming, limits, Prometheus metrics and structured access logs.
+//
+//   POST /v1/chat/completions, POST /v1/completions   (stream: Server-Sent Events, then [DONE])
+//   GET  /v1/models, /health (alive), /ready (model loaded, not draining), /metrics (Prometheus)
+//
+// /v1/* require `Authorization: Bearer KEY` when an API key is set; /health, /ready and /metrics
+// do not (probes and scrapers). Errors use OpenAI's body shape {"error": {message, type, param,
+// code}}: 400 malformed JSON, wrong types and values out of range, 401 bad key, 404 unknown route,
+// 413 body too large, 429 queue full and 503 draining (both with Retry-After), 500 engine failure.
+//
+//   Server server(engine, options);
+//   int port = *server.bind();      // options.port 0: any free port
+//   server.run();                   // blocks until shutdown() has drained
+//   // from another thread (a signal handler thread):
+//   server.shutdown();
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "kallpa/runtime/engine.h"
+#include "kallpa/runtime/scheduler.h"
+#include "kallpa/status.h"
+
+namespace kallpa::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;                      // 0: pick a free port (bind() returns it)
+  std::string api_key;                  // "": no authentication
+  std::string model_name;               // the id /v1/models reports and responses carry
+  std::size_t max_body_bytes = 1 << 20;
+  std::int64_t max_prompt_tokens = 0;   // 0: the model's context length - 1
+  std::int64_t max_tokens = 512;        // the largest max_tokens accepted, and the default
+  double drain_seconds = 30.0;          // after shutdown(): how long running requests may finish
+  int http_threads = 0;                 // 0: enough for every running and queued request, plus 8
+  std::FILE* access_log = stderr;       // one JSON line per request; nullptr: none
+  runtime::SchedulerOptions scheduler;  // batch size, max running, queue length
+};
+
+class Server {
+ public:
+  Server(runtime::Engine& engine, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds the listening socket; returns the port.
+  Result<int> bind();
+  // Serves until shutdown() has finished draining. Requires bind().
+  Status run();
+  // Safe from any thread, any number of times; returns at once. New requests get 503 from now
+  // on; running and queued ones may finish for up to drain_seconds, then are cancelled; then
+  // run() returns.
+  void shutdown();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kallpa::server

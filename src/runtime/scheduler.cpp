@@ -1,0 +1,352 @@
+#include "kallpa/runtime/scheduler.h"
+
+#include <algorithm>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "kallpa/tokenizer/tokenizer.h"
+
+namespace kallpa::runtime {
+
+struct Scheduler::Pending {
+  std::shared_ptr<RequestHandle> handle;
+  RequestOptions request;
+  RequestCallbacks callbacks;
+  std::int64_t limit = 0;  // positions the sequence may reach: min(prompt + max_tokens, context)
+  std::int64_t blocks = 0;  // KV blocks of that worst case
+};
+
+struct Scheduler::Active {
+  Active(Pending&& p, SeqId s, const tokenizer::Tokenizer& tok)
+      : handle(std::move(p.handle)),
+        request(std::move(p.request)),
+        callbacks(std::move(p.callbacks)),
+        limit(p.limit),
+        blocks(p.blocks),
+        seq(s),
+        sampler(request.sampling),
+        decoder(tok, {.skip_special = true}) {
+    tokens = request.prompt;
+  }
+  std::shared_ptr<RequestHandle> handle;
+  RequestOptions request;
+  RequestCallbacks callbacks;
+  std::int64_t limit, blocks;
+  SeqId seq;
+  Sampler sampler;
+  tokenizer::StreamDecoder decoder;
+  std::vector<std::int32_t> tokens;  // prompt, then generated tokens
+  std::int64_t fed = 0;              // positions in the KV cache
+  std::int64_t generated = 0;
+  std::string held;                  // decoded text not yet final (a stop string may be starting)
+  bool done = false;
+
+  std::int64_t prompt_size() const { return static_cast<std::int64_t>(request.prompt.size()); }
+  bool prefilling() const { return fed < prompt_size(); }
+};
+
+namespace {
+
+// Length of the longest suffix of text that is a proper prefix of some stop string: that much
+// text must be held back, since the next token may complete the stop string.
+std::size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
+  std::size_t hold = 0;
+  for (const std::string& stop : stops) {
+    for (std::size_t n = std::min(stop.size() - 1, text.size()); n > hold; --n) {
+      if (text.substr(text.size() - n) == std::string_view(stop).substr(0, n)) {
+        hold = n;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(Engine& engine, SchedulerOptions options)
+    : engine_(engine),
+      options_(options),
+      total_blocks_(engine.cache().total_blocks()),
+      context_(engine.config().context_length) {
+  options_.max_batch_tokens = std::max<std::int64_t>(1, options_.max_batch_tokens);
+  options_.prefill_chunk = std::max<std::int64_t>(1, options_.prefill_chunk);
+  options_.max_running = std::max<std::int32_t>(1, options_.max_running);
+  options_.max_queue = std::max<std::int64_t>(0, options_.max_queue);
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cancel_all();
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::int64_t Scheduler::blocks_for(std::int64_t positions) const {
+  const std::int64_t page = engine_.cache().options().page_size;
+  return (positions + page - 1) / page;
+}
+
+Result<std::shared_ptr<RequestHandle>> Scheduler::submit(RequestOptions request, RequestCallbacks callbacks) {
+  const auto prompt = static_cast<std::int64_t>(request.prompt.size());
+  if (prompt == 0) return Status::invalid("prompt", "is empty");
+  if (prompt >= context_) {
+    return Status::invalid("prompt", fmt::format("{} tokens leave no room in the model's context of {} tokens",
+                                                 prompt, context_));
+  }
+  const auto vocab = static_cast<std::int32_t>(engine_.config().vocab_size);
+  for (std::size_t i = 0; i < request.prompt.size(); ++i) {
+    if (request.prompt[i] < 0 || request.prompt[i] >= vocab) {
+      return Status::invalid(fmt::format("prompt[{}]", i),
+                             fmt::format("token id {} is outside the vocabulary [0, {})", request.prompt[i], vocab));
+    }
+  }
+  if (request.max_tokens < 1) return Status::invalid("max_tokens", fmt::format("is {}, must be >= 1", request.max_tokens));
+  for (const std::string& s : request.stop) {
+    if (s.empty()) return Status::invalid("stop", "stop strings must not be empty");
+  }
+  if (Status s = request.sampling.validate(); !s) return s;
+
+  auto pending = std::make_unique<Pending>();
+  pending->limit = std::min(prompt + request.max_tokens, context_);
+  pending->blocks = blocks_for(pending->limit);
+  if (pending->blocks > total_blocks_) {
+    return Status(ErrorCode::out_of_memory, "kv_cache",
+                  fmt::format("{} prompt tokens + max_tokens {} need {} KV blocks; the cache has {} in all",
+                              prompt, request.max_tokens, pending->blocks, total_blocks_));
+  }
+  std::lock_guard lock(mu_);
+  if (stopping_) return Status(ErrorCode::unsupported, "scheduler", "shutting down");
+  if (static_cast<std::int64_t>(queue_.size()) >= options_.max_queue) {
+    return Status(ErrorCode::out_of_memory, "queue",
+                  fmt::format("{} requests already waiting (the limit)", queue_.size()));
+  }
+  pending->handle.reset(new RequestHandle(next_id_++));
+  pending->request = std::move(request);
+  pending->callbacks = std::move(callbacks);
+  auto handle = pending->handle;
+  queue_.push_back(std::move(pending));
+  n_queued_.store(static_cast<std::int64_t>(queue_.size()));
+  cv_.notify_all();
+  return handle;
+}
+
+void Scheduler::cancel_all() {
+  std::lock_guard lock(mu_);
+  for (auto& p : queue_) p->handle->cancel();
+  // running_ belongs to the scheduler thread; its handles are flagged through cancel_all_.
+  cancel_all_requested_ = true;
+  cv_.notify_all();
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s;
+  s.queued = n_queued_.load();
+  s.running = n_running_.load();
+  s.kv_blocks_free = engine_.cache().free_blocks();
+  s.kv_blocks_used = engine_.cache().total_blocks() - s.kv_blocks_free;
+  s.kv_blocks_committed = committed_.load();
+  s.steps = steps_.load();
+  s.batch_tokens = batch_tokens_.load();
+  s.batch_sequences = batch_sequences_.load();
+  return s;
+}
+
+void Scheduler::finish(Active& a, std::string reason, Status status) {
+  if (a.done) return;
+  a.done = true;
+  engine_.cache().remove(a.seq);
+  // Counted out before on_done, so that whoever it wakes sees the freed capacity.
+  committed_ -= a.blocks;
+  n_running_ -= 1;
+  Completion c;
+  c.status = std::move(status);
+  c.finish_reason = std::move(reason);
+  c.prompt_tokens = a.prompt_size();
+  c.generated_tokens = a.generated;
+  if (a.callbacks.on_done) a.callbacks.on_done(c);
+}
+
+// Under mu_: moves requests from the queue into running_ while a sequence slot is free and the
+// KV cache can hold the head's worst case on top of what running requests may still need. FIFO:
+// a large request at the head is not overtaken (it would starve otherwise).
+void Scheduler::admit() {
+  // Cancelled requests leave the queue wherever they are, so they never hold a place in it.
+  std::erase_if(queue_, [](const std::unique_ptr<Pending>& p) {
+    if (!p->handle->cancelled()) return false;
+    Completion c;
+    c.finish_reason = "cancelled";
+    c.prompt_tokens = static_cast<std::int64_t>(p->request.prompt.size());
+    if (p->callbacks.on_done) p->callbacks.on_done(c);
+    return true;
+  });
+  while (!queue_.empty()) {
+    Pending& head = *queue_.front();
+    if (static_cast<std::int32_t>(running_.size()) >= options_.max_running) break;
+    if (committed_.load() + head.blocks > total_blocks_) break;
+    std::unique_ptr<Pending> p = std::move(queue_.front());
+    queue_.pop_front();
+    committed_ += p->blocks;
+    const SeqId seq = engine_.cache().add_sequence();
+    running_.push_back(std::make_unique<Active>(std::move(*p), seq, engine_.tokenizer()));
+    n_running_ += 1;
+  }
+  n_queued_.store(static_cast<std::int64_t>(queue_.size()));
+}
+
+// Drops finished and cancelled requests; their blocks go back to the pool now.
+void Scheduler::reap_cancelled() {
+  for (auto& a : running_) {
+    if (!a->done && a->handle->cancelled()) finish(*a, "cancelled");
+  }
+  std::erase_if(running_, [](const std::unique_ptr<Active>& a) { return a->done; });
+}
+
+void Scheduler::loop() {
+  while (true) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || cancel_all_requested_ || !queue_.empty() || !running_.empty(); });
+      if (cancel_all_requested_) {
+        for (auto& a : running_) a->handle->cancel();
+        cancel_all_requested_ = false;
+      }
+      reap_cancelled();
+      admit();
+      if (stopping_ && queue_.empty() && running_.empty()) return;
+    }
+    if (!step()) {
+      std::unique_lock lock(mu_);
+      if (stopping_ && queue_.empty() && running_.empty()) return;
+    }
+    reap_cancelled();
+  }
+}
+
+void Scheduler::sample_and_emit(Active& a, std::span<const float> logits) {
+  scratch_.assign(logits.begin(), logits.end());  // the repetition penalty edits its input
+  const std::int32_t token = a.sampler.sample(scratch_, a.tokens);
+  const auto eos = engine_.tokenizer().eos_id();
+  auto emit = [&](std::string_view text, std::int32_t tokens) {
+    if (a.callbacks.on_token) a.callbacks.on_token(text, tokens);
+  };
+  auto flush = [&] {
+    a.held += a.decoder.flush();
+    if (!a.held.empty()) emit(a.held, 0);
+    a.held.clear();
+  };
+  if (a.request.stop_at_eos && eos && token == *eos) {
+    flush();
+    finish(a, "stop");
+    return;
+  }
+  ++a.generated;
+  a.tokens.push_back(token);
+  auto piece = a.decoder.push(token);
+  if (!piece) {
+    finish(a, "error", piece.status());
+    return;
+  }
+  a.held += *piece;
+  std::size_t cut = std::string::npos;
+  for (const std::string& stop : a.request.stop) cut = std::min(cut, a.held.find(stop));
+  if (cut != std::string::npos) {
+    a.held.resize(cut);
+    emit(a.held, 1);
+    a.held.clear();
+    finish(a, "stop");
+    return;
+  }
+  const std::size_t hold = held_back(a.held, a.request.stop);
+  emit(std::string_view(a.held).substr(0, a.held.size() - hold), 1);
+  a.held.erase(0, a.held.size() - hold);
+  // The sampled token is fed by the next step, unless it is the last one allowed.
+  if (static_cast<std::int64_t>(a.tokens.size()) >= a.limit || a.generated >= a.request.max_tokens) {
+    flush();
+    finish(a, "length");
+  }
+}
+
+// One forward pass over every running sequence's next piece of work; false when there was none.
+bool Scheduler::step() {
+  struct Planned {
+    Active* active;
+    model::ForwardItem item;
+  };
+  std::vector<Planned> plan;
+  std::int64_t budget = options_.max_batch_tokens;
+  // Decode first: every sequence past its prompt feeds its last sampled token.
+  for (auto& a : running_) {
+    if (a->done || a->prefilling()) continue;
+    model::ForwardItem it;
+    it.seq = a->seq;
+    it.tokens = std::span<const std::int32_t>(a->tokens).subspan(static_cast<std::size_t>(a->fed), 1);
+    it.start_pos = a->fed;
+    it.want_logits = true;
+    plan.push_back({a.get(), it});
+    --budget;
+  }
+  // Then prefill chunks, oldest request first, one chunk per sequence per step.
+  bool any_prefill = false;
+  for (auto& a : running_) {
+    if (a->done || !a->prefilling()) continue;
+    const std::int64_t chunk_end = std::min(a->prompt_size(), (a->fed / options_.prefill_chunk + 1) * options_.prefill_chunk);
+    const std::int64_t n = chunk_end - a->fed;
+    if (n > budget && any_prefill) continue;  // a shorter chunk further on may still fit
+    model::ForwardItem it;
+    it.seq = a->seq;
+    it.tokens = std::span<const std::int32_t>(a->tokens).subspan(static_cast<std::size_t>(a->fed), static_cast<std::size_t>(n));
+    it.start_pos = a->fed;
+    it.want_logits = chunk_end == a->prompt_size();
+    plan.push_back({a.get(), it});
+    any_prefill = true;
+    budget -= n;
+  }
+  if (plan.empty()) return false;
+
+  // Reserve per item, so that a failure ends only its own request (admission makes it rare: only
+  // a cache shared with someone else can run dry).
+  std::vector<model::ForwardItem> items;
+  std::vector<Active*> owners;
+  std::int64_t tokens = 0, with_logits = 0;
+  for (Planned& p : plan) {
+    const std::int64_t end = p.item.start_pos + static_cast<std::int64_t>(p.item.tokens.size());
+    if (Status s = engine_.cache().reserve(p.item.seq, end); !s) {
+      finish(*p.active, "error", s);
+      continue;
+    }
+    items.push_back(p.item);
+    owners.push_back(p.active);
+    tokens += static_cast<std::int64_t>(p.item.tokens.size());
+    if (p.item.want_logits) ++with_logits;
+  }
+  if (items.empty()) return true;
+  logits_.resize(static_cast<std::size_t>(with_logits * engine_.config().vocab_size));
+  Status s = engine_.model().forward(items, engine_.cache(), engine_.ops(), engine_.dispatcher(), logits_.data());
+  steps_.fetch_add(1);
+  batch_tokens_.fetch_add(static_cast<std::uint64_t>(tokens));
+  batch_sequences_.fetch_add(items.size());
+  if (!s) {
+    for (Active* a : owners) finish(*a, "error", s);
+    return true;
+  }
+  const auto vocab = static_cast<std::size_t>(engine_.config().vocab_size);
+  std::size_t row = 0;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    Active& a = *owners[i];
+    a.fed += static_cast<std::int64_t>(items[i].tokens.size());
+    if (!items[i].want_logits) continue;
+    const std::span<const float> logits(logits_.data() + row * vocab, vocab);
+    ++row;
+    if (a.handle->cancelled()) continue;  // reaped right after this step
+    sample_and_emit(a, logits);
+  }
+  return true;
+}
+
+}  // namespace kallpa::runtime

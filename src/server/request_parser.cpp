@@ -1,0 +1,236 @@
+#include "server/request_parser.h"
+
+#include <optional>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace kallpa::server {
+namespace {
+
+using nlohmann::json;
+
+// Thrown inside the parser only, caught at its boundary: lets every field check be one line.
+struct Invalid {
+  ApiError error;
+};
+
+[[noreturn]] void fail(std::string param, std::string message, std::string code = "invalid_value") {
+  throw Invalid{bad_request(std::move(param), std::move(message), std::move(code))};
+}
+
+[[noreturn]] void wrong_type(const std::string& param, std::string_view expected, const json& value) {
+  fail(param, fmt::format("expected {}, got {}", expected, value.type_name()), "invalid_type");
+}
+
+const json* field(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<double> number(const json& obj, const char* key, double lo, double hi, bool lo_open = false) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) wrong_type(key, "a number", *v);
+  const double x = v->get<double>();
+  if (!(lo_open ? x > lo : x >= lo) || !(x <= hi)) {
+    fail(key, fmt::format("{} is out of range: must be in {}{}, {}]", x, lo_open ? "(" : "[", lo, hi));
+  }
+  return x;
+}
+
+std::optional<std::int64_t> integer(const json& obj, const char* key) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer()) wrong_type(key, "an integer", *v);
+  if (v->is_number_unsigned() && v->get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)) {
+    fail(key, "is too large");
+  }
+  return v->get<std::int64_t>();
+}
+
+std::optional<bool> boolean(const json& obj, const char* key) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) wrong_type(key, "a boolean", *v);
+  return v->get<bool>();
+}
+
+std::optional<std::string> string(const json& obj, const char* key) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) wrong_type(key, "a string", *v);
+  return v->get<std::string>();
+}
+
+void unsupported(const std::string& param, const std::string& what) {
+  fail(param, fmt::format("{} is not supported by this server", what), "unsupported_value");
+}
+
+std::string message_content(const json& content, const std::string& where) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) wrong_type(where, "a string or an array of text parts", content);
+  std::string text;
+  for (std::size_t i = 0; i < content.size(); ++i) {
+    const json& part = content[i];
+    const std::string at = fmt::format("{}[{}]", where, i);
+    if (!part.is_object()) wrong_type(at, "an object", part);
+    auto type = string(part, "type");
+    if (type != "text") unsupported(at + ".type", fmt::format("content part type '{}'", type.value_or("")));
+    const json* t = field(part, "text");
+    if (!t || !t->is_string()) wrong_type(at + ".text", "a string", t ? *t : json());
+    text += t->get<std::string>();
+  }
+  return text;
+}
+
+void parse_messages(const json& body, CompletionRequest& r) {
+  const json* messages = field(body, "messages");
+  if (!messages) fail("messages", "is required", "missing_required_parameter");
+  if (!messages->is_array()) wrong_type("messages", "an array", *messages);
+  if (messages->empty()) fail("messages", "must not be empty");
+  for (std::size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string at = fmt::format("messages[{}]", i);
+    if (!m.is_object()) wrong_type(at, "an object", m);
+    const json* role = field(m, "role");
+    if (!role) fail(at + ".role", "is required", "missing_required_parameter");
+    if (!role->is_string()) wrong_type(at + ".role", "a string", *role);
+    std::string name = role->get<std::string>();
+    if (name == "developer") name = "system";  // OpenAI's newer name for the system role
+    if (name != "system" && name != "user" && name != "assistant") {
+      fail(at + ".role", fmt::format("'{}' is not one of system, developer, user, assistant", name));
+    }
+    const json* content = field(m, "content");
+    if (!content) fail(at + ".content", "is required", "missing_required_parameter");
+    r.messages.push_back({name, message_content(*content, at + ".content")});
+  }
+}
+
+void parse_prompt(const json& body, CompletionRequest& r) {
+  const json* prompt = field(body, "prompt");
+  if (!prompt) fail("prompt", "is required", "missing_required_parameter");
+  const json* p = prompt;
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
+  if (p->is_string()) {
+    r.prompt = p->get<std::string>();
+    return;
+  }
+  if (!p->is_array()) wrong_type("prompt", "a string, an array of one string, or an array of token ids", *p);
+  if (!p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) unsupported("prompt", "more than one prompt");
+  for (std::size_t i = 0; i < p->size(); ++i) {
+    const json& t = (*p)[i];
+    if (!t.is_number_integer()) wrong_type(fmt::format("prompt[{}]", i), "a token id (integer)", t);
+    const auto id = t.get<std::int64_t>();
+    if (id < 0 || id > INT32_MAX) fail(fmt::format("prompt[{}]", i), fmt::format("token id {} is out of range", id));
+    r.prompt_tokens.push_back(static_cast<std::int32_t>(id));
+  }
+  r.prompt_is_tokens = true;
+}
+
+void parse_stop(const json& body, CompletionRequest& r) {
+  const json* stop = field(body, "stop");
+  if (!stop) return;
+  if (stop->is_string()) {
+    r.stop.push_back(stop->get<std::string>());
+  } else if (stop->is_array()) {
+    if (stop->size() > 4) fail("stop", fmt::format("{} stop strings; at most 4", stop->size()));
+    for (std::size_t i = 0; i < stop->size(); ++i) {
+      if (!(*stop)[i].is_string()) wrong_type(fmt::format("stop[{}]", i), "a string", (*stop)[i]);
+      r.stop.push_back((*stop)[i].get<std::string>());
+    }
+  } else {
+    wrong_type("stop", "a string or an array of strings", *stop);
+  }
+  for (const std::string& s : r.stop) {
+    if (s.empty()) fail("stop", "stop strings must not be empty");
+  }
+}
+
+CompletionRequest parse(const json& body, Endpoint endpoint, const RequestLimits& limits) {
+  if (!body.is_object()) wrong_type("body", "a JSON object", body);
+  CompletionRequest r;
+  r.endpoint = endpoint;
+  r.model = string(body, "model").value_or("");
+  if (endpoint == Endpoint::chat) {
+    parse_messages(body, r);
+  } else {
+    parse_prompt(body, r);
+  }
+
+  std::optional<std::int64_t> max_tokens = integer(body, "max_tokens");
+  if (endpoint == Endpoint::chat) {
+    if (auto m = integer(body, "max_completion_tokens")) max_tokens = m;
+  }
+  if (max_tokens && (*max_tokens < 1 || *max_tokens > limits.max_tokens)) {
+    fail("max_tokens", fmt::format("is {}, must be in [1, {}] on this server", *max_tokens, limits.max_tokens));
+  }
+  r.max_tokens = max_tokens.value_or(limits.max_tokens);
+
+  // OpenAI's defaults: temperature 1, nucleus off; kallpa's extra filters off unless asked for.
+  runtime::SamplingParams& s = r.sampling;
+  s.temperature = static_cast<float>(number(body, "temperature", 0.0, 2.0).value_or(1.0));
+  s.top_p = static_cast<float>(number(body, "top_p", 0.0, 1.0, /*lo_open=*/true).value_or(1.0));
+  s.top_k = static_cast<std::int32_t>(integer(body, "top_k").value_or(0));
+  if (s.top_k < 0) fail("top_k", "must be >= 0");
+  s.min_p = static_cast<float>(number(body, "min_p", 0.0, 1.0).value_or(0.0));
+  s.repetition_penalty = static_cast<float>(number(body, "repetition_penalty", 0.0, 10.0, true).value_or(1.0));
+  if (auto seed = integer(body, "seed")) {
+    s.seed = static_cast<std::uint64_t>(*seed);
+    r.seed_given = true;
+  }
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
+    if (auto p = number(body, penalty, -2.0, 2.0); p && *p != 0.0) unsupported(penalty, "a non-zero value");
+  }
+
+  if (auto n = integer(body, "n"); n && *n != 1) fail("n", fmt::format("is {}; only n = 1 is supported", *n));
+  if (auto best_of = integer(body, "best_of"); best_of && *best_of != 1) unsupported("best_of", "best_of > 1");
+  if (endpoint == Endpoint::chat) {
+    if (boolean(body, "logprobs").value_or(false)) unsupported("logprobs", "logprobs");
+    for (const char* key : {"tools", "functions", "tool_choice", "response_format"}) {
+      if (field(body, key)) unsupported(key, key);
+    }
+  } else {
+    if (field(body, "logprobs")) unsupported("logprobs", "logprobs");
+    if (boolean(body, "echo").value_or(false)) unsupported("echo", "echo");
+    if (auto suffix = string(body, "suffix"); suffix && !suffix->empty()) unsupported("suffix", "suffix");
+  }
+  if (const json* bias = field(body, "logit_bias"); bias && !(bias->is_object() && bias->empty())) {
+    unsupported("logit_bias", "logit_bias");
+  }
+  parse_stop(body, r);
+
+  r.stream = boolean(body, "stream").value_or(false);
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) wrong_type("stream_options", "an object", *so);
+    if (!r.stream) fail("stream_options", "is only allowed when stream is true");
+    r.include_usage = boolean(*so, "include_usage").value_or(false);
+  }
+  return r;
+}
+
+}  // namespace
+
+ParsedRequest parse_completion_request(std::string_view body, Endpoint endpoint, const RequestLimits& limits) {
+  json doc = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    // Locate the error for the client: parse again with exceptions for the byte offset.
+    std::string where = "the body is not valid JSON";
+    try {
+      json again = json::parse(body);
+    } catch (const json::parse_error& e) {
+      where = fmt::format("the body is not valid JSON (at byte {})", e.byte);
+    }
+    return bad_request("", where, "invalid_json");
+  }
+  try {
+    return parse(doc, endpoint, limits);
+  } catch (const Invalid& e) {
+    return e.error;
+  } catch (const json::exception& e) {
+    return bad_request("", fmt::format("invalid request: {}", e.what()), "invalid_value");
+  }
+}
+
+}  // namespace kallpa::server

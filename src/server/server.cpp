@@ -1,0 +1,268 @@
+#include <algorithm>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "server/openai_responses.h"
+#include "server/server_impl.h"
+#include "server/sse.h"
+
+namespace kallpa::server {
+namespace {
+
+constexpr const char* kRoutes[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready",
+                                   "/metrics"};
+
+std::string route_of(const std::string& path) {
+  for (const char* r : kRoutes) {
+    if (path == r) return r;
+  }
+  return "unmatched";
+}
+
+void write_json(httplib::Response& res, int status, const nlohmann::json& body) {
+  res.status = status;
+  res.set_content(dump_json(body), "application/json");
+}
+
+// A constant-time comparison, so that the key cannot be guessed byte by byte from timings.
+bool same_secret(std::string_view a, std::string_view b) {
+  std::size_t diff = a.size() ^ b.size();
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+void write_error(httplib::Response& res, const ApiError& error) {
+  write_json(res, error.status, error.to_json());
+  if (error.retry_after_seconds > 0) res.set_header("Retry-After", std::to_string(error.retry_after_seconds));
+}
+
+Server::Impl::InFlight::InFlight(Impl& i) : impl(i) {
+  std::lock_guard lock(impl.inflight_mu);
+  ++impl.inflight;
+  impl.metrics.set_inflight(impl.inflight);
+}
+
+Server::Impl::InFlight::~InFlight() {
+  std::lock_guard lock(impl.inflight_mu);
+  --impl.inflight;
+  impl.metrics.set_inflight(impl.inflight);
+  impl.inflight_cv.notify_all();
+}
+
+Server::Impl::Impl(runtime::Engine& e, ServerOptions o)
+    : engine(e), options(std::move(o)), access_log(options.access_log) {
+  const std::int64_t context = engine.config().context_length;
+  max_prompt_tokens = options.max_prompt_tokens > 0 ? std::min(options.max_prompt_tokens, context - 1) : context - 1;
+  limits.max_tokens = std::max<std::int64_t>(1, options.max_tokens);
+  created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  if (options.model_name.empty()) options.model_name = "kallpa";
+  id_prefix = fmt::format("{:08x}", std::random_device{}());
+  scheduler = std::make_unique<runtime::Scheduler>(engine, options.scheduler);
+}
+
+std::shared_ptr<RequestContext> Server::Impl::context(const httplib::Response& res) {
+  const std::string id = res.get_header_value("X-Request-Id");
+  std::lock_guard lock(contexts_mu);
+  auto it = contexts.find(id);
+  return it == contexts.end() ? nullptr : it->second;
+}
+
+void Server::Impl::begin_request(const httplib::Request& req, httplib::Response& res) {
+  auto ctx = std::make_shared<RequestContext>();
+  ctx->id = fmt::format("req-{}-{}", id_prefix, next_request.fetch_add(1));
+  ctx->route = route_of(req.path);
+  ctx->start = Clock::now();
+  res.set_header("X-Request-Id", ctx->id);
+  std::lock_guard lock(contexts_mu);
+  contexts[ctx->id] = std::move(ctx);
+}
+
+void Server::Impl::end_request(const httplib::Request& req, const httplib::Response& res) {
+  std::shared_ptr<RequestContext> ctx;
+  {
+    const std::string id = res.get_header_value("X-Request-Id");
+    std::lock_guard lock(contexts_mu);
+    if (auto it = contexts.find(id); it != contexts.end()) {
+      ctx = std::move(it->second);
+      contexts.erase(it);
+    }
+  }
+  AccessLogEntry e;
+  e.method = req.method;
+  e.path = req.path;
+  e.remote = req.remote_addr;
+  e.status = res.status;
+  e.route = route_of(req.path);
+  if (ctx) {
+    e.id = ctx->id;
+    e.latency_seconds = std::chrono::duration<double>(Clock::now() - ctx->start).count();
+    std::lock_guard lock(ctx->mu);
+    if (ctx->generation) {
+      e.stream = ctx->stream;
+      e.prompt_tokens = ctx->prompt_tokens;
+      e.completion_tokens = ctx->completion_tokens;
+      e.finish_reason = ctx->finish_reason;
+      e.ttft_seconds = ctx->ttft_seconds;
+    }
+  }
+  metrics.request_finished(e.route, e.status, e.latency_seconds);
+  access_log.write(e);
+}
+
+void Server::Impl::drain() {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(std::max(0.0, options.drain_seconds)));
+  std::unique_lock lock(inflight_mu);
+  if (!inflight_cv.wait_until(lock, deadline, [&] { return inflight == 0; })) {
+    lock.unlock();
+    scheduler->cancel_all();  // past the grace period: end what is left (streams get an error event)
+    lock.lock();
+    inflight_cv.wait(lock, [&] { return inflight == 0; });
+  }
+  lock.unlock();
+  // Only now: httplib ends unfinished streamed responses once its listening socket is closed.
+  // run() may not have entered its loop yet (a signal right after start): wait for it, since
+  // httplib's stop() does nothing before then.
+  while (in_run.load()) {
+    if (http.is_running()) {
+      http.stop();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+Server::Server(runtime::Engine& engine, ServerOptions options)
+    : impl_(std::make_unique<Impl>(engine, std::move(options))) {
+  Impl& s = *impl_;
+  const ServerOptions& o = s.options;
+  const int threads = o.http_threads > 0
+                          ? o.http_threads
+                          : static_cast<int>(o.scheduler.max_running + o.scheduler.max_queue + 8);
+  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
+  s.http.set_payload_max_length(o.max_body_bytes);
+  s.http.set_keep_alive_timeout(2);  // bounds how long an idle keep-alive connection delays exit
+  s.http.set_read_timeout(30);
+  s.http.set_write_timeout(30);
+
+  s.http.set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
+    s.begin_request(req, res);
+    if (!s.options.api_key.empty() && req.path.rfind("/v1/", 0) == 0) {
+      const std::string auth = req.get_header_value("Authorization");
+      const std::string_view prefix = "Bearer ";
+      if (auth.rfind(prefix, 0) != 0 || !same_secret(std::string_view(auth).substr(prefix.size()), s.options.api_key)) {
+        ApiError e;
+        e.status = 401;
+        e.type = "authentication_error";
+        e.code = "invalid_api_key";
+        e.message = auth.empty() ? "missing API key: send Authorization: Bearer KEY" : "incorrect API key";
+        write_error(res, e);
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  s.http.set_error_handler(httplib::Server::HandlerWithResponse([&s](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // ours already
+    ApiError e;
+    e.status = res.status;
+    if (res.status == 404) {
+      e.code = "unknown_route";
+      e.message = fmt::format("no route {} {}", req.method, req.path);
+    } else if (res.status == 413) {
+      e.code = "body_too_large";
+      e.message = fmt::format("the request body exceeds {} bytes", s.options.max_body_bytes);
+    } else {
+      e.code = "http_error";
+      e.message = fmt::format("HTTP error {}", res.status);
+      if (res.status >= 500) e.type = "server_error";
+    }
+    write_error(res, e);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  s.http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    ApiError e;
+    e.status = 500;
+    e.type = "server_error";
+    e.code = "internal";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& x) {
+      e.message = fmt::format("internal error: {}", x.what());
+    } catch (...) {
+      e.message = "internal error";
+    }
+    write_error(res, e);
+  });
+  s.http.set_logger([&s](const httplib::Request& req, const httplib::Response& res) { s.end_request(req, res); });
+
+  s.http.Post("/v1/chat/completions", [&s](const httplib::Request& req, httplib::Response& res) {
+    s.handle_generation(req, res, Endpoint::chat);
+  });
+  s.http.Post("/v1/completions", [&s](const httplib::Request& req, httplib::Response& res) {
+    s.handle_generation(req, res, Endpoint::completions);
+  });
+  s.http.Get("/v1/models", [&s](const httplib::Request&, httplib::Response& res) {
+    write_json(res, 200, models_body(s.options.model_name, s.created));
+  });
+  s.http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    write_json(res, 200, {{"status", "ok"}});
+  });
+  s.http.Get("/ready", [&s](const httplib::Request&, httplib::Response& res) {
+    if (s.draining.load()) {
+      write_json(res, 503, {{"status", "draining"}});
+    } else {
+      write_json(res, 200, {{"status", "ready"}, {"model", s.options.model_name}});
+    }
+  });
+  s.http.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
+    res.set_content(s.metrics.render(s.scheduler->stats(), s.engine.attention_stats()),
+                    "text/plain; version=0.0.4; charset=utf-8");
+  });
+}
+
+Server::~Server() {
+  shutdown();
+  if (impl_->drainer.joinable()) impl_->drainer.join();
+}
+
+Result<int> Server::bind() {
+  Impl& s = *impl_;
+  int port = -1;
+  if (s.options.port == 0) {
+    port = s.http.bind_to_any_port(s.options.host);
+  } else if (s.http.bind_to_port(s.options.host, s.options.port)) {
+    port = s.options.port;
+  }
+  if (port <= 0) {
+    return Status(ErrorCode::invalid_argument, "port",
+                  fmt::format("cannot listen on {}:{} (in use, or the address is not local)", s.options.host,
+                              s.options.port));
+  }
+  s.bound = true;
+  return port;
+}
+
+Status Server::run() {
+  Impl& s = *impl_;
+  if (!s.bound) return Status(ErrorCode::invalid_argument, "server", "run() before bind()");
+  s.in_run.store(true);
+  const bool ok = s.draining.load() || s.http.listen_after_bind();
+  s.in_run.store(false);
+  if (s.drainer.joinable()) s.drainer.join();
+  if (!ok && !s.draining.load()) return Status(ErrorCode::internal, "server", "the HTTP listener failed");
+  return {};
+}
+
+void Server::shutdown() {
+  Impl& s = *impl_;
+  std::call_once(s.shutdown_once, [&s] {
+    s.draining.store(true);
+    s.drainer = std::thread([&s] { s.drain(); });
+  });
+}
+
+}  // namespace kallpa::server

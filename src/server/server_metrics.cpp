@@ -1,0 +1,87 @@
+#include "server/server_metrics.h"
+
+#include <cmath>
+
+namespace kallpa::server {
+namespace {
+
+std::vector<double> attention_bounds() {
+  // StatsObserver's buckets: bucket i holds calls under 2^i microseconds, the last one is open.
+  std::vector<double> b;
+  for (int i = 0; i + 1 < StatsObserver::BackendStats::kBuckets; ++i) b.push_back(std::ldexp(1e-6, i));
+  return b;
+}
+
+}  // namespace
+
+ServerMetrics::ServerMetrics() {
+  using T = MetricType;
+  auto& r = registry_;
+  requests_ = &r.add("kallpa_http_requests_total", "HTTP requests by route and status code.", T::counter,
+                     {"route", "status"});
+  request_seconds_ = &r.add("kallpa_http_request_duration_seconds",
+                            "Time from receiving a request to the end of its response (streams included).",
+                            T::histogram, {"route"}, {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
+  prompt_tokens_ = &r.add("kallpa_prompt_tokens_total", "Prompt tokens of finished generation requests.", T::counter);
+  generation_tokens_ = &r.add("kallpa_generation_tokens_total", "Tokens generated.", T::counter);
+  finish_ = &r.add("kallpa_request_finish_total", "Generation requests by finish reason.", T::counter, {"reason"});
+  ttft_ = &r.add("kallpa_time_to_first_token_seconds", "Time from receiving a request to its first generated token.",
+                 T::histogram, {}, {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
+  itl_ = &r.add("kallpa_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.",
+                T::histogram, {}, {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5});
+  queued_ = &r.add("kallpa_scheduler_queued_requests", "Requests waiting for admission.", T::gauge);
+  running_ = &r.add("kallpa_scheduler_running_sequences", "Sequences admitted and generating.", T::gauge);
+  inflight_ = &r.add("kallpa_http_inflight_requests", "Generation requests being served.", T::gauge);
+  kv_used_ = &r.add("kallpa_kv_cache_used_blocks", "KV cache blocks holding tokens.", T::gauge);
+  kv_free_ = &r.add("kallpa_kv_cache_free_blocks", "KV cache blocks free.", T::gauge);
+  kv_committed_ = &r.add("kallpa_kv_cache_committed_blocks",
+                         "KV cache blocks the running requests may need at most (admission control).", T::gauge);
+  steps_ = &r.add("kallpa_scheduler_steps_total", "Forward passes run by the scheduler.", T::counter);
+  batch_tokens_ = &r.add("kallpa_scheduler_batch_tokens_total", "Tokens over all forward passes.", T::counter);
+  batch_sequences_ = &r.add("kallpa_scheduler_batch_sequences_total", "Sequences over all forward passes.", T::counter);
+  att_calls_ = &r.add("kallpa_attention_calls_total", "Attention calls run, by backend.", T::counter, {"backend"});
+  att_failures_ = &r.add("kallpa_attention_failures_total", "Attention calls that failed, by backend.", T::counter,
+                         {"backend"});
+  att_fallbacks_ = &r.add("kallpa_attention_fallbacks_total",
+                          "Attention calls a backend ran because an earlier choice failed, by backend.", T::counter,
+                          {"backend"});
+  att_seconds_ = &r.add("kallpa_attention_duration_seconds", "Attention call latency, by backend.", T::histogram,
+                        {"backend"}, attention_bounds());
+  // Series without labels exist from the start, so that a scrape before any traffic shows zeros.
+  for (MetricFamily* f : {prompt_tokens_, generation_tokens_, queued_, running_, inflight_, kv_used_, kv_free_,
+                          kv_committed_, steps_, batch_tokens_, batch_sequences_}) {
+    f->set({}, 0.0);
+  }
+}
+
+void ServerMetrics::request_finished(const std::string& route, int status, double seconds) {
+  requests_->inc({route, std::to_string(status)});
+  request_seconds_->observe({route}, seconds);
+}
+
+void ServerMetrics::generation_finished(const runtime::Completion& c) {
+  prompt_tokens_->inc({}, static_cast<double>(c.prompt_tokens));
+  generation_tokens_->inc({}, static_cast<double>(c.generated_tokens));
+  finish_->inc({c.finish_reason});
+}
+
+std::string ServerMetrics::render(const runtime::SchedulerStats& s, const StatsObserver& attention) {
+  queued_->set({}, static_cast<double>(s.queued));
+  running_->set({}, static_cast<double>(s.running));
+  kv_used_->set({}, static_cast<double>(s.kv_blocks_used));
+  kv_free_->set({}, static_cast<double>(s.kv_blocks_free));
+  kv_committed_->set({}, static_cast<double>(s.kv_blocks_committed));
+  steps_->set({}, static_cast<double>(s.steps));
+  batch_tokens_->set({}, static_cast<double>(s.batch_tokens));
+  batch_sequences_->set({}, static_cast<double>(s.batch_sequences));
+  for (const auto& [backend, st] : attention.snapshot()) {
+    att_calls_->set({backend}, static_cast<double>(st.calls));
+    att_failures_->set({backend}, static_cast<double>(st.failures));
+    att_fallbacks_->set({backend}, static_cast<double>(st.fallbacks));
+    att_seconds_->set_histogram({backend}, std::vector<std::uint64_t>(std::begin(st.buckets), std::end(st.buckets)),
+                                st.total_seconds);
+  }
+  return registry_.render();
+}
+
+}  // namespace kallpa::server

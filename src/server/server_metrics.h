@@ -1,0 +1,35 @@
+// The server's Prometheus metrics: HTTP requests, tokens, latency histograms, scheduler and KV
+// cache state, and the attention dispatcher's per-backend telemetry. The names are the same
+// whichever backend runs underneath.
+#pragma once
+
+#include <string>
+
+#include "kallpa/observer.h"
+#include "kallpa/runtime/scheduler.h"
+#include "server/metrics.h"
+
+namespace kallpa::server {
+
+class ServerMetrics {
+ public:
+  ServerMetrics();
+
+  void request_finished(const std::string& route, int status, double seconds);
+  void time_to_first_token(double seconds) { ttft_->observe({}, seconds); }
+  void inter_token_latency(double seconds) { itl_->observe({}, seconds); }
+  void generation_finished(const runtime::Completion& c);
+  void set_inflight(std::int64_t n) { inflight_->set({}, static_cast<double>(n)); }
+
+  // Refreshes the gauges and mirrored counters, then renders everything.
+  std::string render(const runtime::SchedulerStats& scheduler, const StatsObserver& attention);
+
+ private:
+  MetricsRegistry registry_;
+  MetricFamily *requests_, *request_seconds_, *prompt_tokens_, *generation_tokens_, *finish_, *ttft_, *itl_;
+  MetricFamily *queued_, *running_, *inflight_, *kv_used_, *kv_free_, *kv_committed_;
+  MetricFamily *steps_, *batch_tokens_, *batch_sequences_;
+  MetricFamily *att_calls_, *att_failures_, *att_fallbacks_, *att_seconds_;
+};
+
+}  // namespace kallpa::server

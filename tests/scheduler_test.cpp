@@ -1,0 +1,270 @@
+// The continuous-batching scheduler on a synthetic Llama: batched requests give the same text as
+// solo ones (and as runtime::generate), limits and stop strings, cancellation frees KV blocks,
+// bounded queue, KV admission, and chunked prefill that never stalls running streams.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <mutex>
+
+#include "kallpa/model/gguf.h"
+#include "kallpa/runtime/engine.h"
+#include "kallpa/runtime/scheduler.h"
+#include "model/synthetic_llama.h"
+
+namespace kallpa::runtime {
+namespace {
+
+std::unique_ptr<Engine> make_engine(std::uint32_t context = 1024, std::int64_t cache_tokens = 1024) {
+  model::SyntheticLlamaSpec spec;
+  spec.context_length = context;
+  auto file = model::GgufFile::from_bytes(model::synthetic_llama(spec), "synthetic");
+  EXPECT_TRUE(file.is_ok()) << file.status().to_string();
+  EngineOptions o;
+  o.prefill_chunk = 8;
+  o.cache.max_tokens = cache_tokens;
+  auto e = Engine::load(*file, o);
+  EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+  return std::move(*e);
+}
+
+std::vector<std::int32_t> prompt_of(int n, int salt = 0) {
+  std::vector<std::int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(3 + (i * 37 + salt * 11) % 290);
+  return t;
+}
+
+// A high temperature makes the synthetic model's draws depend on the seed.
+SamplingParams hot(std::uint64_t seed) {
+  return {.temperature = 50.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = seed};
+}
+
+// Collects one request's callbacks; waits for its end.
+struct Collector {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string text;
+  std::int64_t tokens = 0;
+  bool done = false;
+  Completion completion;
+
+  RequestCallbacks callbacks() {
+    return {.on_token =
+                [this](std::string_view t, std::int32_t n) {
+                  std::lock_guard lock(mu);
+                  text += t;
+                  tokens += n;
+                  cv.notify_all();
+                },
+            .on_done =
+                [this](const Completion& c) {
+                  std::lock_guard lock(mu);
+                  completion = c;
+                  done = true;
+                  cv.notify_all();
+                }};
+  }
+  void wait_done() {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return done; });
+  }
+  void wait_tokens(std::int64_t n) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return tokens >= n || done; });
+  }
+  std::int64_t token_count() {
+    std::lock_guard lock(mu);
+    return tokens;
+  }
+};
+
+RequestOptions request(std::vector<std::int32_t> prompt, std::uint64_t seed, std::int64_t max_tokens) {
+  RequestOptions r;
+  r.prompt = std::move(prompt);
+  r.sampling = hot(seed);
+  r.max_tokens = max_tokens;
+  r.stop_at_eos = false;
+  return r;
+}
+
+TEST(Scheduler, SoloRequestMatchesGenerate) {
+  auto e = make_engine();
+  std::string expected;
+  {
+    Session s(*e, hot(5));
+    GenerateOptions g;
+    g.max_tokens = 20;
+    g.stop_at_eos = false;
+    auto r = generate(s, prompt_of(30), g);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    expected = r->text;
+  }
+  Scheduler sched(*e, {.max_batch_tokens = 16, .prefill_chunk = 8});
+  Collector c;
+  ASSERT_TRUE(sched.submit(request(prompt_of(30), 5, 20), c.callbacks()).is_ok());
+  c.wait_done();
+  EXPECT_EQ(c.text, expected);
+  EXPECT_EQ(c.completion.finish_reason, "length");
+  EXPECT_EQ(c.completion.generated_tokens, 20);
+  EXPECT_EQ(c.completion.prompt_tokens, 30);
+  EXPECT_TRUE(c.completion.status.is_ok());
+}
+
+TEST(Scheduler, BatchedRequestsGiveTheirSoloTextExactly) {
+  auto e = make_engine();
+  constexpr int kRequests = 10;
+  auto req = [](int i) { return request(prompt_of(3 + 7 * i, i), 100 + i, 12 + i); };
+  std::vector<std::string> solo(kRequests);
+  {
+    Scheduler sched(*e, {.max_batch_tokens = 24, .prefill_chunk = 8});
+    for (int i = 0; i < kRequests; ++i) {
+      Collector c;
+      ASSERT_TRUE(sched.submit(req(i), c.callbacks()).is_ok());
+      c.wait_done();
+      solo[i] = c.text;
+    }
+  }
+  Scheduler sched(*e, {.max_batch_tokens = 24, .prefill_chunk = 8});
+  std::vector<Collector> batched(kRequests);
+  for (int i = 0; i < kRequests; ++i) ASSERT_TRUE(sched.submit(req(i), batched[i].callbacks()).is_ok());
+  for (int i = 0; i < kRequests; ++i) {
+    batched[i].wait_done();
+    EXPECT_EQ(batched[i].text, solo[i]) << "request " << i;
+    EXPECT_EQ(batched[i].completion.generated_tokens, 12 + i);
+  }
+  const SchedulerStats st = sched.stats();
+  EXPECT_GT(st.batch_sequences, st.steps) << "requests never shared a forward pass";
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(st.kv_blocks_committed, 0);
+  EXPECT_EQ(st.running, 0);
+}
+
+TEST(Scheduler, ChunkedPrefillKeepsRunningStreamsGoing) {
+  auto e = make_engine();
+  Scheduler sched(*e, {.max_batch_tokens = 16, .prefill_chunk = 8});
+  Collector stream, longp;
+  ASSERT_TRUE(sched.submit(request(prompt_of(4), 1, 500), stream.callbacks()).is_ok());
+  stream.wait_tokens(2);
+  const std::int64_t before = stream.token_count();
+  ASSERT_TRUE(sched.submit(request(prompt_of(200, 3), 2, 1), longp.callbacks()).is_ok());
+  longp.wait_done();
+  // 200 prompt tokens in chunks of 8 take 25 steps; the stream gets a token in every one of them.
+  EXPECT_GE(stream.token_count() - before, 24);
+  sched.cancel_all();
+  stream.wait_done();
+  EXPECT_EQ(stream.completion.finish_reason, "cancelled");
+}
+
+TEST(Scheduler, StopStringEndsTheRequestAndIsNotEmitted) {
+  auto e = make_engine();
+  Scheduler sched(*e, {});
+  Collector full;
+  ASSERT_TRUE(sched.submit(request(prompt_of(8), 9, 24), full.callbacks()).is_ok());
+  full.wait_done();
+  ASSERT_GE(full.text.size(), 6u);
+  const std::string stop = full.text.substr(3, 2);
+  RequestOptions r = request(prompt_of(8), 9, 24);
+  r.stop = {"never-in-the-output-zzz", stop};
+  Collector c;
+  ASSERT_TRUE(sched.submit(r, c.callbacks()).is_ok());
+  c.wait_done();
+  EXPECT_EQ(c.completion.finish_reason, "stop");
+  EXPECT_EQ(c.text, full.text.substr(0, full.text.find(stop)));
+  EXPECT_LT(c.completion.generated_tokens, 24);
+}
+
+TEST(Scheduler, CancelFreesTheSequenceAndItsKvBlocks) {
+  auto e = make_engine();
+  Scheduler sched(*e, {});
+  Collector c;
+  auto h = sched.submit(request(prompt_of(40), 1, 800), c.callbacks());
+  ASSERT_TRUE(h.is_ok());
+  c.wait_tokens(3);
+  EXPECT_GT(sched.stats().kv_blocks_used, 0);
+  (*h)->cancel();
+  c.wait_done();
+  EXPECT_EQ(c.completion.finish_reason, "cancelled");
+  EXPECT_LT(c.completion.generated_tokens, 800);
+  EXPECT_EQ(e->cache().used_blocks(), 0);  // on_done runs after the blocks are freed
+}
+
+TEST(Scheduler, FullQueueIsRefusedWithATypedError) {
+  auto e = make_engine();
+  Scheduler sched(*e, {.max_running = 1, .max_queue = 1});
+  Collector running, queued;
+  auto a = sched.submit(request(prompt_of(4), 1, 900), running.callbacks());
+  ASSERT_TRUE(a.is_ok());
+  running.wait_tokens(1);  // admitted: the queue is empty again
+  ASSERT_TRUE(sched.submit(request(prompt_of(4), 2, 4), queued.callbacks()).is_ok());
+  EXPECT_EQ(sched.stats().queued, 1);
+  auto refused = sched.submit(request(prompt_of(4), 3, 4), {});
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), ErrorCode::out_of_memory);
+  EXPECT_EQ(refused.status().field(), "queue");
+  (*a)->cancel();
+  queued.wait_done();
+  EXPECT_EQ(queued.completion.finish_reason, "length");
+  EXPECT_EQ(queued.completion.generated_tokens, 4);
+}
+
+TEST(Scheduler, KvAdmissionWaitsForRoomAndRefusesWhatCanNeverFit) {
+  auto e = make_engine(/*context=*/256, /*cache_tokens=*/128);  // 8 blocks of 16
+  Scheduler sched(*e, {});
+  for (auto [prompt, max_tokens] : {std::pair{10, 200}, std::pair{130, 1}}) {
+    auto refused = sched.submit(request(prompt_of(prompt), 1, max_tokens), {});
+    ASSERT_FALSE(refused.is_ok());
+    EXPECT_EQ(refused.status().code(), ErrorCode::out_of_memory);
+    EXPECT_EQ(refused.status().field(), "kv_cache") << refused.status().to_string();
+  }
+
+  // Each request's worst case is 5 blocks (10 + 70 positions): the second waits for the first.
+  Collector first, second;
+  auto a = sched.submit(request(prompt_of(10), 1, 70), first.callbacks());
+  ASSERT_TRUE(a.is_ok());
+  first.wait_tokens(1);
+  ASSERT_TRUE(sched.submit(request(prompt_of(10, 1), 2, 70), second.callbacks()).is_ok());
+  first.wait_tokens(5);
+  EXPECT_EQ(sched.stats().queued, 1);
+  EXPECT_EQ(second.token_count(), 0);
+  first.wait_done();
+  second.wait_done();
+  EXPECT_EQ(first.completion.generated_tokens, 70);
+  EXPECT_EQ(second.completion.generated_tokens, 70);
+  EXPECT_EQ(e->cache().used_blocks(), 0);
+}
+
+TEST(Scheduler, InvalidRequestsNameTheField) {
+  auto e = make_engine(/*context=*/64, 64);
+  Scheduler sched(*e, {});
+  auto field_of = [&](RequestOptions r) {
+    auto h = sched.submit(std::move(r), {});
+    return h.is_ok() ? std::string("ok") : h.status().field();
+  };
+  EXPECT_EQ(field_of(request({}, 1, 4)), "prompt");
+  EXPECT_EQ(field_of(request(prompt_of(64), 1, 4)), "prompt");
+  EXPECT_EQ(field_of(request({3, 100000}, 1, 4)), "prompt[1]");
+  EXPECT_EQ(field_of(request(prompt_of(4), 1, 0)), "max_tokens");
+  RequestOptions r = request(prompt_of(4), 1, 4);
+  r.stop = {""};
+  EXPECT_EQ(field_of(r), "stop");
+  r = request(prompt_of(4), 1, 4);
+  r.sampling.temperature = -1;
+  EXPECT_EQ(field_of(r), "temperature");
+}
+
+TEST(Scheduler, DestructionCancelsWhatIsLeft) {
+  auto e = make_engine();
+  Collector a, b;
+  {
+    Scheduler sched(*e, {.max_running = 1});
+    ASSERT_TRUE(sched.submit(request(prompt_of(4), 1, 900), a.callbacks()).is_ok());
+    ASSERT_TRUE(sched.submit(request(prompt_of(4), 2, 900), b.callbacks()).is_ok());
+    a.wait_tokens(1);
+  }
+  EXPECT_TRUE(a.done);
+  EXPECT_TRUE(b.done);
+  EXPECT_EQ(b.completion.finish_reason, "cancelled");
+  EXPECT_EQ(e->cache().used_blocks(), 0);
+}
+
+}  // namespace
+}  // namespace kallpa::runtime

@@ -1,0 +1,537 @@
+#!/usr/bin/env python3
+"""Tests of `kallpa serve`: a real server on a free loopback port, driven by the official `openai`
+client (and raw HTTP for what a client library would refuse to send), /metrics read with
+prometheus_client's parser.
+
+    python3 server_test.py --kallpa BIN --fixture-tool BIN --work DIR --model-dir DIR TEST [TEST...]
+
+The model is the tiny synthetic Llama that kallpa_server_fixture writes (random weights: its text is
+noise, but deterministic), except for real_model_paris, which needs models/SmolLM2-135M-Instruct.
+Several tests in one run share the (slow) import of the openai package; each starts its own
+server. Exit 0 passed, 1 failed (with a message), 77 skipped (only when every test skipped).
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+try:
+    import openai
+    from prometheus_client.parser import text_string_to_metric_families
+except ImportError as e:  # pragma: no cover
+    print(f"skipped: {e} (pip install -r scripts/requirements.txt)")
+    sys.exit(77)
+
+# Loopback only: never through a proxy from the environment.
+os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
+
+ARGS = None
+REAL_MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class Failure(Exception):
+    pass
+
+
+class Skip(Exception):
+    pass
+
+
+def check(cond, message):
+    if not cond:
+        raise Failure(message)
+
+
+class Server:
+    """A `kallpa serve` process on a free port; stop() sends SIGTERM and returns the exit code."""
+
+    def __init__(self, name, *extra, model=None, env=None):
+        work = Path(ARGS.work) / name
+        work.mkdir(parents=True, exist_ok=True)
+        if model is None:
+            model = work / "tiny.gguf"
+            subprocess.run([ARGS.fixture_tool, str(model), "4096"], check=True)
+        self.log_path = work / "server.log"
+        self.log = open(self.log_path, "w")
+        cmd = [ARGS.kallpa, "serve", "-m", str(model), "--port", "0", "--context", "4096", "--max-tokens", "4000",
+               "--max-prompt-tokens", "1000", "--max-body-bytes", "65536", *extra]
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("KALLPA_")}
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=full_env)
+        line = self._read_line(timeout=120)
+        check("listening on http://127.0.0.1:" in line, f"unexpected first line {line!r}\n{self.log_tail()}")
+        self.port = int(line.split("127.0.0.1:")[1].split()[0])
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def _read_line(self, timeout):
+        box = []
+        t = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
+        t.start()
+        t.join(timeout)
+        if not box:
+            self.proc.kill()
+            raise Failure(f"the server printed nothing within {timeout} s\n{self.log_tail()}")
+        return box[0]
+
+    def client(self, api_key="unused", **kw):
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0, timeout=120, **kw)
+
+    def request(self, method, path, body=None, headers=None):
+        """Raw HTTP: (status, headers, parsed JSON body or text)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        data = body if isinstance(body, (bytes, type(None))) else (body if isinstance(body, str) else json.dumps(body)).encode()
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        r = conn.getresponse()
+        raw = r.read().decode()
+        conn.close()
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            payload = raw
+        return r.status, dict(r.getheaders()), payload
+
+    def metrics(self):
+        status, _, text = self.request("GET", "/metrics")
+        check(status == 200, f"/metrics: {status}")
+        return parse_metrics(text)
+
+    def log_tail(self):
+        self.log.flush()
+        return "--- server log (tail):\n" + self.log_path.read_text()[-3000:]
+
+    def stop(self, timeout=60):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise Failure(f"the server did not exit within {timeout} s of SIGTERM\n{self.log_tail()}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def parse_metrics(text):
+    """{sample name: {frozenset(labels): value}} from the Prometheus text (parsing validates it)."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[frozenset(s.labels.items())] = s.value
+    return out
+
+
+def metric(m, name, **labels):
+    return m.get(name, {}).get(frozenset(labels.items()), 0.0)
+
+
+def wait_for(cond, what, timeout=20):
+    end = time.time() + timeout
+    while time.time() < end:
+        if cond():
+            return
+        time.sleep(0.02)
+    raise Failure(f"timed out waiting for {what}")
+
+
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def chat_text(client, seed, max_tokens=16, messages=CHAT, **kw):
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens, seed=seed, **kw)
+    return r.choices[0].message.content, r
+
+
+def stream_chat(client, seed, max_tokens=16, messages=CHAT, **kw):
+    stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens, seed=seed,
+                                            stream=True, stream_options={"include_usage": True}, **kw)
+    text, finish, usage, roles = "", None, None, []
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.role:
+                roles.append(c.delta.role)
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+    return text, finish, usage, roles
+
+
+# --- tests -------------------------------------------------------------------------------------
+
+def test_chat_and_completions():
+    with Server("chat_and_completions") as s:
+        check(s.request("GET", "/health")[0] == 200, "/health")
+        status, _, body = s.request("GET", "/ready")
+        check(status == 200 and body["status"] == "ready", f"/ready: {status} {body}")
+        client = s.client()
+        models = client.models.list()
+        check(models.data[0].id == "tiny", f"model id {models.data[0].id}")
+
+        text, r = chat_text(client, seed=1, max_tokens=8)
+        check(r.object == "chat.completion" and r.id.startswith("chatcmpl-"), f"object/id: {r.object} {r.id}")
+        check(r.choices[0].message.role == "assistant", "role")
+        check(r.choices[0].finish_reason in ("length", "stop"), f"finish_reason {r.choices[0].finish_reason}")
+        check(0 < r.usage.completion_tokens <= 8, f"completion_tokens {r.usage.completion_tokens}")
+        check(r.usage.prompt_tokens > 8, f"prompt_tokens {r.usage.prompt_tokens} (ChatML adds a system prompt)")
+        check(r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens, "total_tokens")
+        check(isinstance(text, str), "content is a string")
+
+        c = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=5, seed=2,
+                                      temperature=0)
+        check(c.object == "text_completion", f"object {c.object}")
+        check(c.choices[0].finish_reason in ("length", "stop") and c.usage.completion_tokens <= 5, "completion")
+        check(c.usage.prompt_tokens > 0, "prompt tokens counted")
+        # A prompt given as token ids is the same prompt.
+        ids = client.completions.create(model="tiny", prompt=[3, 40, 41, 42], max_tokens=5, temperature=0)
+        check(ids.usage.prompt_tokens == 4, f"token-id prompt: {ids.usage.prompt_tokens} tokens")
+
+
+def test_streaming():
+    with Server("streaming") as s:
+        client = s.client()
+        full, r = chat_text(client, seed=5, max_tokens=12, temperature=1.0)
+        text, finish, usage, roles = stream_chat(client, seed=5, max_tokens=12, temperature=1.0)
+        check(roles == ["assistant"], f"roles in deltas {roles}")
+        check(text == full, f"streamed {text!r} != non-streamed {full!r}")
+        check(finish == r.choices[0].finish_reason, f"finish {finish}")
+        check(usage is not None and usage.completion_tokens == r.usage.completion_tokens, f"usage {usage}")
+
+        plain = client.completions.create(model="tiny", prompt="hello", max_tokens=10, seed=3)
+        parts, finish = [], None
+        for chunk in client.completions.create(model="tiny", prompt="hello", max_tokens=10, seed=3, stream=True):
+            for c in chunk.choices:
+                parts.append(c.text)
+                finish = c.finish_reason or finish
+        check("".join(parts) == plain.choices[0].text, "streamed completion text")
+        check(finish == plain.choices[0].finish_reason, "streamed completion finish_reason")
+
+        # The wire format itself: SSE data events, then data: [DONE].
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 3, "stream": True}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        check(resp.status == 200 and resp.getheader("Content-Type", "").startswith("text/event-stream"),
+              f"stream response {resp.status} {resp.getheader('Content-Type')}")
+        events = [e for e in resp.read().decode().split("\n\n") if e.strip()]
+        check(events[-1] == "data: [DONE]", f"last event {events[-1]!r}")
+        check(all(e.startswith("data: ") for e in events), "every event is a data line")
+
+
+def test_seed_and_stop():
+    with Server("seed_and_stop") as s:
+        client = s.client()
+        a, _ = chat_text(client, seed=11, max_tokens=24, temperature=2.0)
+        b, _ = chat_text(client, seed=11, max_tokens=24, temperature=2.0)
+        check(a == b, f"same seed, different text: {a!r} vs {b!r}")
+        others = {chat_text(client, seed=seed, max_tokens=24, temperature=2.0)[0] for seed in range(12, 17)}
+        check(len(others | {a}) > 1, "every seed gave the same text: the seed is not used")
+
+        full, r = chat_text(client, seed=1, max_tokens=24, temperature=0)
+        check(len(full) >= 6 and r.choices[0].finish_reason == "length", f"greedy text too short: {full!r}")
+        stop = full[3:5]
+        cut, r2 = chat_text(client, seed=1, max_tokens=24, temperature=0, stop=["zzz-never", stop])
+        check(cut == full[:full.find(stop)], f"stop {stop!r}: got {cut!r} from {full!r}")
+        check(r2.choices[0].finish_reason == "stop", f"finish_reason {r2.choices[0].finish_reason}")
+        text, finish, _, _ = stream_chat(client, seed=1, max_tokens=24, temperature=0, stop=stop)
+        check(text == cut and finish == "stop", f"streamed with stop: {text!r} {finish}")
+
+
+def test_concurrent_streams_match_solo():
+    # The rule: a request's text depends only on its prompt, parameters and seed, never on what it
+    # is batched with (see include/kallpa/runtime/scheduler.h). 16 requests, different prompts
+    # (some long enough for several prefill chunks) and seeds: each alone, then all at once.
+    with Server("concurrent", "--prefill-chunk", "16", "--max-batch-tokens", "64") as s:
+        client = s.client()
+
+        def req(i):
+            words = " ".join(f"w{i}x{j}" for j in range(3 + 5 * i))
+            return dict(messages=[{"role": "user", "content": f"Request {i}: {words}"}], seed=100 + i,
+                        max_tokens=10 + i, temperature=1.0)
+
+        solo = [stream_chat(client, **req(i))[0] for i in range(16)]
+        before = s.metrics()
+        results = [None] * 16
+        errors = []
+        start = threading.Barrier(16)
+
+        def run(i):
+            try:
+                start.wait()
+                results[i] = stream_chat(s.client(), **req(i))
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(f"request {i}: {e!r}")
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        check(not errors, "; ".join(errors))
+        for i in range(16):
+            check(results[i][0] == solo[i], f"request {i}: batched {results[i][0]!r} != solo {solo[i]!r}")
+            check(results[i][2].completion_tokens <= 10 + i, f"request {i} usage")
+        after = s.metrics()
+        steps = metric(after, "kallpa_scheduler_steps_total") - metric(before, "kallpa_scheduler_steps_total")
+        seqs = (metric(after, "kallpa_scheduler_batch_sequences_total")
+                - metric(before, "kallpa_scheduler_batch_sequences_total"))
+        check(steps > 0 and seqs / steps > 2, f"concurrent requests were not batched: {seqs} sequences in {steps} steps")
+        check(metric(after, "kallpa_kv_cache_used_blocks") == 0, "KV blocks left in use")
+
+
+def expect_error(s, method, path, body, status, code=None, param=None, headers=None):
+    got, hdrs, payload = s.request(method, path, body, headers)
+    where = f"{method} {path} {str(body)[:80]!r}"
+    check(got == status, f"{where}: status {got}, expected {status}: {payload}")
+    check(isinstance(payload, dict) and isinstance(payload.get("error"), dict), f"{where}: body {payload!r}")
+    err = payload["error"]
+    check(isinstance(err.get("message"), str) and err["message"], f"{where}: no message")
+    check(isinstance(err.get("type"), str), f"{where}: no type")
+    if code is not None:
+        check(err.get("code") == code, f"{where}: code {err.get('code')!r}, expected {code!r}")
+    if param is not None:
+        check(err.get("param") == param, f"{where}: param {err.get('param')!r}, expected {param!r}")
+    return hdrs, err
+
+
+def test_bad_inputs():
+    with Server("bad_inputs") as s:
+        chat, comp = "/v1/chat/completions", "/v1/completions"
+        ok = {"messages": CHAT, "max_tokens": 2}
+        expect_error(s, "POST", chat, '{"messages": [', 400, "invalid_json")
+        expect_error(s, "POST", chat, "[1, 2]", 400, "invalid_type", "body")
+        expect_error(s, "POST", chat, {"max_tokens": 2}, 400, "missing_required_parameter", "messages")
+        expect_error(s, "POST", chat, {"messages": "hi"}, 400, "invalid_type", "messages")
+        expect_error(s, "POST", chat, {"messages": []}, 400, "invalid_value", "messages")
+        expect_error(s, "POST", chat, {"messages": [{"role": "robot", "content": "x"}]}, 400, "invalid_value",
+                     "messages[0].role")
+        expect_error(s, "POST", chat, {"messages": [{"role": "user", "content": 5}]}, 400, "invalid_type",
+                     "messages[0].content")
+        for field, value, code in [("max_tokens", "8", "invalid_type"), ("max_tokens", 0, "invalid_value"),
+                                   ("max_tokens", 4001, "invalid_value"), ("max_tokens", 2.5, "invalid_type"),
+                                   ("temperature", "hot", "invalid_type"), ("temperature", 2.5, "invalid_value"),
+                                   ("top_p", 0, "invalid_value"), ("stream", "yes", "invalid_type"),
+                                   ("stop", 5, "invalid_type"), ("stop", [""], "invalid_value"),
+                                   ("stop", ["a", "b", "c", "d", "e"], "invalid_value"), ("seed", "x", "invalid_type"),
+                                   ("n", 2, "invalid_value"), ("logprobs", True, "unsupported_value"),
+                                   ("tools", [], "unsupported_value")]:
+            expect_error(s, "POST", chat, {**ok, field: value}, 400, code, field)
+        expect_error(s, "POST", comp, {"max_tokens": 2}, 400, "missing_required_parameter", "prompt")
+        expect_error(s, "POST", comp, {"prompt": {"text": "x"}}, 400, "invalid_type", "prompt")
+        expect_error(s, "POST", comp, {"prompt": ["a", "b"]}, 400, "unsupported_value", "prompt")
+        expect_error(s, "POST", comp, {"prompt": [3, 999999]}, 400, None, "prompt")
+        expect_error(s, "POST", comp, {"prompt": "x", "echo": True}, 400, "unsupported_value", "echo")
+        # Limits: prompt tokens (--max-prompt-tokens 1000), body size (--max-body-bytes 65536).
+        expect_error(s, "POST", comp, {"prompt": "a " * 1500, "max_tokens": 1}, 400, "context_length_exceeded",
+                     "prompt")
+        expect_error(s, "POST", comp, {"prompt": "a" * 70000}, 413, "body_too_large")
+        # Routes.
+        expect_error(s, "GET", "/v1/nothing", None, 404, "unknown_route")
+        expect_error(s, "GET", chat, None, 404, "unknown_route")
+        # The official client maps them to its typed errors.
+        client = s.client()
+        try:
+            client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=0)
+            raise Failure("max_tokens=0 accepted")
+        except openai.BadRequestError as e:
+            check(e.status_code == 400 and e.body["param"] == "max_tokens", f"BadRequestError {e.body}")
+        # Still serving after all that.
+        check(chat_text(client, seed=1, max_tokens=2)[1].usage.completion_tokens > 0, "server still answers")
+
+
+def test_overload():
+    # One sequence at a time, one waiting: the third request is refused at once with 429.
+    with Server("overload", "--max-running", "1", "--max-queue", "1") as s:
+        long_stream = s.client().chat.completions.create(model="tiny", messages=CHAT, max_tokens=3000, stream=True)
+        next(iter(long_stream))  # running
+        queued = []
+        t = threading.Thread(target=lambda: queued.append(chat_text(s.client(), seed=1, max_tokens=3)))
+        t.start()
+        wait_for(lambda: metric(s.metrics(), "kallpa_scheduler_queued_requests") == 1, "a queued request")
+        hdrs, err = expect_error(s, "POST", "/v1/chat/completions", {"messages": CHAT, "max_tokens": 3}, 429,
+                                 "queue_full")
+        check(int(hdrs.get("Retry-After", "0")) > 0, f"429 without Retry-After: {hdrs}")
+        try:
+            s.client().chat.completions.create(model="tiny", messages=CHAT, max_tokens=3)
+            raise Failure("overload accepted")
+        except openai.RateLimitError as e:
+            check(e.status_code == 429, "RateLimitError")
+        long_stream.close()  # the client goes away: the queued request gets the slot
+        t.join(60)
+        check(queued and queued[0][1].usage.completion_tokens > 0, "the queued request was served")
+
+
+def test_auth():
+    with Server("auth", env={"KALLPA_API_KEY": "sesame"}) as s:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
+            expect_error(s, "POST", "/v1/chat/completions", {"messages": CHAT}, 401, "invalid_api_key",
+                         headers=headers)
+        expect_error(s, "GET", "/v1/models", None, 401, "invalid_api_key")
+        check(s.request("GET", "/health")[0] == 200, "/health needs no key")
+        check(s.request("GET", "/metrics")[0] == 200, "/metrics needs no key")
+        try:
+            s.client(api_key="wrong").models.list()
+            raise Failure("wrong key accepted")
+        except openai.AuthenticationError:
+            pass
+        text, r = chat_text(s.client(api_key="sesame"), seed=1, max_tokens=3)
+        check(r.usage.completion_tokens > 0, "the right key works")
+
+
+def test_disconnect_frees_kv():
+    with Server("disconnect") as s:
+        check(metric(s.metrics(), "kallpa_kv_cache_used_blocks") == 0, "KV in use before any request")
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        conn.request("POST", "/v1/chat/completions",
+                     json.dumps({"messages": CHAT, "max_tokens": 3900, "stream": True, "temperature": 1.0}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        check(resp.status == 200, f"stream status {resp.status}")
+        got = b""
+        while got.count(b"data: ") < 5:
+            got += resp.read1(4096)
+        m = s.metrics()
+        check(metric(m, "kallpa_kv_cache_used_blocks") > 0, "no KV blocks in use mid-stream")
+        check(metric(m, "kallpa_scheduler_running_sequences") == 1, "no running sequence mid-stream")
+        conn.sock.shutdown(2)
+        conn.close()
+        wait_for(lambda: metric(s.metrics(), "kallpa_request_finish_total", reason="cancelled") == 1,
+                 "the disconnected stream to be cancelled")
+        m = s.metrics()
+        check(metric(m, "kallpa_kv_cache_used_blocks") == 0, "KV blocks still used after the disconnect")
+        check(metric(m, "kallpa_scheduler_running_sequences") == 0, "sequence still running after the disconnect")
+        check(metric(m, "kallpa_generation_tokens_total") < 3900, "the stream ran to max_tokens anyway")
+
+
+def test_metrics_parse():
+    with Server("metrics") as s:
+        client = s.client()
+        tokens = 0
+        for seed in range(3):
+            tokens += chat_text(client, seed=seed, max_tokens=6)[1].usage.completion_tokens
+        _, _, usage, _ = stream_chat(client, seed=9, max_tokens=6)
+        tokens += usage.completion_tokens
+        s.request("GET", "/nope")
+        status, hdrs, text = s.request("GET", "/metrics")
+        check(status == 200 and hdrs["Content-Type"].startswith("text/plain; version=0.0.4"), "content type")
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        expected = {
+            "kallpa_http_requests": "counter", "kallpa_http_request_duration_seconds": "histogram",
+            "kallpa_prompt_tokens": "counter", "kallpa_generation_tokens": "counter",
+            "kallpa_request_finish": "counter",
+            "kallpa_time_to_first_token_seconds": "histogram", "kallpa_inter_token_latency_seconds": "histogram",
+            "kallpa_scheduler_queued_requests": "gauge", "kallpa_scheduler_running_sequences": "gauge",
+            "kallpa_kv_cache_used_blocks": "gauge", "kallpa_kv_cache_free_blocks": "gauge",
+            "kallpa_attention_calls": "counter", "kallpa_attention_failures": "counter",
+            "kallpa_attention_fallbacks": "counter", "kallpa_attention_duration_seconds": "histogram",
+        }
+        for name, kind in expected.items():
+            check(name in families, f"metric family {name} missing")
+            check(families[name].type == kind, f"{name} is a {families[name].type}, expected {kind}")
+        m = parse_metrics(text)
+        check(metric(m, "kallpa_http_requests_total", route="/v1/chat/completions", status="200") == 4,
+              "chat requests counted")
+        check(metric(m, "kallpa_http_requests_total", route="unmatched", status="404") == 1, "404 counted")
+        check(metric(m, "kallpa_generation_tokens_total") == tokens, "generated tokens == sum of usage")
+        check(metric(m, "kallpa_time_to_first_token_seconds_count") == 4, "one TTFT per request")
+        check(metric(m, "kallpa_inter_token_latency_seconds_count") == tokens - 4, "one ITL per later token")
+        calls = {dict(k)["backend"]: v for k, v in m["kallpa_attention_calls_total"].items()}
+        check(sum(calls.values()) > 0, f"no attention calls recorded: {calls}")
+        check(metric(m, "kallpa_kv_cache_free_blocks") > 0, "free blocks")
+
+
+def test_sigterm_drains():
+    with Server("sigterm") as s:
+        out = {}
+
+        def consume():
+            out["result"] = stream_chat(s.client(), seed=3, max_tokens=200, temperature=1.0)
+
+        t = threading.Thread(target=consume)
+        t.start()
+        wait_for(lambda: metric(s.metrics(), "kallpa_generation_tokens_total") > 0
+                 or metric(s.metrics(), "kallpa_scheduler_running_sequences") > 0, "the stream to start")
+        s.proc.send_signal(signal.SIGTERM)
+        # Draining: not ready, no new work, but the running stream goes on to its end.
+        wait_for(lambda: s.request("GET", "/ready")[0] == 503, "/ready to say 503 after SIGTERM")
+        status, hdrs, body = s.request("POST", "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2})
+        check(status == 503 and int(hdrs.get("Retry-After", "0")) > 0, f"during drain: {status} {body} {hdrs}")
+        check(body["error"]["code"] == "shutting_down", f"during drain: {body}")
+        t.join(120)
+        code = s.stop()
+        check(code == 0, f"exit code {code}\n{s.log_tail()}")
+        text, finish, usage, _ = out["result"]
+        check(finish in ("length", "stop") and usage is not None, f"the running stream was cut: {finish} {usage}")
+        check(finish == "stop" or usage.completion_tokens == 200, f"{usage.completion_tokens} tokens")
+
+    # Past the grace period, what is left is cancelled, and the exit is still clean.
+    with Server("sigterm_grace", "--drain-seconds", "0.3") as s:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 3990, "stream": True}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read1(100)
+        s.proc.send_signal(signal.SIGTERM)
+        body = resp.read().decode()
+        code = s.stop()
+        check(code == 0, f"exit code {code}\n{s.log_tail()}")
+        check(body.rstrip().endswith("data: [DONE]") and '"error"' in body, f"stream end {body[-300:]!r}")
+
+
+def test_real_model_paris():
+    model = Path(ARGS.model_dir) / REAL_MODEL
+    if not model.exists():
+        raise Skip(f"{model} not found (scripts/fetch_model.sh)")
+    with Server("real_model", model=model) as s:
+        text, r = chat_text(s.client(), seed=0, max_tokens=32, temperature=0)
+        check("Paris" in text, f"answer without Paris: {text!r}")
+        text2, finish, _, _ = stream_chat(s.client(), seed=0, max_tokens=32, temperature=0)
+        check(text2 == text, f"streamed {text2!r} != {text!r}")
+
+
+def main():
+    global ARGS
+    p = argparse.ArgumentParser()
+    p.add_argument("--kallpa", required=True)
+    p.add_argument("--fixture-tool", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("tests", nargs="+")
+    ARGS = p.parse_args()
+    failed = skipped = 0
+    for name in ARGS.tests:
+        fn = globals().get(f"test_{name}")
+        if fn is None:
+            print(f"unknown test {name}")
+            return 2
+        start = time.time()
+        try:
+            fn()
+            print(f"ok {name} ({time.time() - start:.1f} s)")
+        except Skip as e:
+            print(f"skipped {name}: {e}")
+            skipped += 1
+        except Failure as e:
+            print(f"FAIL {name}: {e}")
+            failed += 1
+    if failed:
+        return 1
+    return 77 if skipped == len(ARGS.tests) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+// The server's request parsing and validation (OpenAI bodies), error shapes, SSE framing,
+// response shapes and the Prometheus text rendering, without a socket.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "server/access_log.h"
+#include "server/api_error.h"
+#include "server/metrics.h"
+#include "server/openai_responses.h"
+#include "server/request_parser.h"
+#include "server/sse.h"
+
+namespace kallpa::server {
+namespace {
+
+using nlohmann::json;
+
+ParsedRequest parse(const json& body, Endpoint e = Endpoint::chat, std::int64_t max_tokens = 100) {
+  return parse_completion_request(body.dump(), e, {.max_tokens = max_tokens});
+}
+
+CompletionRequest ok(const ParsedRequest& p) {
+  if (const auto* e = std::get_if<ApiError>(&p)) ADD_FAILURE() << e->message;
+  const auto* r = std::get_if<CompletionRequest>(&p);
+  return r ? *r : CompletionRequest{};
+}
+
+ApiError error(const ParsedRequest& p) {
+  const auto* e = std::get_if<ApiError>(&p);
+  EXPECT_NE(e, nullptr) << "the request was accepted";
+  return e ? *e : ApiError{};
+}
+
+const json kChat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+
+TEST(ServerRequest, ChatWithDefaults) {
+  const CompletionRequest r = ok(parse(kChat));
+  ASSERT_EQ(r.messages.size(), 1u);
+  EXPECT_EQ(r.messages[0].role, "user");
+  EXPECT_EQ(r.messages[0].content, "hi");
+  EXPECT_EQ(r.max_tokens, 100);  // the server's limit is the default
+  EXPECT_EQ(r.sampling.temperature, 1.0f);
+  EXPECT_EQ(r.sampling.top_p, 1.0f);
+  EXPECT_EQ(r.sampling.top_k, 0);
+  EXPECT_EQ(r.sampling.min_p, 0.0f);
+  EXPECT_FALSE(r.seed_given);
+  EXPECT_FALSE(r.stream);
+}
+
+TEST(ServerRequest, ChatWithEveryOption) {
+  json body = kChat;
+  body["messages"] = {{{"role", "developer"}, {"content", "be brief"}},
+                      {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}}}}};
+  body.update({{"model", "m"}, {"max_completion_tokens", 7}, {"temperature", 0}, {"top_p", 0.5}, {"seed", -3},
+               {"stop", "END"}, {"stream", true}, {"stream_options", {{"include_usage", true}}}, {"n", 1},
+               {"presence_penalty", 0}, {"top_k", 5}, {"user", "ignored"}, {"unknown_field", 1}});
+  const CompletionRequest r = ok(parse(body));
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[1].content, "ab");
+  EXPECT_EQ(r.max_tokens, 7);
+  EXPECT_EQ(r.sampling.temperature, 0.0f);
+  EXPECT_EQ(r.sampling.top_p, 0.5f);
+  EXPECT_EQ(r.sampling.top_k, 5);
+  EXPECT_TRUE(r.seed_given);
+  EXPECT_EQ(r.sampling.seed, static_cast<std::uint64_t>(-3));
+  EXPECT_EQ(r.stop, std::vector<std::string>{"END"});
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+}
+
+TEST(ServerRequest, CompletionPromptForms) {
+  EXPECT_EQ(ok(parse({{"prompt", "abc"}}, Endpoint::completions)).prompt, "abc");
+  EXPECT_EQ(ok(parse({{"prompt", {"abc"}}}, Endpoint::completions)).prompt, "abc");
+  const CompletionRequest ids = ok(parse({{"prompt", {5, 6, 7}}}, Endpoint::completions));
+  EXPECT_TRUE(ids.prompt_is_tokens);
+  EXPECT_EQ(ids.prompt_tokens, (std::vector<std::int32_t>{5, 6, 7}));
+  EXPECT_EQ(ok(parse({{"prompt", {{8, 9}}}}, Endpoint::completions)).prompt_tokens, (std::vector<std::int32_t>{8, 9}));
+  const CompletionRequest stops = ok(parse({{"prompt", "x"}, {"stop", {"a", "b"}}}, Endpoint::completions));
+  EXPECT_EQ(stops.stop, (std::vector<std::string>{"a", "b"}));
+}
+
+struct BadCase {
+  json body;
+  Endpoint endpoint;
+  std::string param, code;
+};
+
+TEST(ServerRequest, BadInputsNameTheFieldAndKind) {
+  auto with = [](const char* key, json value) {
+    json b = kChat;
+    b[key] = std::move(value);
+    return b;
+  };
+  const std::vector<BadCase> cases = {
+      {json::array(), Endpoint::chat, "body", "invalid_type"},
+      {json::object(), Endpoint::chat, "messages", "missing_required_parameter"},
+      {{{"messages", "hi"}}, Endpoint::chat, "messages", "invalid_type"},
+      {{{"messages", json::array()}}, Endpoint::chat, "messages", "invalid_value"},
+      {{{"messages", {1}}}, Endpoint::chat, "messages[0]", "invalid_type"},
+      {{{"messages", {{{"content", "x"}}}}}, Endpoint::chat, "messages[0].role", "missing_required_parameter"},
+      {{{"messages", {{{"role", "bot"}, {"content", "x"}}}}}, Endpoint::chat, "messages[0].role", "invalid_value"},
+      {{{"messages", {{{"role", "user"}}}}}, Endpoint::chat, "messages[0].content", "missing_required_parameter"},
+      {{{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}}, Endpoint::chat,
+       "messages[0].content[0].type", "unsupported_value"},
+      {with("max_tokens", "5"), Endpoint::chat, "max_tokens", "invalid_type"},
+      {with("max_tokens", 0), Endpoint::chat, "max_tokens", "invalid_value"},
+      {with("max_tokens", 101), Endpoint::chat, "max_tokens", "invalid_value"},
+      {with("temperature", -0.1), Endpoint::chat, "temperature", "invalid_value"},
+      {with("temperature", true), Endpoint::chat, "temperature", "invalid_type"},
+      {with("top_p", 1.5), Endpoint::chat, "top_p", "invalid_value"},
+      {with("seed", 1.5), Endpoint::chat, "seed", "invalid_type"},
+      {with("stop", json::array({1})), Endpoint::chat, "stop[0]", "invalid_type"},
+      {with("stop", json::array({"a", "b", "c", "d", "e"})), Endpoint::chat, "stop", "invalid_value"},
+      {with("stop", ""), Endpoint::chat, "stop", "invalid_value"},
+      {with("stream", 1), Endpoint::chat, "stream", "invalid_type"},
+      {with("stream_options", {{"include_usage", true}}), Endpoint::chat, "stream_options", "invalid_value"},
+      {with("n", 3), Endpoint::chat, "n", "invalid_value"},
+      {with("presence_penalty", 0.5), Endpoint::chat, "presence_penalty", "unsupported_value"},
+      {with("logit_bias", {{"5", 1}}), Endpoint::chat, "logit_bias", "unsupported_value"},
+      {with("tools", json::array()), Endpoint::chat, "tools", "unsupported_value"},
+      {json::object(), Endpoint::completions, "prompt", "missing_required_parameter"},
+      {{{"prompt", 5}}, Endpoint::completions, "prompt", "invalid_type"},
+      {{{"prompt", {"a", "b"}}}, Endpoint::completions, "prompt", "unsupported_value"},
+      {{{"prompt", {1, "a"}}}, Endpoint::completions, "prompt[1]", "invalid_type"},
+      {{{"prompt", {-1}}}, Endpoint::completions, "prompt[0]", "invalid_value"},
+      {{{"prompt", "x"}, {"echo", true}}, Endpoint::completions, "echo", "unsupported_value"},
+      {{{"prompt", "x"}, {"logprobs", 2}}, Endpoint::completions, "logprobs", "unsupported_value"},
+  };
+  for (const BadCase& c : cases) {
+    const ApiError e = error(parse(c.body, c.endpoint));
+    EXPECT_EQ(e.status, 400) << c.body.dump();
+    EXPECT_EQ(e.param, c.param) << c.body.dump() << ": " << e.message;
+    EXPECT_EQ(e.code, c.code) << c.body.dump() << ": " << e.message;
+    EXPECT_FALSE(e.message.empty());
+  }
+}
+
+TEST(ServerRequest, MalformedJsonSaysWhere) {
+  const ApiError e = error(parse_completion_request("{\"messages\": [}", Endpoint::chat, {}));
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "invalid_json");
+  EXPECT_NE(e.message.find("byte"), std::string::npos) << e.message;
+  EXPECT_EQ(error(parse_completion_request("", Endpoint::chat, {})).code, "invalid_json");
+}
+
+TEST(ServerErrors, OpenAiShapeAndStatusMapping) {
+  const json j = bad_request("max_tokens", "too big").to_json();
+  EXPECT_EQ(j["error"]["param"], "max_tokens");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["code"], "invalid_value");
+  EXPECT_TRUE(ApiError{}.to_json()["error"]["param"].is_null());
+
+  const ApiError queue = from_status(Status(ErrorCode::out_of_memory, "queue", "full"));
+  EXPECT_EQ(queue.status, 429);
+  EXPECT_GT(queue.retry_after_seconds, 0);
+  EXPECT_EQ(from_status(Status(ErrorCode::out_of_memory, "kv_cache", "too big")).status, 400);
+  const ApiError closing = from_status(Status(ErrorCode::unsupported, "scheduler", "shutting down"));
+  EXPECT_EQ(closing.status, 503);
+  EXPECT_GT(closing.retry_after_seconds, 0);
+  EXPECT_EQ(from_status(Status::invalid("prompt", "empty")).status, 400);
+  EXPECT_EQ(from_status(Status(ErrorCode::backend_failure, "attention", "x")).status, 500);
+}
+
+TEST(ServerResponses, ShapesOfBodiesAndChunks) {
+  ResponseMeta chat{Endpoint::chat, "chatcmpl-1", "m", 5};
+  const json body = completion_body(chat, "hello", "stop", {3, 2});
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "hello");
+  EXPECT_EQ(body["usage"]["total_tokens"], 5);
+  const json first = stream_chunk(chat, "", "", true);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  EXPECT_EQ(stream_chunk(chat, "", "length")["choices"][0]["delta"], json::object());
+  EXPECT_TRUE(usage_chunk(chat, {1, 1})["choices"].empty());
+  ResponseMeta text{Endpoint::completions, "cmpl-1", "m", 5};
+  EXPECT_EQ(stream_chunk(text, "x", "")["choices"][0]["text"], "x");
+  EXPECT_EQ(completion_body(text, "y", "length", {})["object"], "text_completion");
+}
+
+TEST(ServerSse, FramingAndInvalidUtf8) {
+  EXPECT_EQ(sse_event(json{{"a", 1}}), "data: {\"a\":1}\n\n");
+  EXPECT_EQ(std::string(kSseDone), "data: [DONE]\n\n");
+  // Text never reaches here invalid (the stream decoder emits whole code points), but if it did,
+  // the event must still be well-formed.
+  const std::string bad = sse_event(json{{"t", std::string("\xff")}});
+  EXPECT_EQ(bad, "data: {\"t\":\"\xEF\xBF\xBD\"}\n\n");
+}
+
+TEST(ServerMetricsText, CountersGaugesHistogramsAndEscaping) {
+  MetricsRegistry r;
+  MetricFamily& c = r.add("x_requests_total", "Requests.", MetricType::counter, {"route"});
+  MetricFamily& h = r.add("x_latency_seconds", "Latency.", MetricType::histogram, {}, {0.1, 1});
+  MetricFamily& g = r.add("x_depth", "Depth.", MetricType::gauge);
+  c.inc({"/a\"b"});
+  c.inc({"/a\"b"}, 2);
+  h.observe({}, 0.05);
+  h.observe({}, 0.5);
+  h.observe({}, 5);
+  g.set({}, 7);
+  const std::string text = r.render();
+  EXPECT_NE(text.find("# TYPE x_requests_total counter\nx_requests_total{route=\"/a\\\"b\"} 3\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("x_latency_seconds_bucket{le=\"0.1\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("x_latency_seconds_bucket{le=\"1\"} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("x_latency_seconds_bucket{le=\"+Inf\"} 3\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("x_latency_seconds_sum 5.55\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("x_latency_seconds_count 3\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("x_depth 7\n"), std::string::npos) << text;
+  EXPECT_EQ(escape_label_value("a\\b\nc"), "a\\\\b\\nc");
+}
+
+TEST(ServerAccessLog, OneJsonLinePerRequest) {
+  AccessLogEntry e;
+  e.id = "req-1";
+  e.method = "POST";
+  e.path = e.route = "/v1/completions";
+  e.status = 200;
+  e.prompt_tokens = 4;
+  e.completion_tokens = 9;
+  e.finish_reason = "length";
+  e.latency_seconds = 0.25;
+  const std::string line = format_access_log(e);
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  const json j = json::parse(line);
+  EXPECT_EQ(j["id"], "req-1");
+  EXPECT_EQ(j["status"], 200);
+  EXPECT_EQ(j["completion_tokens"], 9);
+  EXPECT_EQ(j["latency_ms"], 250.0);
+  AccessLogEntry plain;
+  plain.path = "/health";
+  EXPECT_FALSE(json::parse(format_access_log(plain)).contains("prompt_tokens"));
+}
+
+}  // namespace
+}  // namespace kallpa::server

@@ -1,0 +1,217 @@
+// `kallpa bench model`: how fast the engine reads a prompt (pp) and generates (tg), at an empty
+// context and after `depth` tokens of context, the way llama-bench reports it so that the two can
+// be compared: pp512 and tg128, at depth 0 and 2048, mean and spread over repetitions.
+//
+// Prompts are real text (a paragraph tiled to length) rather than random ids, so the tokens are
+// ones the model meets; generation is greedy and never stops early, so every run does the same work.
+#include "cmd_bench_model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "engine_cli.h"
+#include "core/parallel.h"
+#include "output.h"
+
+namespace kallpa::cli {
+namespace {
+
+struct BenchModelOptions {
+  EngineCliOptions engine;
+  std::int64_t prompt_tokens = 512;
+  std::int64_t gen_tokens = 128;
+  std::vector<std::int64_t> depths = {0, 2048};
+  int repetitions = 3;
+  bool json = false;
+};
+
+constexpr const char* kText =
+    "The history of computing is a story of layers. Engineers build a machine, then a language to "
+    "describe what it should do, then libraries that hide the details of the language, and finally "
+    "applications that people use without thinking about any of it. Each layer must keep its promises "
+    "to the layer above, or the whole tower shakes. In 1971 a small chip held 2,300 transistors; fifty "
+    "years later a single accelerator holds more than eighty billion. What has not changed is the need "
+    "for clear contracts between the parts: a function that sorts must sort, a file system that says a "
+    "write is durable must mean it, and an attention kernel that claims to compute softmax(QK^T)V must "
+    "do exactly that for every shape it accepts. ";
+
+struct Measurement {
+  std::string test;  // "pp512", "tg128"
+  std::int64_t depth = 0;
+  std::int64_t tokens = 0;
+  std::vector<double> seconds;  // one per repetition
+};
+
+double mean(const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0) / double(v.size()); }
+
+// Tokens per second of each repetition: mean and sample standard deviation.
+std::pair<double, double> rate_stats(const Measurement& m) {
+  std::vector<double> rates;
+  for (double s : m.seconds) rates.push_back(s > 0 ? double(m.tokens) / s : 0.0);
+  const double mu = mean(rates);
+  double var = 0;
+  for (double r : rates) var += (r - mu) * (r - mu);
+  return {mu, rates.size() > 1 ? std::sqrt(var / double(rates.size() - 1)) : 0.0};
+}
+
+Result<std::vector<std::int32_t>> tiled_text(const tokenizer::Tokenizer& tok, std::int64_t n) {
+  auto piece = tok.encode(kText, {.add_special = false});
+  if (!piece) return piece.status();
+  if (piece->empty()) return Status(ErrorCode::internal, "tokenizer", "the benchmark text encodes to no tokens");
+  std::vector<std::int32_t> out;
+  out.reserve(static_cast<std::size_t>(n));
+  while (static_cast<std::int64_t>(out.size()) < n) {
+    out.push_back((*piece)[out.size() % piece->size()]);
+  }
+  return out;
+}
+
+Status run_once(runtime::Engine& engine, const BenchModelOptions& o, std::int64_t depth,
+                std::span<const std::int32_t> context, std::span<const std::int32_t> prompt, double* pp_seconds,
+                double* tg_seconds) {
+  using clock = std::chrono::steady_clock;
+  runtime::Session session(engine, {.temperature = 0});
+  if (depth > 0) {
+    if (Status s = session.feed(context.first(static_cast<std::size_t>(depth))); !s) return s;
+  }
+  const auto t0 = clock::now();
+  if (Status s = session.feed(prompt); !s) return s;
+  const auto t1 = clock::now();
+  *pp_seconds = std::chrono::duration<double>(t1 - t0).count();
+  // Generation continues from the depth context alone, not after the prompt, so that pp and tg
+  // both start at `depth` tokens (llama-bench measures them that way): rewind to just before the
+  // end of the context and feed its last token again, for its logits.
+  const std::int32_t last = depth > 0 ? context[static_cast<std::size_t>(depth - 1)] : prompt.front();
+  session.rewind(std::max<std::int64_t>(depth - 1, 0));
+  if (Status s = session.feed({&last, 1}); !s) return s;
+  const auto t2 = clock::now();
+  for (std::int64_t i = 0; i < o.gen_tokens; ++i) {
+    auto next = session.sample();
+    if (!next) return next.status();
+    const std::int32_t token = *next;
+    if (Status s = session.feed({&token, 1}); !s) return s;
+  }
+  *tg_seconds = std::chrono::duration<double>(clock::now() - t2).count();
+  return {};
+}
+
+std::string backend_used(const runtime::Engine& engine) {
+  std::string best = "-";
+  std::uint64_t most = 0;
+  for (const auto& [name, stats] : engine.attention_stats().snapshot()) {
+    if (stats.calls - stats.failures > most) {
+      most = stats.calls - stats.failures;
+      best = name;
+    }
+  }
+  return best;
+}
+
+int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
+  const std::int64_t max_depth = *std::max_element(o.depths.begin(), o.depths.end());
+  o.engine.context = std::max(o.engine.context, max_depth + std::max(o.prompt_tokens, o.gen_tokens + 1));
+  int code = kExitOk;
+  auto engine = load_engine(o.engine, global, &code);
+  if (!engine) return code;
+  const std::int64_t limit = engine->config().context_length;
+  if (max_depth + std::max(o.prompt_tokens, o.gen_tokens + 1) > limit) {
+    print_error("", Status::invalid("--depth", fmt::format("depth {} + {} tokens exceed the model's context of {}",
+                                                           max_depth, std::max(o.prompt_tokens, o.gen_tokens + 1),
+                                                           limit)));
+    return kExitUsage;
+  }
+  auto context = tiled_text(engine->tokenizer(), std::max<std::int64_t>(max_depth, 1));
+  auto prompt = tiled_text(engine->tokenizer(), o.prompt_tokens);
+  if (!context || !prompt) {
+    print_error("benchmark text", context ? prompt.status() : context.status());
+    return kExitFailure;
+  }
+  // The prompt must not repeat the context's tokens at the same offsets, or nothing changes; a
+  // rotation keeps it real text.
+  std::rotate(prompt->begin(), prompt->begin() + static_cast<std::ptrdiff_t>(prompt->size() / 3), prompt->end());
+
+  std::vector<Measurement> results;
+  for (std::int64_t depth : o.depths) {
+    Measurement pp{fmt::format("pp{}", o.prompt_tokens), depth, o.prompt_tokens, {}};
+    Measurement tg{fmt::format("tg{}", o.gen_tokens), depth, o.gen_tokens, {}};
+    for (int rep = -1; rep < o.repetitions; ++rep) {  // rep -1 warms up caches and the thread pool
+      double pp_s = 0, tg_s = 0;
+      if (Status s = run_once(*engine, o, depth, *context, *prompt, &pp_s, &tg_s); !s) {
+        print_error("benchmark run failed", s);
+        return kExitFailure;
+      }
+      if (rep < 0) continue;
+      pp.seconds.push_back(pp_s);
+      tg.seconds.push_back(tg_s);
+      if (!o.json) {
+        fmt::print(stderr, "  depth {}: {} {:.1f} tok/s, {} {:.1f} tok/s\n", depth, pp.test,
+                   double(o.prompt_tokens) / pp_s, tg.test, double(o.gen_tokens) / tg_s);
+      }
+    }
+    results.push_back(std::move(pp));
+    results.push_back(std::move(tg));
+  }
+
+  const std::string backend = backend_used(*engine);
+  const int threads = parallel::ThreadPool::global().num_threads();
+  const std::string model = engine->options().model_path;
+  if (o.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const Measurement& m : results) {
+      const auto [rate, sd] = rate_stats(m);
+      out.push_back({{"model", model},
+                     {"test", m.test},
+                     {"depth", m.depth},
+                     {"tokens", m.tokens},
+                     {"threads", threads},
+                     {"attention", backend},
+                     {"seconds", m.seconds},
+                     {"tokens_per_second", rate},
+                     {"tokens_per_second_stddev", sd}});
+    }
+    fmt::print("{}\n", out.dump(2));
+    return kExitOk;
+  }
+  Table table({{"model"}, {"threads", Table::Align::right}, {"attention"}, {"test"}, {"tok/s", Table::Align::right}});
+  for (const Measurement& m : results) {
+    const auto [rate, sd] = rate_stats(m);
+    table.add_row({std::filesystem::path(model).filename().string(), std::to_string(threads), backend,
+                   m.depth > 0 ? fmt::format("{} @ d{}", m.test, m.depth) : m.test,
+                   fmt::format("{:.1f} ± {:.1f}", rate, sd)});
+  }
+  table.print(stdout);
+  return kExitOk;
+}
+
+}  // namespace
+
+std::function<int(const GlobalOptions&)> add_bench_model_subcommand(CLI::App* bench) {
+  auto o = std::make_shared<BenchModelOptions>();
+  CLI::App* sub = bench->add_subcommand(
+      "model", "Prompt (pp) and generation (tg) tokens/s of a model, at empty context and after --depth tokens");
+  add_engine_options(sub, o->engine);
+  sub->add_option("-p,--prompt-tokens", o->prompt_tokens, "Prompt length for pp")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  sub->add_option("-n,--gen-tokens", o->gen_tokens, "Tokens to generate for tg")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  sub->add_option("-d,--depth", o->depths, "Context already present (repeatable)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  sub->add_option("-r,--repetitions", o->repetitions, "Timed runs per test (after one warm-up)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  sub->add_flag("--json", o->json, "Results as a JSON array on stdout");
+  return [o](const GlobalOptions& g) { return run_bench_model(*o, g); };
+}
+
+}  // namespace kallpa::cli

@@ -1,0 +1,120 @@
+// `kallpa serve`: the OpenAI-compatible HTTP server (include/kallpa/server/server.h).
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cli.h"
+#include "engine_cli.h"
+#include "kallpa/server/server.h"
+#include "model_path.h"
+#include "output.h"
+
+namespace kallpa::cli {
+namespace {
+
+// Set by the signal handler, polled by a watcher thread: a handler may run on any thread (some
+// were started before the command ran, with the default signal mask), and may only do this much.
+volatile std::sig_atomic_t g_signal = 0;
+
+extern "C" void on_stop_signal(int signo) { g_signal = signo; }
+
+struct ServeCliOptions {
+  EngineCliOptions engine;
+  server::ServerOptions server;
+  bool no_access_log = false;
+};
+
+int run_serve(ServeCliOptions& o, const GlobalOptions& global) {
+  if (o.server.api_key.empty()) {
+    if (const char* key = std::getenv("KALLPA_API_KEY"); key && *key) o.server.api_key = key;
+  }
+  struct sigaction stop {};
+  stop.sa_handler = on_stop_signal;
+  sigemptyset(&stop.sa_mask);
+  sigaction(SIGINT, &stop, nullptr);
+  sigaction(SIGTERM, &stop, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up mid-stream is an error return, not death
+
+  int code = kExitOk;
+  auto engine = load_engine(o.engine, global, &code);
+  if (!engine) return code;
+  if (o.server.model_name.empty()) {
+    const std::string path = o.engine.model.empty() ? default_model_path() : o.engine.model;
+    o.server.model_name = std::filesystem::path(path).stem().string();
+  }
+  if (o.no_access_log) o.server.access_log = nullptr;
+
+  server::Server srv(*engine, o.server);
+  auto port = srv.bind();
+  if (!port) {
+    print_error("cannot start the server", port.status());
+    return kExitUsage;
+  }
+  fmt::print("kallpa serve: listening on http://{}:{} (model {})\n", o.server.host, *port, o.server.model_name);
+  std::fflush(stdout);
+
+  std::atomic<bool> finished{false};
+  std::thread signal_thread([&] {
+    bool draining = false;
+    while (!finished.load()) {
+      if (const int signo = g_signal; signo != 0 && !draining) {
+        fmt::print(stderr, "kallpa serve: {} received: draining (up to {:g} s)\n", signo == SIGTERM ? "SIGTERM" : "SIGINT",
+                   o.server.drain_seconds);
+        srv.shutdown();
+        draining = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  Status s = srv.run();
+  finished.store(true);
+  signal_thread.join();
+  if (!s) {
+    print_error("server failed", s);
+    return kExitFailure;
+  }
+  fmt::print(stderr, "kallpa serve: stopped\n");
+  return kExitOk;
+}
+
+}  // namespace
+
+Command add_serve_command(CLI::App& app) {
+  auto o = std::make_shared<ServeCliOptions>();
+  CLI::App* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching and /metrics");
+  // Every running request's worst case must fit the KV cache at once, so a server wants more of it
+  // than one conversation does (the engine still caps it at the model's context length).
+  o->engine.context = 8192;
+  add_engine_options(sub, o->engine);
+  server::ServerOptions& s = o->server;
+  sub->add_option("--host", s.host, "Address to listen on (default 127.0.0.1: this machine only)");
+  sub->add_option("--port", s.port, "Port (0: pick a free one and print it)")->check(CLI::Range(0, 65535));
+  sub->add_option("--api-key", s.api_key, "Require Authorization: Bearer KEY on /v1/* (env KALLPA_API_KEY)");
+  sub->add_option("--model-name", s.model_name, "Model id reported by /v1/models (default: the file name)");
+  sub->add_option("--max-queue", s.scheduler.max_queue, "Requests waiting for a slot; more get 429")
+      ->check(CLI::Range(0, 1 << 20));
+  sub->add_option("--max-running", s.scheduler.max_running, "Sequences generating at once")
+      ->check(CLI::Range(1, 4096));
+  sub->add_option("--max-batch-tokens", s.scheduler.max_batch_tokens, "Tokens per forward pass")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--prefill-chunk", s.scheduler.prefill_chunk, "Prompt tokens per prefill chunk")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--max-tokens", s.max_tokens, "Largest max_tokens a request may ask for (also the default)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--max-prompt-tokens", s.max_prompt_tokens, "Longest prompt in tokens (0: the model's context)")
+      ->check(CLI::Range(0, 1 << 24));
+  sub->add_option("--max-body-bytes", s.max_body_bytes, "Largest request body; more gets 413")
+      ->check(CLI::Range(64, 1 << 30));
+  sub->add_option("--drain-seconds", s.drain_seconds, "On SIGTERM/SIGINT: how long running requests may finish")
+      ->check(CLI::Range(0.0, 3600.0));
+  sub->add_option("--http-threads", s.http_threads, "HTTP worker threads (0: max-running + max-queue + 8)")
+      ->check(CLI::Range(0, 4096));
+  sub->add_flag("--no-access-log", o->no_access_log, "No per-request JSON lines on stderr");
+  return {sub, [o](const GlobalOptions& g) { return run_serve(*o, g); }};
+}
+
+}  // namespace kallpa::cli

@@ -1,0 +1,127 @@
+#include "engine_cli.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "model_path.h"
+#include "output.h"
+
+namespace kallpa::cli {
+namespace {
+
+// Prints "loading NAME: 45% of 97 MiB" on stderr once a load has taken a second, refreshed in place
+// on a terminal (one line at the start and one at the end otherwise, so logs stay readable).
+// A thread of its own, because the slow part may be a stage that reports no progress.
+class LoadIndicator {
+ public:
+  explicit LoadIndicator(std::string name)
+      : name_(std::move(name)), tty_(isatty(STDERR_FILENO) == 1), thread_([this] { loop(); }) {}
+  ~LoadIndicator() { finish(); }
+
+  void update(const runtime::LoadProgress& p) {
+    done_.store(p.done, std::memory_order_relaxed);
+    total_.store(p.total, std::memory_order_relaxed);
+  }
+
+  void finish() {
+    {
+      std::lock_guard lock(mu_);
+      if (stopped_) return;
+      stopped_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    if (shown_) {
+      const double s = std::chrono::duration<double>(clock::now() - start_).count();
+      fmt::print(stderr, "{}loaded {} in {:.1f} s{}\n", tty_ ? "\r" : "", name_, s, tty_ ? "\033[K" : "");
+    }
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  void loop() {
+    std::unique_lock lock(mu_);
+    if (cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stopped_; })) return;
+    do {
+      show();
+    } while (tty_ && !cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopped_; }));
+    if (!tty_) cv_.wait(lock, [this] { return stopped_; });
+  }
+
+  void show() {
+    const std::uint64_t total = total_.load(std::memory_order_relaxed);
+    const std::uint64_t done = done_.load(std::memory_order_relaxed);
+    std::string what = total == 0 || done < total
+                           ? fmt::format("{:.0f}% of {:.0f} MiB", total ? 100.0 * double(done) / double(total) : 0.0,
+                                         double(total) / (1 << 20))
+                           : std::string("preparing weights");
+    fmt::print(stderr, "{}loading {}: {}{}", tty_ ? "\r" : "", name_, what, tty_ ? "\033[K" : "...\n");
+    std::fflush(stderr);
+    shown_ = true;
+  }
+
+  std::string name_;
+  bool tty_;
+  bool shown_ = false;
+  bool stopped_ = false;
+  std::atomic<std::uint64_t> done_{0}, total_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  clock::time_point start_ = clock::now();
+  std::thread thread_;  // last: starts after everything it reads
+};
+
+}  // namespace
+
+void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
+  sub->add_option("-m,--model", o.model, "GGUF model (default: $KALLPA_MODEL or models/" +
+                                             std::string(kDefaultModelFile) + ")");
+  sub->add_option("--threads,-t", o.threads, "CPU threads (default: all cores; env KALLPA_THREADS)")
+      ->check(CLI::Range(1, 1024));
+  sub->add_option("--context", o.context, "KV cache capacity in tokens")->check(CLI::Range(16, 1 << 20));
+}
+
+std::unique_ptr<runtime::Engine> load_engine(const EngineCliOptions& o, const GlobalOptions& global, int* code) {
+  if (o.threads > 0) setenv("KALLPA_THREADS", std::to_string(o.threads).c_str(), 1);  // before the pool starts
+  runtime::EngineOptions options;
+  options.model_path = o.model.empty() ? default_model_path() : o.model;
+  if (options.model_path.empty()) {
+    print_error("", Status(ErrorCode::not_found, "model",
+                           fmt::format("no -m given and {} not found; run `bash scripts/fetch_model.sh` or set "
+                                       "KALLPA_MODEL",
+                                       kDefaultModelFile)));
+    *code = kExitUsage;
+    return nullptr;
+  }
+  auto dispatch = dispatch_options(global, BackendRegistry::global());
+  if (!dispatch) {
+    print_error("", dispatch.status());
+    *code = kExitUsage;
+    return nullptr;
+  }
+  options.attention = *dispatch;
+  options.cache.max_tokens = o.context;
+  LoadIndicator indicator(std::filesystem::path(options.model_path).filename().string());
+  options.on_progress = [&indicator](const runtime::LoadProgress& p) { indicator.update(p); };
+  auto engine = runtime::Engine::load(options);
+  indicator.finish();
+  if (!engine) {
+    print_error(fmt::format("cannot load {}", options.model_path), engine.status());
+    *code = engine.status().code() == ErrorCode::not_found ? kExitUsage : kExitFailure;
+    return nullptr;
+  }
+  return std::move(*engine);
+}
+
+}  // namespace kallpa::cli

@@ -1,0 +1,31 @@
+// Loading the engine from the command line, shared by every subcommand that runs a model
+// (generate, chat, tokenize, bench model, serve): the model/threads/context options, the default
+// model path, a progress indicator for slow loads, and errors printed the CLI's way.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "cli.h"
+#include "kallpa/runtime/engine.h"
+
+namespace kallpa::cli {
+
+struct EngineCliOptions {
+  std::string model;
+  int threads = 0;
+  std::int64_t context = 4096;  // KV cache capacity in tokens
+};
+
+void add_engine_options(CLI::App* sub, EngineCliOptions& options);
+
+// Loads the engine; prints the error and returns nullptr on failure, with the exit code in *code
+// (usage for a missing model or a bad --attention, failure otherwise). Shows progress on stderr
+// when the load takes longer than a second.
+std::unique_ptr<runtime::Engine> load_engine(const EngineCliOptions& options, const GlobalOptions& global,
+                                             int* code);
+
+}  // namespace kallpa::cli
