@@ -4,11 +4,14 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "kallpa/conformance.h"
 #include "kallpa/dispatcher.h"
 #include "kallpa/health.h"
+#include "kallpa/observer.h"
 #include "kallpa/plugin.h"
 #include "kallpa/plugin_abi.h"
 #include "kallpa/registry.h"
@@ -121,15 +124,41 @@ TEST(Plugin, LibrariesThatAreNotUsableAreReportedByPathAndReason) {
   EXPECT_TRUE(contains(twice_second.status.message(), "already registered")) << twice_second.status.message();
 }
 
+// Slowness is not a fault: a slow backend that computes the right answer stays healthy and
+// selected (falling back would change nothing but the backend), and its latency shows in the
+// dispatcher's stats, which is where an operator sees it (/metrics in the server).
+TEST(Plugin, SlowPluginStaysHealthyAndItsLatencyIsVisible) {
+  PluginRegistry r;
+  ASSERT_TRUE(r.load("slow").status);
+  auto stats = std::make_shared<StatsObserver>();
+  Dispatcher d({}, &r.registry);
+  d.add_observer(stats);
+  DenseF32Problem t(1, 7, 9, 4, 2, 16);
+  t.problem.causal = true;
+  ASSERT_TRUE(d.run(t.problem));
+  const std::vector<float> want = reference_output(7, 9);
+  for (std::size_t n = 0; n < want.size(); ++n) ASSERT_NEAR(t.o[n], want[n], 1e-6) << n;
+  EXPECT_EQ(r.registry.info("fault-slow")->health, Health::healthy);
+  const auto snap = stats->snapshot();
+  ASSERT_EQ(snap.count("fault-slow"), 1u);
+  const StatsObserver::BackendStats& s = snap.at("fault-slow");
+  EXPECT_EQ(s.calls, 1u);
+  EXPECT_EQ(s.failures, 0u);
+  EXPECT_EQ(s.fallbacks, 0u);
+  // The plugin sleeps 25 ms in every run: a lower bound that holds on any machine.
+  EXPECT_GE(s.max_seconds, 0.025);
+  EXPECT_GE(s.quantile_seconds(1.0), 0.025);
+}
+
 TEST(Plugin, PathListLoadsFilesAndDirectoriesAndCarriesOn) {
   PluginRegistry r;
   const std::string list = std::string("/nonexistent:") + KALLPA_TEST_PLUGIN_DIR + "::" + plugin("good");
   std::vector<PluginLoadReport> reports = load_plugins(list, r.registry);
   std::size_t loaded = 0, failed = 0;
   for (const PluginLoadReport& rep : reports) (rep.status ? loaded : failed) += 1;
-  // The directory holds 10 libraries, 3 of which cannot load; "good" comes twice (once refused).
-  EXPECT_EQ(reports.size(), 12u);
-  EXPECT_EQ(loaded, 7u);
+  // The directory holds 11 libraries, 3 of which cannot load; "good" comes twice (once refused).
+  EXPECT_EQ(reports.size(), 13u);
+  EXPECT_EQ(loaded, 8u);
   EXPECT_EQ(failed, 5u);
   EXPECT_EQ(reports.front().status.code(), ErrorCode::not_found);
   EXPECT_NE(r.registry.find("fault-offby"), nullptr);

@@ -19,6 +19,8 @@
 #include <cstdlib>
 #include <limits>
 #include <stdexcept>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "kallpa/plugin_abi.h"
@@ -33,10 +35,12 @@
 #define KALLPA_FAULT_WRONG_MAJOR 7
 #define KALLPA_FAULT_INIT_ERROR 8
 #define KALLPA_FAULT_GOOD 9
+#define KALLPA_FAULT_SLOW 10
 
 #ifndef KALLPA_FAULT
 #error "define KALLPA_FAULT"
 #endif
+#define KALLPA_FAULT_SLOW_MS 25
 
 namespace {
 
@@ -102,6 +106,10 @@ std::int32_t run(void*, const kallpa_problem* p, void* ws, std::size_t ws_bytes,
   if (faulting()) for_each_row_head(p, [](float) { return std::numeric_limits<float>::quiet_NaN(); });
 #elif KALLPA_FAULT == KALLPA_FAULT_THROW
   if (faulting()) throw std::runtime_error("injected exception from a C++ plugin");
+#elif KALLPA_FAULT == KALLPA_FAULT_SLOW
+  // Right, only late: a hung driver or a throttled device. Not a fault the dispatcher may act on
+  // (slowness is no reason to serve from another backend); it must show in the latency stats.
+  if (faulting()) std::this_thread::sleep_for(std::chrono::milliseconds(KALLPA_FAULT_SLOW_MS));
 #endif
   return KALLPA_PLUGIN_OK;
 }
