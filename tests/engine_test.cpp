@@ -120,6 +120,15 @@ TEST(Engine, GreedyTextIsTheSameWithEveryCpuAttentionBackend) {
   EXPECT_GE(backends, 2);
 }
 
+TEST(Engine, HeldBackIsTheLongestSuffixThatMayStartAStopString) {
+  EXPECT_EQ(held_back("Hello wor", {"world"}), 3u);
+  EXPECT_EQ(held_back("Hello wor", {"or", "world"}), 3u);  // the longest wins
+  EXPECT_EQ(held_back("Hello", {"x", "yz"}), 0u);
+  EXPECT_EQ(held_back("ab", {"abc"}), 2u);
+  EXPECT_EQ(held_back("b", {"b"}), 0u);  // a whole stop string is found, never held
+  EXPECT_EQ(held_back("", {"abc"}), 0u);
+}
+
 TEST(Engine, RewindForgetsTokensAndFreesTheirBlocks) {
   auto file = synthetic_file();
   auto e = engine_for(file);

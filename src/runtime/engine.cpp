@@ -121,10 +121,6 @@ Result<std::int32_t> Session::sample() {
   return sampler_.sample(scratch_, tokens_);
 }
 
-namespace {
-
-// Length of the longest suffix of text that is a proper prefix of some stop string: that much
-// text must be held back, since the next token may complete the stop string.
 std::size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
   std::size_t hold = 0;
   for (const std::string& stop : stops) {
@@ -137,8 +133,6 @@ std::size_t held_back(std::string_view text, const std::vector<std::string>& sto
   }
   return hold;
 }
-
-}  // namespace
 
 Result<GenerateResult> generate(Session& session, std::span<const std::int32_t> prompt, const GenerateOptions& options,
                                 const std::function<void(std::string_view)>& on_text) {

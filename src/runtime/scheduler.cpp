@@ -46,25 +46,6 @@ struct Scheduler::Active {
   bool prefilling() const { return fed < prompt_size(); }
 };
 
-namespace {
-
-// Length of the longest suffix of text that is a proper prefix of some stop string: that much
-// text must be held back, since the next token may complete the stop string.
-std::size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
-  std::size_t hold = 0;
-  for (const std::string& stop : stops) {
-    for (std::size_t n = std::min(stop.size() - 1, text.size()); n > hold; --n) {
-      if (text.substr(text.size() - n) == std::string_view(stop).substr(0, n)) {
-        hold = n;
-        break;
-      }
-    }
-  }
-  return hold;
-}
-
-}  // namespace
-
 Scheduler::Scheduler(Engine& engine, SchedulerOptions options)
     : engine_(engine),
       options_(options),

@@ -117,6 +117,10 @@ struct GenerateResult {
   double decode_seconds = 0.0;
 };
 
+// Length of the longest suffix of `text` that is a proper prefix of some stop string: that much
+// streamed text must be held back, since the next token may complete the stop string.
+std::size_t held_back(std::string_view text, const std::vector<std::string>& stops);
+
 // Feeds the prompt, then samples and feeds until EOS, a stop string, max_tokens or the context
 // limit (an error when even the prompt does not fit). on_text receives text as it becomes final
 // (never text that could still turn out to be part of a stop string).
