@@ -366,20 +366,32 @@ std::string CpuFlashBackend::simd_target() { return fast_target_name(); }
 std::vector<std::string> CpuFlashBackend::simd_targets() { return fast_target_names(); }
 bool CpuFlashBackend::force_simd_target(const std::string& name) { return force_fast_target(name); }
 
+namespace {
+
+// The dispatcher's workspace when it is big enough (the usual case: workspace_size() asked for
+// `need`), else memory of our own in `owned`; 64-byte aligned for the SIMD tiles. nullptr when
+// out of memory.
+std::byte* scratch(Workspace workspace, std::size_t need, std::unique_ptr<std::byte[]>& owned) {
+  std::byte* base = static_cast<std::byte*>(workspace.data);
+  if (base == nullptr || workspace.bytes < need) {
+    owned.reset(new (std::nothrow) std::byte[need]);
+    if (!owned) return nullptr;
+    base = owned.get();
+  }
+  const auto addr = reinterpret_cast<std::uintptr_t>(base);
+  return base + (64 - addr % 64) % 64;
+}
+
+}  // namespace
+
 Status CpuFlashBackend::run_decode(const ValidatedProblem& vp, Workspace workspace) const {
   const DecodePlan plan = make_decode_plan(vp);
   auto& pool = parallel::ThreadPool::global();
   const int threads = pool.threads_for(options_.threads);
   const std::size_t need = plan.workspace_bytes(threads);
   std::unique_ptr<std::byte[]> owned;
-  std::byte* base = static_cast<std::byte*>(workspace.data);
-  if (base == nullptr || workspace.bytes < need) {
-    owned.reset(new (std::nothrow) std::byte[need]);
-    if (!owned) return Status(ErrorCode::out_of_memory, "workspace", "cpu-flash could not allocate scratch");
-    base = owned.get();
-  }
-  const auto addr = reinterpret_cast<std::uintptr_t>(base);
-  base += (64 - addr % 64) % 64;
+  std::byte* base = scratch(workspace, need, owned);
+  if (base == nullptr) return Status(ErrorCode::out_of_memory, "workspace", "cpu-flash could not allocate scratch");
   std::byte* slots = base + static_cast<std::size_t>(threads) * plan.worker_bytes;
   auto* counters = reinterpret_cast<std::int32_t*>(slots + static_cast<std::size_t>(plan.n_slots) * plan.slot_bytes);
   std::fill(counters, counters + plan.n_counters, 0);
@@ -406,14 +418,8 @@ Status CpuFlashBackend::run(const ValidatedProblem& vp, Workspace workspace) noe
     const int threads = pool.threads_for(options_.threads);
     const std::size_t need = plan.workspace_bytes(threads);
     std::unique_ptr<std::byte[]> owned;
-    std::byte* base = static_cast<std::byte*>(workspace.data);
-    if (base == nullptr || workspace.bytes < need) {
-      owned.reset(new (std::nothrow) std::byte[need]);
-      if (!owned) return Status(ErrorCode::out_of_memory, "workspace", "cpu-flash could not allocate scratch");
-      base = owned.get();
-    }
-    const auto addr = reinterpret_cast<std::uintptr_t>(base);
-    base += (64 - addr % 64) % 64;
+    std::byte* base = scratch(workspace, need, owned);
+    if (base == nullptr) return Status(ErrorCode::out_of_memory, "workspace", "cpu-flash could not allocate scratch");
     std::byte* partials = base + static_cast<std::size_t>(threads) * plan.worker_bytes;
 
     pool.parallel_for(
