@@ -103,18 +103,6 @@ Status run_once(runtime::Engine& engine, const BenchModelOptions& o, std::int64_
   return {};
 }
 
-std::string backend_used(const runtime::Engine& engine) {
-  std::string best = "-";
-  std::uint64_t most = 0;
-  for (const auto& [name, stats] : engine.attention_stats().snapshot()) {
-    if (stats.calls - stats.failures > most) {
-      most = stats.calls - stats.failures;
-      best = name;
-    }
-  }
-  return best;
-}
-
 int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
   const std::int64_t max_depth = *std::max_element(o.depths.begin(), o.depths.end());
   o.engine.context = std::max(o.engine.context, max_depth + std::max(o.prompt_tokens, o.gen_tokens + 1));
@@ -160,7 +148,7 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
     results.push_back(std::move(tg));
   }
 
-  const std::string backend = backend_used(*engine);
+  const std::string backend = main_attention_backend(*engine);
   const int threads = parallel::ThreadPool::global().num_threads();
   const std::string model = engine->options().model_path;
   if (o.json) {

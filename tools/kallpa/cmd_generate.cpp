@@ -63,19 +63,6 @@ std::unique_ptr<runtime::Engine> load_for_sampling(const EngineCliOptions& e, co
   return load_engine(e, global, code);
 }
 
-// The attention backend that served the most calls, for the summary line.
-std::string main_attention_backend(const runtime::Engine& engine) {
-  std::string best = "-";
-  std::uint64_t most = 0;
-  for (const auto& [name, stats] : engine.attention_stats().snapshot()) {
-    if (stats.calls - stats.failures > most) {
-      most = stats.calls - stats.failures;
-      best = name;
-    }
-  }
-  return best;
-}
-
 void print_summary(const runtime::Engine& engine, const runtime::GenerateResult& r) {
   fmt::print(stderr, "\n[{} prompt tokens in {:.2f} s ({:.1f} tok/s); {} generated in {:.2f} s ({:.1f} tok/s); "
                      "finish: {}; attention: {}]\n",

@@ -87,7 +87,7 @@ Command add_serve_command(CLI::App& app) {
   auto o = std::make_shared<ServeCliOptions>();
   CLI::App* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching and /metrics");
   // Every running request's worst case must fit the KV cache at once, so a server wants more of it
-  // than one conversation does (the engine still caps it at the model's context length).
+  // than one conversation does (--context is the capacity shared by all sequences).
   o->engine.context = 8192;
   add_engine_options(sub, o->engine);
   server::ServerOptions& s = o->server;

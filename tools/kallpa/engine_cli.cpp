@@ -124,4 +124,16 @@ std::unique_ptr<runtime::Engine> load_engine(const EngineCliOptions& o, const Gl
   return std::move(*engine);
 }
 
+std::string main_attention_backend(const runtime::Engine& engine) {
+  std::string best = "-";
+  std::uint64_t most = 0;
+  for (const auto& [name, stats] : engine.attention_stats().snapshot()) {
+    if (stats.calls - stats.failures > most) {
+      most = stats.calls - stats.failures;
+      best = name;
+    }
+  }
+  return best;
+}
+
 }  // namespace kallpa::cli

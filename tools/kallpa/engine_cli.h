@@ -28,4 +28,8 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& options);
 std::unique_ptr<runtime::Engine> load_engine(const EngineCliOptions& options, const GlobalOptions& global,
                                              int* code);
 
+// The attention backend that served the most successful calls since load ("-" when none), for
+// summary lines and reports.
+std::string main_attention_backend(const runtime::Engine& engine);
+
 }  // namespace kallpa::cli
