@@ -1,6 +1,7 @@
 // kallpa::model::matmul on SmolLM2-135M's matrix shapes (rows x cols = outputs x inputs: Q4_1
 // 576x576 q/o, 192x576 k/v, 1536x576 gate/up, 576x1536 down; Q8_0 49152x576 output head), exact f32
-// activations (the default) vs Q8-quantised activations, batch 1 (decode) and 512 (prefill),
+// activations (the default) vs Q8- and Q16-quantised activations (act 0/1/2), batch 1 (decode) and
+// 512 (prefill),
 // kernel versions side by side. threads:0 uses the whole pool, threads:1 one thread (the kernels
 // without scheduling). Counters: GFLOP/s (2 * rows * cols * batch per call) and weight GB/s
 // (quantised bytes read per call). The head (30 MB) does not fit in the caches; the Q4_1 shapes do.
@@ -30,7 +31,7 @@ using namespace kallpa::model;
 
 void BM_QuantMatmul(benchmark::State& state) {
   const std::int64_t rows = state.range(0), cols = state.range(1), batch = state.range(2);
-  const bool q8 = state.range(3) != 0;
+  const auto act = static_cast<MatmulOptions::Activations>(state.range(3));
   const int threads = static_cast<int>(state.range(4));
   const int version = static_cast<int>(state.range(5));
   const GgmlType t = state.range(6) == 0 ? GgmlType::q4_1 : GgmlType::q8_0;
@@ -57,7 +58,7 @@ void BM_QuantMatmul(benchmark::State& state) {
   std::vector<float> y(static_cast<std::size_t>(batch * rows));
   MatmulOptions o;
   o.max_threads = threads;
-  o.activations = q8 ? MatmulOptions::Activations::q8 : MatmulOptions::Activations::f32;
+  o.activations = act;
   for (auto _ : state) {
     if (!matmul(wm, x.data(), batch, cols, y.data(), rows, o)) {
       state.SkipWithError("matmul failed");
@@ -71,19 +72,20 @@ void BM_QuantMatmul(benchmark::State& state) {
                                                  benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
   state.counters["wGB/s"] = benchmark::Counter(static_cast<double>(w.size()) * iters, benchmark::Counter::kIsRate,
                                                benchmark::Counter::kIs1000);
-  state.SetLabel(std::string(ggml_type_name(t)) + (q8 ? " q8" : " f32") + " v" + std::to_string(version));
+  const char* act_name = act == MatmulOptions::Activations::q8 ? " q8" : act == MatmulOptions::Activations::q16 ? " q16" : " f32";
+  state.SetLabel(std::string(ggml_type_name(t)) + act_name + " v" + std::to_string(version));
 }
 
 void shapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"rows", "cols", "b", "q8", "threads", "v", "q8_0"});
+  b->ArgNames({"rows", "cols", "b", "act", "threads", "v", "q8_0"});
   const std::tuple<std::int64_t, std::int64_t, std::int64_t> kShapes[] = {
       {576, 576, 0}, {192, 576, 0}, {1536, 576, 0}, {576, 1536, 0}, {49152, 576, 1}};
   for (std::int64_t threads : {0, 1}) {  // 0: the whole pool; 1: the kernels alone, no scheduling
     for (std::int64_t batch : {1, 512}) {
       for (const auto& [rows, cols, head] : kShapes) {
         if (head != 0 && batch != 1) continue;  // the head runs on one row per sequence
-        for (std::int64_t q8 : {0, 1}) {
-          for (std::int64_t v : {1, 2}) b->Args({rows, cols, batch, q8, threads, v, head});
+        for (std::int64_t act : {0, 1, 2}) {
+          for (std::int64_t v : {1, 2}) b->Args({rows, cols, batch, act, threads, v, head});
         }
       }
     }

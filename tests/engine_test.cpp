@@ -71,7 +71,11 @@ TEST(Engine, ChunkedPrefillMatchesOneShotAndTokenByToken) {
   }
   // Attention sums over the same keys in another grouping: float reordering only.
   EXPECT_LT(max_diff(logits[0], logits[1]), 1e-3);
-  EXPECT_LT(max_diff(logits[0], logits[2]), 1e-3);
+  // One-token chunks are decode rows, whose matrix products take 16-bit activations (runtime/ops.h):
+  // off by the activation rounding, relative to the logits' scale.
+  double scale = 0;
+  for (float v : logits[0]) scale = std::max(scale, double(std::fabs(v)));
+  EXPECT_LT(max_diff(logits[0], logits[2]), 1e-3 * std::max(1.0, scale));
 }
 
 TEST(Engine, BatchedForwardMatchesSeparateSequences) {
@@ -133,8 +137,10 @@ TEST(Engine, RewindForgetsTokensAndFreesTheirBlocks) {
   auto file = synthetic_file();
   auto e = engine_for(file);
   const auto tokens = some_tokens(40);
+  // 24 tokens, then one (a decode row, as after the rewind below): the same rows, the same bits.
   Session fresh(*e, {.temperature = 0});
-  ASSERT_TRUE(fresh.feed(std::span(tokens).first(25)));
+  ASSERT_TRUE(fresh.feed(std::span(tokens).first(24)));
+  ASSERT_TRUE(fresh.feed(std::span(tokens).subspan(24, 1)));
   const std::vector<float> expected(fresh.logits().begin(), fresh.logits().end());
 
   Session s(*e, {.temperature = 0});
@@ -146,7 +152,7 @@ TEST(Engine, RewindForgetsTokensAndFreesTheirBlocks) {
   EXPECT_FALSE(s.sample().is_ok());  // no logits until something is fed
   EXPECT_LT(e->cache().used_blocks(), used_at_40);
   ASSERT_TRUE(s.feed(std::span(tokens).subspan(24, 1)));
-  EXPECT_LT(max_diff(s.logits(), expected), 1e-4);
+  EXPECT_EQ(max_diff(s.logits(), expected), 0.0);
   s.rewind(1000);  // past the end: nothing to forget
   EXPECT_EQ(s.position(), 25);
 }

@@ -158,6 +158,31 @@ TEST(QuantKernels, ActivationQuantisationMatchesScalar) {
   }
   EXPECT_EQ(a[0].d, 0.0f);
   EXPECT_EQ(a[1].qs[0], -127);
+
+  std::vector<BlockQ16x> c(static_cast<std::size_t>(k / 32)), e(c.size());
+  kernels::quantize_row_q16x_scalar(x.data(), c.data(), k);
+  kernels::quantize_row_q16x_avx2(x.data(), e.data(), k);
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    EXPECT_EQ(c[i].d, e[i].d) << i;
+    EXPECT_EQ(c[i].s, e[i].s) << i;
+    EXPECT_EQ(std::memcmp(c[i].qs, e[i].qs, sizeof c[i].qs), 0) << i;
+  }
+  EXPECT_EQ(c[0].d, 0.0f);
+  EXPECT_EQ(c[0].s, 0.0f);
+  // Block 1 holds (j - 16) / 2: max |x| = 8 at j = 0, so q = round((j - 16) * 32767 / 16).
+  for (int j = 0; j < 32; ++j) {
+    EXPECT_EQ(c[1].qs[j], static_cast<std::int16_t>(std::nearbyint(static_cast<float>(j - 16) * 0.5f * (32767.0f / 8.0f))))
+        << j;
+  }
+  // Every element within half a step of the input (plus the rounding of x * (32767 / amax)).
+  for (std::size_t blk = 0; blk < c.size(); ++blk) {
+    for (int j = 0; j < 32; ++j) {
+      const float xv = x[blk * 32 + static_cast<std::size_t>(j)];
+      EXPECT_LE(std::fabs(static_cast<double>(c[blk].qs[j]) * c[blk].d - xv),
+                0.5 * c[blk].d + 4.0 * std::ldexp(std::fabs(static_cast<double>(xv)), -24))
+          << blk << ":" << j;
+    }
+  }
 }
 
 struct Problem {
@@ -179,6 +204,28 @@ Problem make_problem(GgmlType t, std::int64_t rows, std::int64_t cols, std::int6
   p.x = synthetic_values(seed + 1, static_cast<std::size_t>(batch * cols), 2.0f);
   p.wm = WeightMatrix{t, p.w.data(), rows, cols, row_size(t, cols)};
   return p;
+}
+
+// Q16 activations: the AVX2 tiles (4x1, 2x4 .. 1x1) and the scalar reference agree bit for bit.
+TEST(QuantKernels, Q16ActivationsAvx2MatchesScalarBitwise) {
+  if (!kernels::avx2_available()) GTEST_SKIP() << "no AVX2 on this machine: only the scalar kernels run";
+  for (GgmlType t : {GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1}) {
+    for (std::int64_t cols : {32, 96, 576}) {
+      for (std::int64_t rows : {1, 2, 3, 5, 8, 9}) {
+        for (std::int64_t batch : {1, 2, 3, 4, 5, 9}) {
+          Problem p = make_problem(t, rows, cols, batch, static_cast<std::uint64_t>(rows * 100 + batch + cols));
+          std::vector<float> ys(static_cast<std::size_t>(rows * batch)), yv(ys.size());
+          MatmulOptions scalar, simd;
+          scalar.force_scalar = true;
+          scalar.activations = simd.activations = MatmulOptions::Activations::q16;
+          ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, ys.data(), rows, scalar).is_ok());
+          ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, yv.data(), rows, simd).is_ok());
+          ASSERT_EQ(std::memcmp(ys.data(), yv.data(), ys.size() * sizeof(float)), 0)
+              << ggml_type_name(t) << " rows " << rows << " cols " << cols << " batch " << batch;
+        }
+      }
+    }
+  }
 }
 
 TEST(QuantKernels, Avx2MatchesScalar) {
@@ -206,9 +253,11 @@ TEST(QuantKernels, Avx2MatchesScalar) {
 
 // y agrees with the exact product of the dequantised weights: within f32 rounding (1e-5 of
 // sum |w x|) with exact activations (the default), within the bound the activation quantisation
-// allows (sum_j |w_j| * max|x_block| / 254 per block) with Q8 activations; both kernel paths.
+// allows (sum_j |w_j| * max|x_block| / 254 per block) with Q8 activations, and 256x tighter
+// (/ 65534) with Q16 activations; both kernel paths.
 TEST(QuantKernels, MatmulMatchesExactProduct) {
-  for (const auto act : {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8}) {
+  for (const auto act : {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8,
+                         MatmulOptions::Activations::q16}) {
   for (bool force_scalar : {false, true}) {
     for (GgmlType t : kAllTypes) {
       const std::int64_t rows = 37, cols = 32 * 7, batch = 6;
@@ -237,9 +286,10 @@ TEST(QuantKernels, MatmulMatchesExactProduct) {
           }
           const bool quant = t == GgmlType::q8_0 || t == GgmlType::q4_0 || t == GgmlType::q4_1;
           const bool q8 = quant && act == MatmulOptions::Activations::q8;
-          const double tol = (q8 ? qbound * 1.01 : 0.0) + 1e-5 * abs_sum + 1e-6;
+          const bool q16 = quant && act == MatmulOptions::Activations::q16;
+          const double tol = (q8 ? qbound * 1.01 : q16 ? qbound * 254.0 / 65534.0 * 1.01 : 0.0) + 1e-5 * abs_sum + 1e-6;
           ASSERT_NEAR(y[static_cast<std::size_t>(b * rows + r)], exact, tol)
-              << ggml_type_name(t) << (force_scalar ? " scalar" : "") << (q8 ? " q8" : " f32") << " row " << r
+              << ggml_type_name(t) << (force_scalar ? " scalar" : "") << (q8 ? " q8" : q16 ? " q16" : " f32") << " row " << r
               << " batch " << b;
         }
       }
@@ -250,7 +300,8 @@ TEST(QuantKernels, MatmulMatchesExactProduct) {
 
 // Results do not depend on the batch size, the batch row's position, the thread count or ld.
 TEST(QuantKernels, MatmulIsDeterministic) {
-  for (const auto act : {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8}) {
+  for (const auto act : {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8,
+                         MatmulOptions::Activations::q16}) {
   for (GgmlType t : kAllTypes) {
     const std::int64_t rows = 150, cols = 96, batch = 70;
     Problem p = make_problem(t, rows, cols, batch, 5);
@@ -279,7 +330,7 @@ TEST(QuantKernels, MatmulIsDeterministic) {
 TEST(QuantKernels, ExactActivationsAreBitwiseReproducible) {
   const GgmlType kQuant[] = {GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1};
   for (GgmlType t : kQuant) {
-    for (std::int64_t cols : {32, 96, 576}) {
+    for (std::int64_t cols : {32, 96, 576, 1536}) {
       for (std::int64_t rows : {1, 3, 5, 7, 13, 27, 70}) {
         const std::int64_t batch = 70;
         Problem p = make_problem(t, rows, cols, batch, static_cast<std::uint64_t>(rows * 7 + cols));
@@ -361,7 +412,8 @@ TEST(QuantKernels, RepackedRows4IsBitwiseIdentical) {
         ASSERT_TRUE(dequantize_rows(p.wm, 0, rows, a.data()).is_ok());
         ASSERT_TRUE(dequantize_rows(*r4, 0, rows, b.data()).is_ok());
         ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what << " dequantize_rows";
-        for (const auto act : {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8}) {
+        for (const auto act : {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8,
+                               MatmulOptions::Activations::q16}) {
           for (bool force_scalar : {false, true}) {
             for (std::int64_t batch : {1, 2, 3, 9}) {
               MatmulOptions o;
@@ -373,7 +425,7 @@ TEST(QuantKernels, RepackedRows4IsBitwiseIdentical) {
               ASSERT_TRUE(matmul(*r4, p.x.data(), batch, cols, yb.data(), rows, o).is_ok());
               ASSERT_EQ(std::memcmp(ya.data(), yb.data(), n * sizeof(float)), 0)
                   << what << " batch " << batch << (force_scalar ? " scalar" : " simd")
-                  << (act == MatmulOptions::Activations::q8 ? " q8" : " f32");
+                  << (act == MatmulOptions::Activations::q8 ? " q8" : act == MatmulOptions::Activations::q16 ? " q16" : " f32");
             }
           }
         }

@@ -64,8 +64,20 @@ Result<std::unique_ptr<runtime::KvCache>> LlamaModel::make_cache(runtime::KvCach
                                   static_cast<std::int32_t>(config_.head_dim), options);
 }
 
-Status LlamaModel::forward(std::span<const ForwardItem> items, runtime::KvCache& cache, runtime::Ops& ops,
+Status LlamaModel::forward(std::span<const ForwardItem> given, runtime::KvCache& cache, runtime::Ops& ops,
                            Dispatcher& dispatcher, float* logits) {
+  // Prompt chunks first, then single-token decode steps, so that the decode rows form the tail the
+  // ops may compute with cheaper activations (runtime/ops.h). A row's kind depends only on its own
+  // item, so a sequence gets the same numbers alone or batched.
+  order_.resize(given.size());
+  for (std::size_t i = 0; i < given.size(); ++i) order_[i] = i;
+  std::stable_partition(order_.begin(), order_.end(), [&](std::size_t i) { return given[i].tokens.size() != 1; });
+  ordered_.clear();
+  for (std::size_t i : order_) ordered_.push_back(given[i]);
+  const std::span<const ForwardItem> items(ordered_);
+  std::int64_t decode_rows = 0;
+  for (const ForwardItem& it : items) decode_rows += it.tokens.size() == 1 ? 1 : 0;
+
   const std::int64_t embd = config_.n_embd, qd = config_.q_dim(), kvd = config_.kv_dim(), ff = config_.n_ff;
   std::int64_t total = 0;
   for (const ForwardItem& it : items) {
@@ -107,8 +119,8 @@ Status LlamaModel::forward(std::span<const ForwardItem> items, runtime::KvCache&
     const Layer& L = layers_[l];
     // Attention block.
     ops.rmsnorm(x_.data(), L.attn_norm, config_.rms_norm_eps, h_.data(), total, embd);
-    if (!(s = ops.matmul(L.wq, h_.data(), total, q_.data())) || !(s = ops.matmul(L.wk, h_.data(), total, k_.data())) ||
-        !(s = ops.matmul(L.wv, h_.data(), total, v_.data()))) {
+    if (!(s = ops.matmul(L.wq, h_.data(), total, q_.data(), decode_rows)) || !(s = ops.matmul(L.wk, h_.data(), total, k_.data(), decode_rows)) ||
+        !(s = ops.matmul(L.wv, h_.data(), total, v_.data(), decode_rows))) {
       return s;
     }
     ops.rope(q_.data(), positions_, config_.n_head, config_.head_dim, config_.n_rot, config_.rope_freq_base);
@@ -122,30 +134,47 @@ Status LlamaModel::forward(std::span<const ForwardItem> items, runtime::KvCache&
                   static_cast<std::int64_t>(it.tokens.size()));
     }
     if (!(s = attention(static_cast<std::int32_t>(l), cache, dispatcher))) return s;
-    if (!(s = ops.matmul(L.wo, att_.data(), total, tmp_.data()))) return s;
+    if (!(s = ops.matmul(L.wo, att_.data(), total, tmp_.data(), decode_rows))) return s;
     ops.add(x_.data(), tmp_.data(), total * embd);
     // Feed-forward block (SwiGLU).
     ops.rmsnorm(x_.data(), L.ffn_norm, config_.rms_norm_eps, h_.data(), total, embd);
-    if (!(s = ops.matmul(L.gate, h_.data(), total, gate_.data())) || !(s = ops.matmul(L.up, h_.data(), total, up_.data()))) {
+    if (!(s = ops.matmul(L.gate, h_.data(), total, gate_.data(), decode_rows)) || !(s = ops.matmul(L.up, h_.data(), total, up_.data(), decode_rows))) {
       return s;
     }
     ops.swiglu(gate_.data(), up_.data(), gate_.data(), total * ff);
-    if (!(s = ops.matmul(L.down, gate_.data(), total, tmp_.data()))) return s;
+    if (!(s = ops.matmul(L.down, gate_.data(), total, tmp_.data(), decode_rows))) return s;
     ops.add(x_.data(), tmp_.data(), total * embd);
   }
 
-  // Output head, only for the rows whose logits are wanted.
-  std::int64_t row = 0, wanted = 0;
-  for (const ForwardItem& it : items) {
+  // Output head, only for the rows whose logits are wanted, written back in the caller's item order.
+  std::int64_t row = 0, wanted = 0, wanted_decode = 0;
+  bool reordered = false;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const ForwardItem& it = items[i];
     row += static_cast<std::int64_t>(it.tokens.size());
     if (it.want_logits) {
       std::copy_n(x_.data() + (row - 1) * embd, embd, h_.data() + wanted * embd);
       ++wanted;
+      wanted_decode += it.tokens.size() == 1 ? 1 : 0;
     }
+    reordered = reordered || order_[i] != i;
   }
   if (wanted == 0) return {};
   ops.rmsnorm(h_.data(), output_norm_, config_.rms_norm_eps, h_.data(), wanted, embd);
-  return ops.matmul(output_, h_.data(), wanted, logits);
+  const std::int64_t vocab = config_.vocab_size;
+  if (!reordered) return ops.matmul(output_, h_.data(), wanted, logits, wanted_decode);
+  grow(logits_, wanted * vocab);
+  if (!(s = ops.matmul(output_, h_.data(), wanted, logits_.data(), wanted_decode))) return s;
+  // The caller's rank of each wanted item: its slot in `logits`.
+  std::vector<std::int64_t> slot(given.size(), -1);
+  for (std::size_t i = 0, n = 0; i < given.size(); ++i) {
+    if (given[i].want_logits) slot[i] = static_cast<std::int64_t>(n++);
+  }
+  for (std::size_t i = 0, w = 0; i < items.size(); ++i) {
+    if (!items[i].want_logits) continue;
+    std::copy_n(logits_.data() + static_cast<std::int64_t>(w++) * vocab, vocab, logits + slot[order_[i]] * vocab);
+  }
+  return {};
 }
 
 void LlamaModel::plan_attention(std::span<const ForwardItem> items, const runtime::KvCache& cache) {

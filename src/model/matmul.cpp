@@ -50,19 +50,32 @@ Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::in
   const bool avx2 = use_avx2(options);
   const bool quant = kernels::is_quantized(w.type);
   const bool quant_q8 = quant && options.activations == MatmulOptions::Activations::q8;
+  const bool quant_q16 = quant && options.activations == MatmulOptions::Activations::q16;
   const std::int64_t k = w.cols;
   const auto* wp = static_cast<const std::byte*>(w.data);
   auto& pool = parallel::ThreadPool::global();
 
-  std::vector<BlockQ8x> xq;
+  // Quantised activations live in per-thread buffers reused across calls (decode makes hundreds of
+  // calls per token).
+  thread_local std::vector<BlockQ8x> xq;
+  thread_local std::vector<BlockQ16x> xq16;
   const std::int64_t nb = k / kQK;
-  if (quant_q8) {
-    xq.resize(static_cast<std::size_t>(batch * nb));
-    auto quantize = [&](std::int64_t b, int) {
-      if (avx2) {
-        kernels::quantize_row_q8x_avx2(x + b * ldx, xq.data() + b * nb, k);
+  if (quant_q8 || quant_q16) {
+    if (quant_q8) xq.resize(static_cast<std::size_t>(batch * nb));
+    if (quant_q16) xq16.resize(static_cast<std::size_t>(batch * nb));
+    BlockQ8x* const q8 = xq.data();
+    BlockQ16x* const q16 = xq16.data();
+    auto quantize = [&, q8, q16](std::int64_t b, int) {
+      if (quant_q16) {
+        if (avx2) {
+          kernels::quantize_row_q16x_avx2(x + b * ldx, q16 + b * nb, k);
+        } else {
+          kernels::quantize_row_q16x_scalar(x + b * ldx, q16 + b * nb, k);
+        }
+      } else if (avx2) {
+        kernels::quantize_row_q8x_avx2(x + b * ldx, q8 + b * nb, k);
       } else {
-        kernels::quantize_row_q8x_scalar(x + b * ldx, xq.data() + b * nb, k);
+        kernels::quantize_row_q8x_scalar(x + b * ldx, q8 + b * nb, k);
       }
     };
     if (batch >= 8) {
@@ -79,6 +92,8 @@ Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::in
   row_chunk = (row_chunk + 3) / 4 * 4;  // tasks start at a rows4 group
   const std::int64_t n_row_tasks = (w.rows + row_chunk - 1) / row_chunk;
   const std::int64_t n_batch_tasks = (batch + kBatchChunk - 1) / kBatchChunk;
+  const BlockQ8x* const q8_data = xq.data();      // the caller's thread_local buffers, read by
+  const BlockQ16x* const q16_data = xq16.data();  // every worker
   auto task = [&](std::int64_t t, int) {
     const std::int64_t bt = t / n_row_tasks;
     const std::int64_t rt = t % n_row_tasks;
@@ -88,8 +103,15 @@ Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::in
     const std::int64_t nbt = std::min(kBatchChunk, batch - b0);
     const std::byte* wr = wp + static_cast<std::size_t>(r0) * w.row_bytes;
     float* yt = y + b0 * ldy + r0;
-    if (quant_q8) {
-      const BlockQ8x* xt = xq.data() + b0 * nb;
+    if (quant_q16) {
+      const BlockQ16x* xt = q16_data + b0 * nb;
+      if (avx2) {
+        kernels::gemm_q16_avx2(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
+      } else {
+        kernels::gemm_q16_scalar(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
+      }
+    } else if (quant_q8) {
+      const BlockQ8x* xt = q8_data + b0 * nb;
       if (avx2) {
         kernels::gemm_q_avx2(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
       } else {

@@ -180,6 +180,88 @@ void gemm_q_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, co
   }
 }
 
+// --- Q16 activations (gemm_q16): 16-bit integer dot products, for decode rows ---
+
+// A weight block as 2 x 16 int16 (elements 0..15, 16..31).
+template <GgmlType T>
+inline void widen_block(const std::byte* qs, __m256i& w0, __m256i& w1) {
+  if constexpr (T == GgmlType::q8_0) {
+    w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+    w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16)));
+  } else {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m128i lo = _mm_set1_epi8(0x0f);
+    w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, lo));
+    w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), lo));
+  }
+}
+
+// One tile: NW weight rows x NX activation rows; per block and pair two madds (exact int32 lanes),
+// one convert and one FMA with d_w * d_x; the constant term like tile_q.
+template <GgmlType T, WeightLayout L, int NW, int NX>
+void tile_q16(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const BlockQ16x* xq, std::int64_t nb,
+              float* y, std::int64_t ldy) {
+  __m256 acc[NW][NX];
+  float macc[NW][NX];
+  for (int r = 0; r < NW; ++r) {
+    for (int x = 0; x < NX; ++x) {
+      acc[r][x] = _mm256_setzero_ps();
+      macc[r][x] = 0.0f;
+    }
+  }
+  for (std::int64_t b = 0; b < nb; ++b) {
+    alignas(16) float d[NW < 4 ? 4 : NW], m[NW < 4 ? 4 : NW];
+    load_scales<T, L, NW>(w, row_bytes, r0, b, d, m);
+    __m256i w0[NW], w1[NW];
+    for (int r = 0; r < NW; ++r) widen_block<T>(quants<T, L, NW>(w, row_bytes, r0, r, b), w0[r], w1[r]);
+    for (int x = 0; x < NX; ++x) {
+      const BlockQ16x& xb = xq[static_cast<std::int64_t>(x) * nb + b];
+      const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+      const __m256i xc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 16));
+      for (int r = 0; r < NW; ++r) {
+        const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0[r], xa), _mm256_madd_epi16(w1[r], xc));
+        acc[r][x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d[r] * xb.d), acc[r][x]);
+        if constexpr (T != GgmlType::q8_0) macc[r][x] = std::fma(m[r], xb.s, macc[r][x]);
+      }
+    }
+  }
+  for (int x = 0; x < NX; ++x) {
+    for (int r = 0; r < NW; ++r) y[static_cast<std::int64_t>(x) * ldy + r] = hsum(acc[r][x]) + macc[r][x];
+  }
+}
+
+template <GgmlType T, WeightLayout L>
+void gemm_q16_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ16x* xq, std::int64_t nx,
+                    std::int64_t k, float* y, std::int64_t ldy) {
+  const std::int64_t nb = k / kQK;
+  for (std::int64_t x = 0; x < nx;) {
+    const std::int64_t xn = nx - x >= 4 ? 4 : nx - x;
+    const BlockQ16x* xt = xq + x * nb;
+    float* yt = y + x * ldy;
+    std::int64_t r = 0;
+    if (xn == 1) {
+      for (; r + 4 <= nw; r += 4) tile_q16<T, L, 4, 1>(w, row_bytes, r, xt, nb, yt + r, ldy);
+    }
+    for (; r + 2 <= nw; r += 2) {
+      switch (xn) {
+        case 4: tile_q16<T, L, 2, 4>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
+        case 3: tile_q16<T, L, 2, 3>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
+        case 2: tile_q16<T, L, 2, 2>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
+        default: tile_q16<T, L, 2, 1>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
+      }
+    }
+    for (; r < nw; ++r) {
+      switch (xn) {
+        case 4: tile_q16<T, L, 1, 4>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
+        case 3: tile_q16<T, L, 1, 3>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
+        case 2: tile_q16<T, L, 1, 2>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
+        default: tile_q16<T, L, 1, 1>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
+      }
+    }
+    x += xn;
+  }
+}
+
 // --- float weights (gemm_f) ---
 
 template <GgmlType T>
@@ -441,6 +523,39 @@ void quantize_row_q8x_avx2(const float* x, BlockQ8x* out, std::int64_t k) {
   }
 }
 
+void quantize_row_q16x_avx2(const float* x, BlockQ16x* out, std::int64_t k) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (std::int64_t b = 0; b < k / kQK; ++b) {
+    const float* xb = x + b * kQK;
+    __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8), v2 = _mm256_loadu_ps(xb + 16),
+           v3 = _mm256_loadu_ps(xb + 24);
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                             _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 32767.0f;
+    const float id = d != 0.0f ? 32767.0f / amax : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, vid), kRound));
+    const __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, vid), kRound));
+    const __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, vid), kRound));
+    const __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, vid), kRound));
+    const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+    // packs works per 128-bit lane: [0..3, 8..11, 4..7, 12..15]; the permute restores the order.
+    const __m256i p01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), _MM_SHUFFLE(3, 1, 2, 0));
+    const __m256i p23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i2, i3), _MM_SHUFFLE(3, 1, 2, 0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs), p01);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs + 16), p23);
+    out[b].d = d;
+    out[b].s = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+  }
+}
 
 namespace {
 
@@ -464,6 +579,11 @@ struct GemmQ {
   static void run(Args... args) { gemm_q_typed<T, L>(args...); }
 };
 template <GgmlType T, WeightLayout L>
+struct GemmQ16 {
+  template <typename... Args>
+  static void run(Args... args) { gemm_q16_typed<T, L>(args...); }
+};
+template <GgmlType T, WeightLayout L>
 struct GemmQf {
   template <typename... Args>
   static void run(Args... args) { gemm_qf_typed<T, L>(args...); }
@@ -474,6 +594,11 @@ struct GemmQf {
 void gemm_q_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                  const BlockQ8x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
   by_type_and_layout<GemmQ>(type, layout, w, row_bytes, nw, xq, nx, k, y, ldy);
+}
+
+void gemm_q16_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                   const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  by_type_and_layout<GemmQ16>(type, layout, w, row_bytes, nw, xq, nx, k, y, ldy);
 }
 
 void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
@@ -500,6 +625,11 @@ void quantize_row_q8x_avx2(const float* x, BlockQ8x* out, std::int64_t k) { quan
 void gemm_q_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                  const BlockQ8x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
   gemm_q_scalar(type, layout, w, row_bytes, nw, xq, nx, k, y, ldy);
+}
+void quantize_row_q16x_avx2(const float* x, BlockQ16x* out, std::int64_t k) { quantize_row_q16x_scalar(x, out, k); }
+void gemm_q16_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                   const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  gemm_q16_scalar(type, layout, w, row_bytes, nw, xq, nx, k, y, ldy);
 }
 void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
                  std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {

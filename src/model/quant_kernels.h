@@ -81,6 +81,13 @@ void quantize_row_scalar(GgmlType type, const float* src, void* dst, std::int64_
 void quantize_row_q8x_scalar(const float* x, BlockQ8x* out, std::int64_t k);
 void gemm_q_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                    const BlockQ8x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
+// Q16 activations (gemm_q16_*): per block b, 8 integer lanes p[l] = sum over j in {2l, 2l+1,
+// 16+2l, 17+2l} of w_q[j] * x_q[j] (exact), acc[l] = fma(float(p[l]), d_w * d_x, acc[l]) in block
+// order, macc = fma(m_w, s_x, macc) for Q4_0 (m = -8 d) / Q4_1, y = hsum(acc) + macc with the
+// f32 path's lane order. Scalar and AVX2 agree bit for bit.
+void quantize_row_q16x_scalar(const float* x, BlockQ16x* out, std::int64_t k);
+void gemm_q16_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                     const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 void gemm_f_scalar(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                    const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 void gemm_qf_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
@@ -91,6 +98,9 @@ bool avx2_available() noexcept;
 void quantize_row_q8x_avx2(const float* x, BlockQ8x* out, std::int64_t k);
 void gemm_q_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                  const BlockQ8x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
+void quantize_row_q16x_avx2(const float* x, BlockQ16x* out, std::int64_t k);
+void gemm_q16_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                   const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                  const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 void gemm_qf_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,

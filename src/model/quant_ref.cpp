@@ -158,6 +158,24 @@ void quantize_row_q8x_scalar(const float* x, BlockQ8x* out, std::int64_t k) {
   }
 }
 
+void quantize_row_q16x_scalar(const float* x, BlockQ16x* out, std::int64_t k) {
+  for (std::int64_t b = 0; b < k / kQK; ++b) {
+    const float* xb = x + b * kQK;
+    float amax = 0.0f;
+    for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float d = amax / 32767.0f;
+    const float id = d != 0.0f ? 32767.0f / amax : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < kQK; ++j) {
+      const int q = static_cast<int>(std::nearbyint(xb[j] * id));  // round half to even, |q| <= 32767
+      out[b].qs[j] = static_cast<std::int16_t>(q);
+      sum += q;
+    }
+    out[b].d = d;
+    out[b].s = d * static_cast<float>(sum);
+  }
+}
+
 void load_row_ggml(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t r,
                    std::int64_t k, std::byte* out) {
   const BlockGeom g = block_geom(type);
@@ -207,6 +225,46 @@ void gemm_q_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::
         acc += static_cast<float>(isum) * (d * xb.d);
       }
       y[x * ldy + r] = acc + macc;
+    }
+  }
+}
+void gemm_q16_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                     const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  const std::int64_t nb = k / kQK;
+  const BlockGeom g = block_geom(type);
+  std::vector<std::byte> row(row_bytes);
+  for (std::int64_t r = 0; r < nw; ++r) {
+    load_row_ggml(type, layout, w, row_bytes, r, k, row.data());
+    for (std::int64_t xi = 0; xi < nx; ++xi) {
+      const BlockQ16x* xr = xq + xi * nb;
+      float acc[8] = {};
+      float macc = 0.0f;
+      for (std::int64_t b = 0; b < nb; ++b) {
+        const std::byte* blk = row.data() + static_cast<std::size_t>(b) * g.bytes;
+        int wq[kQK];
+        float d, m = 0.0f;
+        if (type == GgmlType::q8_0) {
+          const auto q = load<BlockQ8_0>(blk);
+          for (int j = 0; j < kQK; ++j) wq[j] = q.qs[j];
+          d = f16_to_f32(q.d);
+        } else {
+          const std::uint8_t* qs = reinterpret_cast<const std::uint8_t*>(blk + (g.has_m ? 4 : 2));
+          for (int j = 0; j < kQK / 2; ++j) {
+            wq[j] = qs[j] & 0x0f;
+            wq[j + kQK / 2] = qs[j] >> 4;
+          }
+          d = f16_to_f32(load<std::uint16_t>(blk));
+          m = g.has_m ? f16_to_f32(load<std::uint16_t>(blk + 2)) : -8.0f * d;
+        }
+        const float scale = d * xr[b].d;
+        for (int l = 0; l < 8; ++l) {
+          const int p = wq[2 * l] * xr[b].qs[2 * l] + wq[2 * l + 1] * xr[b].qs[2 * l + 1] +
+                        wq[16 + 2 * l] * xr[b].qs[16 + 2 * l] + wq[17 + 2 * l] * xr[b].qs[17 + 2 * l];
+          acc[l] = std::fma(static_cast<float>(p), scale, acc[l]);
+        }
+        if (type != GgmlType::q8_0) macc = std::fma(m, xr[b].s, macc);
+      }
+      y[xi * ldy + r] = (((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))) + macc;
     }
   }
 }

@@ -40,4 +40,14 @@ struct alignas(8) BlockQ8x {
 };
 static_assert(sizeof(BlockQ8x) == 40);
 
+// A 16-bit activation block (decode rows, MatmulOptions::Activations::q16): x[i] ~= q[i] * d with
+// d = max|x| / 32767 and q = round-to-nearest-even(x / d), so each element is off by at most
+// max|x_block| / 65534 (256x finer than BlockQ8x); s = d * sum(q) for the constant term.
+struct alignas(8) BlockQ16x {
+  float d;
+  float s;
+  std::int16_t qs[kQK];
+};
+static_assert(sizeof(BlockQ16x) == 72);
+
 }  // namespace kallpa::model

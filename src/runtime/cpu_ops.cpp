@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
@@ -66,13 +67,15 @@ class CpuOps final : public Ops {
  public:
   std::string_view device_name() const noexcept override { return "cpu"; }
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  // KALLPA_MATMUL_ACTIVATIONS=q8 opts into Q8-quantised activations (faster, not exact; see
-  // kallpa/model/quant.h); the default is exact f32 activations.
-  const model::MatmulOptions matmul_options_ = [] {
-    model::MatmulOptions o;
+  // Activations of quantised matrix products (kallpa/model/quant.h). By default prompt rows are
+  // exact (f32) and decode rows use 16-bit blocks, which is where the f32 path is bound by
+  // expanding weights to floats. KALLPA_MATMUL_ACTIVATIONS=f32 makes every row exact, =q8 puts
+  // every row through Q8 blocks (llama.cpp's choice; measurably changes greedy answers).
+  enum class Scheme { mixed, f32, q8 };
+  const Scheme scheme_ = [] {
     const char* e = std::getenv("KALLPA_MATMUL_ACTIVATIONS");
-    if (e != nullptr && std::string_view(e) == "q8") o.activations = model::MatmulOptions::Activations::q8;
-    return o;
+    const std::string_view v = e != nullptr ? e : "";
+    return v == "f32" ? Scheme::f32 : v == "q8" ? Scheme::q8 : Scheme::mixed;
   }();
 
   Status embedding(const model::WeightMatrix& table, std::span<const std::int32_t> ids, float* out) override {
@@ -99,8 +102,22 @@ class CpuOps final : public Ops {
     });
   }
 
-  Status matmul(const model::WeightMatrix& w, const float* x, std::int64_t rows, float* y) override {
-    return model::matmul(w, x, rows, w.cols, y, w.rows, matmul_options_);
+  Status matmul(const model::WeightMatrix& w, const float* x, std::int64_t rows, float* y,
+                std::int64_t decode_rows) override {
+    using Act = model::MatmulOptions::Activations;
+    model::MatmulOptions o;
+    if (scheme_ != Scheme::mixed || decode_rows <= 0) {
+      o.activations = scheme_ == Scheme::q8 ? Act::q8 : Act::f32;
+      return model::matmul(w, x, rows, w.cols, y, w.rows, o);
+    }
+    decode_rows = std::min(decode_rows, rows);
+    const std::int64_t prompt_rows = rows - decode_rows;
+    if (prompt_rows > 0) {
+      o.activations = Act::f32;
+      if (Status s = model::matmul(w, x, prompt_rows, w.cols, y, w.rows, o); !s) return s;
+    }
+    o.activations = Act::q16;
+    return model::matmul(w, x + prompt_rows * w.cols, decode_rows, w.cols, y + prompt_rows * w.rows, w.rows, o);
   }
 
   void rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,

@@ -69,7 +69,9 @@ class LlamaModel {
   std::vector<Layer> layers_;
 
   // Activations, grown on demand: x (residual), h (normed), q/k/v, att, ffn gate/up, tmp.
-  std::vector<float> x_, h_, q_, k_, v_, att_, gate_, up_, tmp_;
+  std::vector<float> x_, h_, q_, k_, v_, att_, gate_, up_, tmp_, logits_;
+  std::vector<std::size_t> order_;  // forward()'s item order: prompt chunks, then decode steps
+  std::vector<ForwardItem> ordered_;
   std::vector<std::int32_t> tokens_, positions_, cu_q_, block_table_, seqlens_k_;
   std::int32_t max_blocks_ = 0;
 };

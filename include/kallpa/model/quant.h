@@ -11,9 +11,14 @@
 //     round-to-nearest-even) and the products run in integer arithmetic (llama.cpp does the same);
 //     the result differs from the exact product by at most sum_j |W[i][j]| * max|x_block| / 254
 //     (plus float rounding). Faster (decode GEMVs ~1.5-2x on AVX2), but the noise (~0.5% per dot)
-//     changes a small model's greedy answers: SmolLM2-135M's answer to "What is the capital of
-//     France?" turns to nonsense with it (scalar reference and AVX2 alike), so it is opt-in only
-//     (KALLPA_MATMUL_ACTIVATIONS=q8 for the CPU ops).
+//     is enough to change a small model's greedy answers: SmolLM2-135M's first answer token to
+//     "What is the capital of France?" is "The" by a margin of 0.08 logits over "L", and Q8 noise
+//     flips it. Opt-in only (KALLPA_MATMUL_ACTIVATIONS=q8 for the CPU ops).
+//   - Activations::q16: the same with 16-bit blocks (BlockQ16x: one f32 scale per 32, |q| <= 32767,
+//     round-to-nearest-even), so the activation error is max|x_block| / 65534 per element, 256x
+//     below q8's, and the products are exact int32 sums (two madds per block). About as fast as
+//     q8 for decode GEMVs, where the f32 path is bound by expanding weights to floats; the engine
+//     uses it for decode rows (see runtime/ops.h), f32 for prompt rows.
 // F32/F16/BF16 weights always use f32 x directly (the option is ignored for them).
 //
 // Every output element is computed by the same sequence of operations whatever batch size, batch
@@ -73,7 +78,8 @@ struct MatmulOptions {
   // How activations enter products with quantised (Q8_0/Q4_0/Q4_1) weights; see the top of this file.
   enum class Activations {
     f32,  // exact activations: f32 FMAs with in-register dequantised weights (f32 rounding only)
-    q8,   // activations quantised to Q8 blocks, integer dot products (llama.cpp style, faster prefill)
+    q8,   // activations quantised to Q8 blocks, integer dot products (llama.cpp style)
+    q16,  // activations quantised to 16-bit blocks, integer dot products (decode rows; see above)
   };
   int max_threads = 0;        // 0: all of the pool's threads
   bool force_scalar = false;  // use the scalar reference kernels (tests, debugging)

@@ -23,8 +23,13 @@ class Ops {
   // y = x / rms(x) * weight, per row of `dim` (x and y may alias).
   virtual void rmsnorm(const float* x, const float* weight, float eps, float* y, std::int64_t rows,
                        std::int64_t dim) = 0;
-  // y[rows, w.rows] = x[rows, w.cols] . W^T
-  virtual Status matmul(const model::WeightMatrix& w, const float* x, std::int64_t rows, float* y) = 0;
+  // y[rows, w.rows] = x[rows, w.cols] . W^T. The last `decode_rows` rows are single-token decode
+  // steps, the rows before them prompt tokens. A device may compute the two kinds differently (the
+  // CPU ops quantise decode rows' activations to 16 bits, model/quant.h, and keep prompt rows
+  // exact), but each row's result must depend only on the row and its kind, never on the rest of
+  // the batch: that is what makes a sequence's tokens the same alone and batched.
+  virtual Status matmul(const model::WeightMatrix& w, const float* x, std::int64_t rows, float* y,
+                        std::int64_t decode_rows) = 0;
   // Rotary embedding in GGUF's llama convention: adjacent pairs (x[2i], x[2i+1]) of the first
   // n_rot dims of each head rotate by pos * theta^(-2i / n_rot). x: rows x (heads * head_dim).
   virtual void rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
