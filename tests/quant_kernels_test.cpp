@@ -476,3 +476,33 @@ TEST(QuantKernels, MatmulRejectsBadArguments) {
 }
 
 }  // namespace
+
+// A group of matrices sharing x gives each matrix exactly what matmul() gives it alone, for every
+// activation scheme and for decode-sized and prefill-sized batches; mixed widths are refused.
+TEST(QuantKernels, MatmulGroupEqualsSeparateProducts) {
+  for (const auto act : {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8,
+                         MatmulOptions::Activations::q16}) {
+    for (std::int64_t batch : {1, 3, 70}) {
+      Problem a = make_problem(GgmlType::q4_1, 36, 96, batch, 11);
+      Problem b = make_problem(GgmlType::q8_0, 12, 96, batch, 12);
+      Problem c = make_problem(GgmlType::f16, 5, 96, batch, 13);
+      MatmulOptions o;
+      o.activations = act;
+      std::vector<float> ya(static_cast<std::size_t>(36 * batch)), yb(static_cast<std::size_t>(12 * batch)),
+          yc(static_cast<std::size_t>(5 * batch));
+      const MatmulJob jobs[] = {{&a.wm, ya.data(), 36}, {&b.wm, yb.data(), 12}, {&c.wm, yc.data(), 5}};
+      ASSERT_TRUE(matmul_group(jobs, a.x.data(), batch, 96, o).is_ok());
+      for (const auto& [job, y] : {std::pair{jobs[0], &ya}, std::pair{jobs[1], &yb}, std::pair{jobs[2], &yc}}) {
+        std::vector<float> alone(y->size());
+        ASSERT_TRUE(matmul(*job.w, a.x.data(), batch, 96, alone.data(), job.w->rows, o).is_ok());
+        EXPECT_EQ(std::memcmp(alone.data(), y->data(), alone.size() * sizeof(float)), 0)
+            << ggml_type_name(job.w->type) << " batch " << batch;
+      }
+    }
+  }
+  Problem wide = make_problem(GgmlType::q4_1, 4, 128, 1, 14);
+  Problem narrow = make_problem(GgmlType::q4_1, 4, 96, 1, 15);
+  std::vector<float> y1(4), y2(4);
+  const MatmulJob mixed[] = {{&wide.wm, y1.data(), 4}, {&narrow.wm, y2.data(), 4}};
+  EXPECT_EQ(matmul_group(mixed, wide.x.data(), 1, 128).code(), ErrorCode::invalid_argument);
+}

@@ -119,10 +119,8 @@ Status LlamaModel::forward(std::span<const ForwardItem> given, runtime::KvCache&
     const Layer& L = layers_[l];
     // Attention block.
     ops.rmsnorm(x_.data(), L.attn_norm, config_.rms_norm_eps, h_.data(), total, embd);
-    if (!(s = ops.matmul(L.wq, h_.data(), total, q_.data(), decode_rows)) || !(s = ops.matmul(L.wk, h_.data(), total, k_.data(), decode_rows)) ||
-        !(s = ops.matmul(L.wv, h_.data(), total, v_.data(), decode_rows))) {
-      return s;
-    }
+    const MatmulJob qkv[] = {{&L.wq, q_.data(), qd}, {&L.wk, k_.data(), kvd}, {&L.wv, v_.data(), kvd}};
+    if (!(s = ops.matmul_group(qkv, h_.data(), total, decode_rows))) return s;
     ops.rope(q_.data(), positions_, config_.n_head, config_.head_dim, config_.n_rot, config_.rope_freq_base);
     ops.rope(k_.data(), positions_, config_.n_head_kv, config_.head_dim, config_.n_rot, config_.rope_freq_base);
     for (std::size_t b = 0; b < items.size(); ++b) {
@@ -138,9 +136,8 @@ Status LlamaModel::forward(std::span<const ForwardItem> given, runtime::KvCache&
     ops.add(x_.data(), tmp_.data(), total * embd);
     // Feed-forward block (SwiGLU).
     ops.rmsnorm(x_.data(), L.ffn_norm, config_.rms_norm_eps, h_.data(), total, embd);
-    if (!(s = ops.matmul(L.gate, h_.data(), total, gate_.data(), decode_rows)) || !(s = ops.matmul(L.up, h_.data(), total, up_.data(), decode_rows))) {
-      return s;
-    }
+    const MatmulJob gate_up[] = {{&L.gate, gate_.data(), ff}, {&L.up, up_.data(), ff}};
+    if (!(s = ops.matmul_group(gate_up, h_.data(), total, decode_rows))) return s;
     ops.swiglu(gate_.data(), up_.data(), gate_.data(), total * ff);
     if (!(s = ops.matmul(L.down, gate_.data(), total, tmp_.data(), decode_rows))) return s;
     ops.add(x_.data(), tmp_.data(), total * embd);

@@ -1,9 +1,11 @@
-// y = W x for a batch of x rows: for quantised weights either use x as given (Activations::f32,
-// the default: weights dequantised to f32 in the kernels) or quantise x to Q8 blocks first
-// (Activations::q8), then split the output into tasks of (kRowChunk output rows) x (kBatchChunk batch rows) over the thread pool.
-// The decomposition depends only on the shapes, never on the number of threads.
+// y = W x for a batch of x rows, or several W sharing one x (matmul_group: q/k/v, gate/up): for
+// quantised weights either use x as given (Activations::f32, the default: weights dequantised to
+// f32 in the kernels) or quantise x to Q8/Q16 blocks once, then split every output into tasks of
+// (row_chunk output rows) x (kBatchChunk batch rows), all in one parallel_for. The decomposition
+// depends only on the shapes, never on the number of threads.
 #include <algorithm>
 #include <cstdlib>
+#include <span>
 #include <vector>
 
 #include <fmt/format.h>
@@ -30,8 +32,9 @@ bool use_avx2(const MatmulOptions& o) noexcept {
 
 std::string_view quant_kernel_isa() noexcept { return use_avx2({}) ? "avx2" : "scalar"; }
 
-Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::int64_t ldx, float* y,
-              std::int64_t ldy, const MatmulOptions& options) {
+namespace {
+
+Status check_job(const WeightMatrix& w, std::int64_t batch, std::int64_t ldx, std::int64_t ldy) {
   if (!is_compute_supported(w.type)) {
     return {ErrorCode::unsupported, "w.type", fmt::format("no matmul kernel for {}", ggml_type_name(w.type))};
   }
@@ -46,36 +49,60 @@ Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::in
             fmt::format("the rows4 layout needs a quantised type and rows % 4 == 0 (got {} with {} rows)",
                         ggml_type_name(w.type), w.rows)};
   }
-  if (batch == 0 || w.rows == 0) return {};
+  return {};
+}
+
+// Output rows per task: enough work per task to amortise scheduling, a multiple of 4 (tasks start
+// at a rows4 group).
+std::int64_t row_chunk_for(const WeightMatrix& w, std::int64_t batch) {
+  std::int64_t chunk = std::max<std::int64_t>(4, (32 * 1024) / std::max<std::int64_t>(1, static_cast<std::int64_t>(w.row_bytes)));
+  chunk = std::min<std::int64_t>(chunk, batch <= 4 ? 16 : 64);  // decode: finer, for balance
+  return (chunk + 3) / 4 * 4;
+}
+
+}  // namespace
+
+Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_t batch, std::int64_t ldx,
+                    const MatmulOptions& options) {
+  if (jobs.empty()) return {};
+  const std::int64_t k = jobs[0].w->cols;
+  bool any_quant = false;
+  for (const MatmulJob& j : jobs) {
+    if (j.w == nullptr || j.y == nullptr) return Status::invalid("jobs", "a matmul job has no matrix or output");
+    if (j.w->cols != k) {
+      return Status::invalid("jobs", fmt::format("matrices of one group must share their input width ({} vs {})",
+                                                 j.w->cols, k));
+    }
+    if (Status s = check_job(*j.w, batch, ldx, j.ldy); !s) return s;
+    any_quant = any_quant || kernels::is_quantized(j.w->type);
+  }
+  if (batch == 0) return {};
   const bool avx2 = use_avx2(options);
-  const bool quant = kernels::is_quantized(w.type);
-  const bool quant_q8 = quant && options.activations == MatmulOptions::Activations::q8;
-  const bool quant_q16 = quant && options.activations == MatmulOptions::Activations::q16;
-  const std::int64_t k = w.cols;
-  const auto* wp = static_cast<const std::byte*>(w.data);
+  const bool q8 = any_quant && options.activations == MatmulOptions::Activations::q8;
+  const bool q16 = any_quant && options.activations == MatmulOptions::Activations::q16;
   auto& pool = parallel::ThreadPool::global();
 
   // Quantised activations live in per-thread buffers reused across calls (decode makes hundreds of
-  // calls per token).
-  thread_local std::vector<BlockQ8x> xq;
+  // calls per token); the workers read the caller's.
+  thread_local std::vector<BlockQ8x> xq8;
   thread_local std::vector<BlockQ16x> xq16;
   const std::int64_t nb = k / kQK;
-  if (quant_q8 || quant_q16) {
-    if (quant_q8) xq.resize(static_cast<std::size_t>(batch * nb));
-    if (quant_q16) xq16.resize(static_cast<std::size_t>(batch * nb));
-    BlockQ8x* const q8 = xq.data();
-    BlockQ16x* const q16 = xq16.data();
-    auto quantize = [&, q8, q16](std::int64_t b, int) {
-      if (quant_q16) {
+  if (q8) xq8.resize(static_cast<std::size_t>(batch * nb));
+  if (q16) xq16.resize(static_cast<std::size_t>(batch * nb));
+  BlockQ8x* const q8_data = xq8.data();
+  BlockQ16x* const q16_data = xq16.data();
+  if (q8 || q16) {
+    auto quantize = [&](std::int64_t b, int) {
+      if (q16) {
         if (avx2) {
-          kernels::quantize_row_q16x_avx2(x + b * ldx, q16 + b * nb, k);
+          kernels::quantize_row_q16x_avx2(x + b * ldx, q16_data + b * nb, k);
         } else {
-          kernels::quantize_row_q16x_scalar(x + b * ldx, q16 + b * nb, k);
+          kernels::quantize_row_q16x_scalar(x + b * ldx, q16_data + b * nb, k);
         }
       } else if (avx2) {
-        kernels::quantize_row_q8x_avx2(x + b * ldx, q8 + b * nb, k);
+        kernels::quantize_row_q8x_avx2(x + b * ldx, q8_data + b * nb, k);
       } else {
-        kernels::quantize_row_q8x_scalar(x + b * ldx, q8 + b * nb, k);
+        kernels::quantize_row_q8x_scalar(x + b * ldx, q8_data + b * nb, k);
       }
     };
     if (batch >= 8) {
@@ -85,32 +112,41 @@ Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::in
     }
   }
 
-  // Output rows per task: enough work per task to amortise scheduling, a multiple of 4.
-  const std::int64_t row_bytes_total = static_cast<std::int64_t>(w.row_bytes);
-  std::int64_t row_chunk = std::max<std::int64_t>(4, (32 * 1024) / std::max<std::int64_t>(1, row_bytes_total));
-  row_chunk = std::min<std::int64_t>(row_chunk, batch <= 4 ? 16 : 64);  // decode: finer, for balance
-  row_chunk = (row_chunk + 3) / 4 * 4;  // tasks start at a rows4 group
-  const std::int64_t n_row_tasks = (w.rows + row_chunk - 1) / row_chunk;
+  // Tasks of every job, one after another: job j owns [first_task[j], first_task[j + 1]).
+  struct Plan {
+    std::int64_t row_chunk, n_row_tasks;
+  };
+  std::vector<Plan> plans(jobs.size());
+  std::vector<std::int64_t> first_task(jobs.size() + 1, 0);
   const std::int64_t n_batch_tasks = (batch + kBatchChunk - 1) / kBatchChunk;
-  const BlockQ8x* const q8_data = xq.data();      // the caller's thread_local buffers, read by
-  const BlockQ16x* const q16_data = xq16.data();  // every worker
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    const std::int64_t chunk = row_chunk_for(*jobs[j].w, batch);
+    plans[j] = {chunk, (jobs[j].w->rows + chunk - 1) / chunk};
+    first_task[j + 1] = first_task[j] + plans[j].n_row_tasks * n_batch_tasks;
+  }
   auto task = [&](std::int64_t t, int) {
-    const std::int64_t bt = t / n_row_tasks;
-    const std::int64_t rt = t % n_row_tasks;
-    const std::int64_t r0 = rt * row_chunk;
-    const std::int64_t nr = std::min(row_chunk, w.rows - r0);
+    const std::size_t j = static_cast<std::size_t>(
+        std::upper_bound(first_task.begin(), first_task.end(), t) - first_task.begin() - 1);
+    const WeightMatrix& w = *jobs[j].w;
+    const std::int64_t ldy = jobs[j].ldy;
+    const std::int64_t local = t - first_task[j];
+    const std::int64_t bt = local / plans[j].n_row_tasks;
+    const std::int64_t rt = local % plans[j].n_row_tasks;
+    const std::int64_t r0 = rt * plans[j].row_chunk;
+    const std::int64_t nr = std::min(plans[j].row_chunk, w.rows - r0);
     const std::int64_t b0 = bt * kBatchChunk;
     const std::int64_t nbt = std::min(kBatchChunk, batch - b0);
-    const std::byte* wr = wp + static_cast<std::size_t>(r0) * w.row_bytes;
-    float* yt = y + b0 * ldy + r0;
-    if (quant_q16) {
+    const std::byte* wr = static_cast<const std::byte*>(w.data) + static_cast<std::size_t>(r0) * w.row_bytes;
+    float* yt = jobs[j].y + b0 * ldy + r0;
+    const bool quant = kernels::is_quantized(w.type);
+    if (quant && q16) {
       const BlockQ16x* xt = q16_data + b0 * nb;
       if (avx2) {
         kernels::gemm_q16_avx2(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
       } else {
         kernels::gemm_q16_scalar(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
       }
-    } else if (quant_q8) {
+    } else if (quant && q8) {
       const BlockQ8x* xt = q8_data + b0 * nb;
       if (avx2) {
         kernels::gemm_q_avx2(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
@@ -133,13 +169,19 @@ Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::in
       }
     }
   };
-  const std::int64_t n_tasks = n_row_tasks * n_batch_tasks;
+  const std::int64_t n_tasks = first_task.back();
   if (n_tasks == 1) {
     task(0, 0);
-  } else {
+  } else if (n_tasks > 1) {
     pool.parallel_for(n_tasks, task, options.max_threads);
   }
   return {};
+}
+
+Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::int64_t ldx, float* y,
+              std::int64_t ldy, const MatmulOptions& options) {
+  const MatmulJob job{&w, y, ldy};
+  return matmul_group({&job, 1}, x, batch, ldx, options);
 }
 
 }  // namespace kallpa::model

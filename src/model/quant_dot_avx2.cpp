@@ -201,32 +201,38 @@ inline void widen_block(const std::byte* qs, __m256i& w0, __m256i& w1) {
 template <GgmlType T, WeightLayout L, int NW, int NX>
 void tile_q16(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const BlockQ16x* xq, std::int64_t nb,
               float* y, std::int64_t ldy) {
+  static_assert(NW <= 4);
   __m256 acc[NW][NX];
-  float macc[NW][NX];
-  for (int r = 0; r < NW; ++r) {
-    for (int x = 0; x < NX; ++x) {
-      acc[r][x] = _mm256_setzero_ps();
-      macc[r][x] = 0.0f;
-    }
+  __m128 macc[NX];  // lane r: row r's constant term (lanes >= NW unused)
+  for (int x = 0; x < NX; ++x) {
+    for (int r = 0; r < NW; ++r) acc[r][x] = _mm256_setzero_ps();
+    macc[x] = _mm_setzero_ps();
   }
   for (std::int64_t b = 0; b < nb; ++b) {
-    alignas(16) float d[NW < 4 ? 4 : NW], m[NW < 4 ? 4 : NW];
+    alignas(16) float d[4] = {}, m[4] = {};
     load_scales<T, L, NW>(w, row_bytes, r0, b, d, m);
+    const __m128 d4 = _mm_load_ps(d);
+    const __m128 m4 = _mm_load_ps(m);
     __m256i w0[NW], w1[NW];
     for (int r = 0; r < NW; ++r) widen_block<T>(quants<T, L, NW>(w, row_bytes, r0, r, b), w0[r], w1[r]);
     for (int x = 0; x < NX; ++x) {
       const BlockQ16x& xb = xq[static_cast<std::int64_t>(x) * nb + b];
       const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
       const __m256i xc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 16));
+      // The rows' d_w * d_x in one multiply, read back as broadcasts (loads, not shuffles).
+      alignas(16) float ds[4];
+      _mm_store_ps(ds, _mm_mul_ps(d4, _mm_set1_ps(xb.d)));
       for (int r = 0; r < NW; ++r) {
         const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0[r], xa), _mm256_madd_epi16(w1[r], xc));
-        acc[r][x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d[r] * xb.d), acc[r][x]);
-        if constexpr (T != GgmlType::q8_0) macc[r][x] = std::fma(m[r], xb.s, macc[r][x]);
+        acc[r][x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&ds[r]), acc[r][x]);
       }
+      if constexpr (T != GgmlType::q8_0) macc[x] = _mm_fmadd_ps(m4, _mm_set1_ps(xb.s), macc[x]);
     }
   }
   for (int x = 0; x < NX; ++x) {
-    for (int r = 0; r < NW; ++r) y[static_cast<std::int64_t>(x) * ldy + r] = hsum(acc[r][x]) + macc[r][x];
+    alignas(16) float mc[4];
+    _mm_store_ps(mc, macc[x]);
+    for (int r = 0; r < NW; ++r) y[static_cast<std::int64_t>(x) * ldy + r] = hsum(acc[r][x]) + mc[r];
   }
 }
 

@@ -72,6 +72,7 @@ class CpuOps final : public Ops {
   // expanding weights to floats. KALLPA_MATMUL_ACTIVATIONS=f32 makes every row exact, =q8 puts
   // every row through Q8 blocks (llama.cpp's choice; measurably changes greedy answers).
   enum class Scheme { mixed, f32, q8 };
+  std::vector<model::MatmulJob> tail_jobs_;
   const Scheme scheme_ = [] {
     const char* e = std::getenv("KALLPA_MATMUL_ACTIVATIONS");
     const std::string_view v = e != nullptr ? e : "";
@@ -104,21 +105,32 @@ class CpuOps final : public Ops {
 
   Status matmul(const model::WeightMatrix& w, const float* x, std::int64_t rows, float* y,
                 std::int64_t decode_rows) override {
+    const model::MatmulJob job{&w, y, w.rows};
+    return matmul_group({&job, 1}, x, rows, decode_rows);
+  }
+
+  Status matmul_group(std::span<const model::MatmulJob> jobs, const float* x, std::int64_t rows,
+                      std::int64_t decode_rows) override {
     using Act = model::MatmulOptions::Activations;
+    if (jobs.empty()) return {};
+    const std::int64_t cols = jobs[0].w->cols;
     model::MatmulOptions o;
     if (scheme_ != Scheme::mixed || decode_rows <= 0) {
       o.activations = scheme_ == Scheme::q8 ? Act::q8 : Act::f32;
-      return model::matmul(w, x, rows, w.cols, y, w.rows, o);
+      return model::matmul_group(jobs, x, rows, cols, o);
     }
     decode_rows = std::min(decode_rows, rows);
     const std::int64_t prompt_rows = rows - decode_rows;
     if (prompt_rows > 0) {
       o.activations = Act::f32;
-      if (Status s = model::matmul(w, x, prompt_rows, w.cols, y, w.rows, o); !s) return s;
+      if (Status s = model::matmul_group(jobs, x, prompt_rows, cols, o); !s) return s;
     }
+    tail_jobs_.assign(jobs.begin(), jobs.end());
+    for (model::MatmulJob& j : tail_jobs_) j.y += prompt_rows * j.ldy;
     o.activations = Act::q16;
-    return model::matmul(w, x + prompt_rows * w.cols, decode_rows, w.cols, y + prompt_rows * w.rows, w.rows, o);
+    return model::matmul_group(tail_jobs_, x + prompt_rows * cols, decode_rows, cols, o);
   }
+
 
   void rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
             std::int64_t n_rot, float theta) override {

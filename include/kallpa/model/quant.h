@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "kallpa/model/ggml_type.h"
@@ -90,6 +91,17 @@ struct MatmulOptions {
 // ldy >= w.rows. x and y must not overlap.
 Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::int64_t ldx, float* y,
               std::int64_t ldy, const MatmulOptions& options = {});
+
+// Several products that share x (a layer's q/k/v, or gate/up) in one pass over the thread pool:
+// x is quantised once, and the tasks of all matrices are spread over the threads together. Each
+// y is exactly what matmul() gives for its matrix. All matrices must have the same cols.
+struct MatmulJob {
+  const WeightMatrix* w = nullptr;
+  float* y = nullptr;
+  std::int64_t ldy = 0;  // >= w->rows
+};
+Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_t batch, std::int64_t ldx,
+                    const MatmulOptions& options = {});
 
 // The SIMD path the kernels use on this machine: "avx2" or "scalar".
 std::string_view quant_kernel_isa() noexcept;

@@ -30,6 +30,17 @@ class Ops {
   // the batch: that is what makes a sequence's tokens the same alone and batched.
   virtual Status matmul(const model::WeightMatrix& w, const float* x, std::int64_t rows, float* y,
                         std::int64_t decode_rows) = 0;
+  // The products of several matrices with one x (a layer's q/k/v, gate/up), each y[rows, w.rows]
+  // (job.ldy == w.rows). Each y is what matmul() gives; a device may run them together (the CPU
+  // ops do, in one pass over the thread pool). The default runs them one by one.
+  virtual Status matmul_group(std::span<const model::MatmulJob> jobs, const float* x, std::int64_t rows,
+                              std::int64_t decode_rows) {
+    for (const model::MatmulJob& j : jobs) {
+      if (j.w == nullptr || j.ldy != j.w->rows) return Status::invalid("jobs", "ldy must equal the matrix's rows");
+      if (Status s = matmul(*j.w, x, rows, j.y, decode_rows); !s) return s;
+    }
+    return {};
+  }
   // Rotary embedding in GGUF's llama convention: adjacent pairs (x[2i], x[2i+1]) of the first
   // n_rot dims of each head rotate by pos * theta^(-2i / n_rot). x: rows x (heads * head_dim).
   virtual void rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
