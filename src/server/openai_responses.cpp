@@ -59,9 +59,12 @@ json usage_chunk(const ResponseMeta& meta, const Usage& usage) {
   return body;
 }
 
+json model_body(const std::string& model, std::int64_t created) {
+  return {{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "kallpa"}};
+}
+
 json models_body(const std::string& model, std::int64_t created) {
-  return {{"object", "list"},
-          {"data", json::array({{{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "kallpa"}}})}};
+  return {{"object", "list"}, {"data", json::array({model_body(model, created)})}};
 }
 
 }  // namespace kallpa::server

@@ -32,6 +32,8 @@ nlohmann::json stream_chunk(const ResponseMeta& meta, const std::string& text, c
                             bool role_delta = false);
 // The last chunk when stream_options.include_usage: no choices, the usage.
 nlohmann::json usage_chunk(const ResponseMeta& meta, const Usage& usage);
+// GET /v1/models/{id}: one model object.
+nlohmann::json model_body(const std::string& model, std::int64_t created);
 nlohmann::json models_body(const std::string& model, std::int64_t created);
 
 }  // namespace kallpa::server

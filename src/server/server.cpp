@@ -10,14 +10,30 @@
 namespace kallpa::server {
 namespace {
 
-constexpr const char* kRoutes[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready",
-                                   "/metrics"};
+struct Route {
+  const char* path;
+  const char* method;
+};
+constexpr Route kRoutes[] = {{"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"}, {"/v1/models", "GET"},
+                             {"/health", "GET"}, {"/ready", "GET"}, {"/metrics", "GET"}};
+constexpr std::string_view kModelPrefix = "/v1/models/";
 
+// The route a path belongs to, as metrics label it (one label for every model id, so that a client
+// cannot grow the label set).
 std::string route_of(const std::string& path) {
-  for (const char* r : kRoutes) {
-    if (path == r) return r;
+  for (const Route& r : kRoutes) {
+    if (path == r.path) return r.path;
   }
+  if (path.size() > kModelPrefix.size() && path.rfind(kModelPrefix, 0) == 0) return "/v1/models/{model}";
   return "unmatched";
+}
+
+// The method a known path accepts, or nullptr for an unknown path.
+const char* method_of(const std::string& path) {
+  for (const Route& r : kRoutes) {
+    if (path == r.path) return r.method;
+  }
+  return route_of(path) == "unmatched" ? nullptr : "GET";
 }
 
 void write_json(httplib::Response& res, int status, const nlohmann::json& body) {
@@ -169,7 +185,12 @@ Server::Server(runtime::Engine& engine, ServerOptions options)
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // ours already
     ApiError e;
     e.status = res.status;
-    if (res.status == 404) {
+    if (const char* allowed = method_of(req.path); res.status == 404 && allowed != nullptr && req.method != allowed) {
+      e.status = 405;
+      e.code = "method_not_allowed";
+      e.message = fmt::format("{} accepts {}, not {}", req.path, allowed, req.method);
+      res.set_header("Allow", allowed);
+    } else if (res.status == 404) {
       e.code = "unknown_route";
       e.message = fmt::format("no route {} {}", req.method, req.path);
     } else if (res.status == 413) {
@@ -207,6 +228,19 @@ Server::Server(runtime::Engine& engine, ServerOptions options)
   });
   s.http.Get("/v1/models", [&s](const httplib::Request&, httplib::Response& res) {
     write_json(res, 200, models_body(s.options.model_name, s.created));
+  });
+  s.http.Get(R"(/v1/models/(.+))", [&s](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    if (id != s.options.model_name) {
+      ApiError e;
+      e.status = 404;
+      e.code = "model_not_found";
+      e.param = "model";
+      e.message = fmt::format("the model '{}' does not exist; this server serves '{}'", id, s.options.model_name);
+      write_error(res, e);
+      return;
+    }
+    write_json(res, 200, model_body(s.options.model_name, s.created));
   });
   s.http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     write_json(res, 200, {{"status", "ok"}});

@@ -181,6 +181,8 @@ def test_chat_and_completions():
         client = s.client()
         models = client.models.list()
         check(models.data[0].id == "tiny", f"model id {models.data[0].id}")
+        one = client.models.retrieve("tiny")
+        check(one.id == "tiny" and one.object == "model", f"models/tiny: {one}")
 
         text, r = chat_text(client, seed=1, max_tokens=8)
         check(r.object == "chat.completion" and r.id.startswith("chatcmpl-"), f"object/id: {r.object} {r.id}")
@@ -341,7 +343,11 @@ def test_bad_inputs():
         expect_error(s, "POST", comp, {"prompt": "a" * 70000}, 413, "body_too_large")
         # Routes.
         expect_error(s, "GET", "/v1/nothing", None, 404, "unknown_route")
-        expect_error(s, "GET", chat, None, 404, "unknown_route")
+        hdrs, _ = expect_error(s, "GET", chat, None, 405, "method_not_allowed")
+        check(hdrs.get("Allow") == "POST", f"405 names the allowed method: {hdrs.get('Allow')!r}")
+        hdrs, _ = expect_error(s, "POST", "/metrics", {}, 405, "method_not_allowed")
+        check(hdrs.get("Allow") == "GET", f"405 names the allowed method: {hdrs.get('Allow')!r}")
+        expect_error(s, "GET", "/v1/models/gpt-4", None, 404, "model_not_found", "model")
         # The official client maps them to its typed errors.
         client = s.client()
         try:
