@@ -61,51 +61,77 @@ std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32
   if (candidates_.empty()) return 0;
   auto by_logit = [](const Candidate& a, const Candidate& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
 
+  // The candidates are only ever consumed from the most likely down, and almost all of the mass
+  // sits in the first few dozen of a 49k vocabulary, so they are sorted lazily: sorted(n) makes the
+  // first n the n most likely, in order (the same prefix a full sort gives, as the order is total).
   std::size_t keep = candidates_.size();
+  std::size_t sorted = 0;
+  auto sort_prefix = [&](std::size_t n) {
+    n = std::min(n, keep);
+    if (n <= sorted) return;
+    n = std::min(keep, std::max({n, sorted * 4, std::size_t{32}}));  // geometric: O(V log n) in all
+    std::partial_sort(candidates_.begin() + static_cast<std::ptrdiff_t>(sorted),
+                      candidates_.begin() + static_cast<std::ptrdiff_t>(n),
+                      candidates_.begin() + static_cast<std::ptrdiff_t>(keep), by_logit);
+    sorted = n;
+  };
   if (params_.top_k > 0 && static_cast<std::size_t>(params_.top_k) < keep) {
+    sort_prefix(static_cast<std::size_t>(params_.top_k));
     keep = static_cast<std::size_t>(params_.top_k);
-    std::partial_sort(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(keep), candidates_.end(), by_logit);
-  } else {
-    std::sort(candidates_.begin(), candidates_.end(), by_logit);
+    sorted = keep;
   }
-  candidates_.resize(keep);
 
   // Softmax over the survivors, in double so that long tails do not lose mass.
-  std::vector<double> probs(keep);
-  const float max_logit = candidates_[0].logit;
+  float max_logit = candidates_[0].logit;
+  for (std::size_t i = 1; i < keep; ++i) max_logit = std::max(max_logit, candidates_[i].logit);
   double sum = 0.0;
   for (std::size_t i = 0; i < keep; ++i) {
-    probs[i] = std::exp(static_cast<double>(candidates_[i].logit) - max_logit);
-    sum += probs[i];
+    const double p = std::exp(static_cast<double>(candidates_[i].logit) - max_logit);
+    candidates_[i].prob = p;
+    sum += p;
   }
-  for (double& p : probs) p /= sum;
+  for (std::size_t i = 0; i < keep; ++i) candidates_[i].prob /= sum;
 
   if (params_.min_p > 0.0f) {
-    const double floor = static_cast<double>(params_.min_p) * probs[0];
-    std::size_t n = 1;
-    while (n < keep && probs[n] >= floor) ++n;
-    keep = n;
+    // The most likely token has probability 1 / sum; keep everything at or above the floor (a
+    // set, so no order is needed), the most likely always.
+    const double floor = static_cast<double>(params_.min_p) * (1.0 / sum);
+    auto unsorted_begin = candidates_.begin() + static_cast<std::ptrdiff_t>(sorted);
+    auto kept_end = std::partition(unsorted_begin, candidates_.begin() + static_cast<std::ptrdiff_t>(keep),
+                                          [&](const Candidate& c) { return c.prob >= floor; });
+    // A sorted prefix stays a sorted prefix: its survivors are a prefix of it.
+    std::size_t n = 0;
+    while (n < sorted && candidates_[n].prob >= floor) ++n;
+    if (n < sorted) {
+      keep = std::max<std::size_t>(1, n);
+      sorted = keep;
+    } else {
+      keep = std::max<std::size_t>(1, static_cast<std::size_t>(kept_end - candidates_.begin()));
+    }
   }
   if (params_.top_p < 1.0f) {
     double cumulative = 0.0;
     std::size_t n = 0;
     while (n < keep) {
-      cumulative += probs[n++];
+      sort_prefix(n + 1);
+      cumulative += candidates_[n++].prob;
       if (cumulative >= static_cast<double>(params_.top_p)) break;
     }
     keep = n;
   }
 
   double total = 0.0;
-  for (std::size_t i = 0; i < keep; ++i) total += probs[i];
+  for (std::size_t i = 0; i < keep; ++i) total += candidates_[i].prob;
   // A uniform draw in [0, total) from the 53-bit mantissa: reproducible across libstdc++ versions,
   // unlike std::uniform_real_distribution's unspecified algorithm.
   const double u = static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0) * total;
   double acc = 0.0;
   for (std::size_t i = 0; i < keep; ++i) {
-    acc += probs[i];
+    sort_prefix(i + 1);
+    acc += candidates_[i].prob;
     if (u < acc) return candidates_[i].id;
   }
+  sort_prefix(keep);
   return candidates_[keep - 1].id;
 }
 

@@ -41,6 +41,7 @@ class Sampler {
   struct Candidate {
     float logit;
     std::int32_t id;
+    double prob = 0.0;
   };
   SamplingParams params_;
   std::mt19937_64 rng_;
