@@ -5,8 +5,6 @@
 #include <cstring>
 #include <string_view>
 
-#include <sys/mman.h>
-
 #include <fmt/format.h>
 
 #include "model/quant_kernels.h"
@@ -49,35 +47,18 @@ Status RepackedWeights::repack(std::vector<WeightMatrix*> matrices) {
   for (const WeightMatrix* m : matrices) {
     if (can_repack_rows4(*m)) total += static_cast<std::size_t>(m->rows) * m->row_bytes;
   }
-  if (total == 0) return {};
-  constexpr std::size_t kHuge = std::size_t{2} << 20;
-  mapped_ = (total + kHuge - 1) / kHuge * kHuge + kHuge;  // room to align the start
-  void* p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    mapped_ = 0;
-    return Status(ErrorCode::out_of_memory, "repack", fmt::format("cannot allocate {} bytes for repacked weights", total));
-  }
-  base_ = p;
-  const auto base = reinterpret_cast<std::uintptr_t>(p);
-  storage_ = reinterpret_cast<std::byte*>((base + kHuge - 1) / kHuge * kHuge);
-  bytes_ = total;
-  // Advisory: without transparent huge pages the weights still work, with more TLB misses.
-  (void)madvise(storage_, (total + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
+  auto buffer = HugeBuffer::allocate(total, "repack");
+  if (!buffer) return buffer.status();
+  storage_ = std::move(*buffer);
   std::size_t at = 0;
   for (WeightMatrix* m : matrices) {
     if (!can_repack_rows4(*m)) continue;
-    auto r = repack_rows4(*m, storage_ + at);
+    auto r = repack_rows4(*m, storage_.data() + at);
     if (!r) return r.status();
     at += static_cast<std::size_t>(m->rows) * m->row_bytes;
     *m = *r;
   }
   return {};
-}
-
-RepackedWeights::~RepackedWeights() {
-  if (mapped_ != 0) {
-    munmap(base_, mapped_);
-  }
 }
 
 }  // namespace kallpa::model

@@ -10,6 +10,7 @@
 
 #include "kallpa/model/quant.h"
 #include "kallpa/status.h"
+#include "model/huge_buffer.h"
 
 namespace kallpa::model {
 
@@ -25,21 +26,13 @@ Result<WeightMatrix> repack_rows4(const WeightMatrix& w, std::byte* dst);
 // once per token, and with 4 KiB pages that is ~25k TLB misses per token for SmolLM2-135M.
 class RepackedWeights {
  public:
-  RepackedWeights() = default;
-  ~RepackedWeights();
-  RepackedWeights(const RepackedWeights&) = delete;
-  RepackedWeights& operator=(const RepackedWeights&) = delete;
-
   // Repacks each matrix that can_repack_rows4 accepts, in place in *matrices (the others are left
   // as they are), unless KALLPA_REPACK=0 is set in the environment.
   Status repack(std::vector<WeightMatrix*> matrices);
-  std::size_t bytes() const noexcept { return bytes_; }
+  std::size_t bytes() const noexcept { return storage_.size(); }
 
  private:
-  void* base_ = nullptr;  // the mapping (mapped_ bytes); storage_ is its first 2 MiB boundary
-  std::byte* storage_ = nullptr;
-  std::size_t bytes_ = 0;
-  std::size_t mapped_ = 0;
+  HugeBuffer storage_;
 };
 
 }  // namespace kallpa::model

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "kallpa/half.h"
+#include "model/huge_buffer.h"
 
 namespace kallpa::runtime {
 
@@ -23,18 +24,16 @@ Result<std::unique_ptr<KvCache>> KvCache::create(std::int32_t n_layer, std::int3
   cache->n_blocks_ = (options.max_tokens + options.page_size - 1) / options.page_size;
   const auto bytes = static_cast<std::size_t>(cache->n_blocks_) * static_cast<std::size_t>(options.page_size) *
                      static_cast<std::size_t>(n_head_kv) * static_cast<std::size_t>(head_dim) * dtype_size(options.dtype);
-  try {
-    cache->k_.resize(static_cast<std::size_t>(n_layer));
-    cache->v_.resize(static_cast<std::size_t>(n_layer));
-    for (std::int32_t l = 0; l < n_layer; ++l) {
-      cache->k_[static_cast<std::size_t>(l)].resize(bytes);
-      cache->v_[static_cast<std::size_t>(l)].resize(bytes);
-    }
-  } catch (const std::bad_alloc&) {
+  // One mapping for every layer's K and V, on huge pages, committed as blocks are first written.
+  cache->layer_bytes_ = (bytes + 63) / 64 * 64;
+  auto buffer = model::HugeBuffer::allocate(cache->layer_bytes_ * 2 * static_cast<std::size_t>(n_layer), "kv_cache");
+  if (!buffer) {
     return Status(ErrorCode::out_of_memory, "kv_cache",
                   fmt::format("cannot allocate {} MiB for {} tokens", 2.0 * double(bytes) * n_layer / double(1 << 20),
                               options.max_tokens));
   }
+  auto holder = std::make_shared<model::HugeBuffer>(std::move(*buffer));
+  cache->storage_ = std::shared_ptr<std::byte>(holder, holder->data());
   // Hand out low block ids first: a fresh cache then looks like a dense one, which helps caches.
   for (std::int64_t b = cache->n_blocks_ - 1; b >= 0; --b) cache->free_.push_back(static_cast<std::int32_t>(b));
   return cache;
@@ -118,8 +117,8 @@ void KvCache::write(std::int32_t layer, std::span<const std::int32_t> table, std
                     const float* v, std::int64_t n) {
   const std::int64_t row = std::int64_t{n_head_kv_} * head_dim_;
   const std::size_t esize = dtype_size(options_.dtype);
-  std::byte* kbase = k_[static_cast<std::size_t>(layer)].data();
-  std::byte* vbase = v_[static_cast<std::size_t>(layer)].data();
+  std::byte* kbase = k_data(layer);
+  std::byte* vbase = v_data(layer);
   for (std::int64_t t = 0; t < n; ++t) {
     const std::int64_t p = pos + t;
     const std::int64_t slot = std::int64_t{table[static_cast<std::size_t>(p / options_.page_size)]} * options_.page_size +
@@ -150,12 +149,12 @@ void KvCache::write(std::int32_t layer, std::span<const std::int32_t> table, std
 }
 
 TensorView KvCache::k_view(std::int32_t layer) const {
-  return make_contiguous_view(const_cast<std::byte*>(k_[static_cast<std::size_t>(layer)].data()), options_.dtype,
+  return make_contiguous_view(k_data(layer), options_.dtype,
                               {n_blocks_, options_.page_size, n_head_kv_, head_dim_});
 }
 
 TensorView KvCache::v_view(std::int32_t layer) const {
-  return make_contiguous_view(const_cast<std::byte*>(v_[static_cast<std::size_t>(layer)].data()), options_.dtype,
+  return make_contiguous_view(v_data(layer), options_.dtype,
                               {n_blocks_, options_.page_size, n_head_kv_, head_dim_});
 }
 

@@ -67,7 +67,13 @@ class KvCache {
   KvCacheOptions options_;
   std::int32_t n_layer_ = 0, n_head_kv_ = 0, head_dim_ = 0;
   std::int64_t n_blocks_ = 0;
-  std::vector<std::vector<std::byte>> k_, v_;  // per layer: [blocks, page, hkv, hd]
+  // Layer l's K at storage_ + 2l * layer_bytes_, its V right after: [blocks, page, hkv, hd] each.
+  std::shared_ptr<std::byte> storage_;
+  std::size_t layer_bytes_ = 0;
+  std::byte* k_data(std::int32_t layer) const noexcept {
+    return storage_.get() + 2 * static_cast<std::size_t>(layer) * layer_bytes_;
+  }
+  std::byte* v_data(std::int32_t layer) const noexcept { return k_data(layer) + layer_bytes_; }
   mutable std::mutex mu_;
   std::vector<std::int32_t> free_;  // free block ids (a stack)
   std::vector<Sequence> seqs_;
