@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "core/parallel.h"
 #include "kallpa/tokenizer/tokenizer.h"
 
 namespace kallpa::runtime {
@@ -209,9 +210,7 @@ void Scheduler::loop() {
   }
 }
 
-void Scheduler::sample_and_emit(Active& a, std::span<const float> logits) {
-  scratch_.assign(logits.begin(), logits.end());  // the repetition penalty edits its input
-  const std::int32_t token = a.sampler.sample(scratch_, a.tokens);
+void Scheduler::emit_token(Active& a, std::int32_t token) {
   const auto eos = engine_.tokenizer().eos_id();
   auto emit = [&](std::string_view text, std::int32_t tokens) {
     if (a.callbacks.on_token) a.callbacks.on_token(text, tokens);
@@ -307,6 +306,21 @@ bool Scheduler::step() {
     if (p.item.want_logits) ++with_logits;
   }
   if (items.empty()) return true;
+  // Prompt chunks first, as forward() orders its rows (model/llama_model.h), so that the logits
+  // come back in this order without a reshuffle.
+  std::vector<std::size_t> order(items.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_partition(order.begin(), order.end(), [&](std::size_t i) { return items[i].tokens.size() != 1; });
+  {
+    std::vector<model::ForwardItem> sorted_items;
+    std::vector<Active*> sorted_owners;
+    for (std::size_t i : order) {
+      sorted_items.push_back(items[i]);
+      sorted_owners.push_back(owners[i]);
+    }
+    items = std::move(sorted_items);
+    owners = std::move(sorted_owners);
+  }
   logits_.resize(static_cast<std::size_t>(with_logits * engine_.config().vocab_size));
   Status s = engine_.model().forward(items, engine_.cache(), engine_.ops(), engine_.dispatcher(), logits_.data());
   steps_.fetch_add(1);
@@ -317,16 +331,30 @@ bool Scheduler::step() {
     return true;
   }
   const auto vocab = static_cast<std::size_t>(engine_.config().vocab_size);
+  std::vector<Active*> sampling;
+  std::vector<std::size_t> rows;
   std::size_t row = 0;
   for (std::size_t i = 0; i < items.size(); ++i) {
     Active& a = *owners[i];
     a.fed += static_cast<std::int64_t>(items[i].tokens.size());
     if (!items[i].want_logits) continue;
-    const std::span<const float> logits(logits_.data() + row * vocab, vocab);
+    if (!a.handle->cancelled()) {  // a cancelled one is reaped right after this step
+      sampling.push_back(&a);
+      rows.push_back(row);
+    }
     ++row;
-    if (a.handle->cancelled()) continue;  // reaped right after this step
-    sample_and_emit(a, logits);
   }
+  // Each sequence samples from its own sampler and random stream, so the draws can run in
+  // parallel; the text is then emitted in order on this thread.
+  std::vector<std::int32_t> drawn(sampling.size());
+  parallel::ThreadPool::global().parallel_for(static_cast<std::int64_t>(sampling.size()), [&](std::int64_t i, int) {
+    thread_local std::vector<float> scratch;
+    const auto n = static_cast<std::size_t>(i);
+    const float* l = logits_.data() + rows[n] * vocab;
+    scratch.assign(l, l + vocab);  // the repetition penalty edits its input
+    drawn[n] = sampling[n]->sampler.sample(scratch, sampling[n]->tokens);
+  });
+  for (std::size_t i = 0; i < sampling.size(); ++i) emit_token(*sampling[i], drawn[i]);
   return true;
 }
 

@@ -136,7 +136,8 @@ class Scheduler {
   void reap_cancelled();
   bool step();
   void finish(Active& a, std::string reason, Status status = {});
-  void sample_and_emit(Active& a, std::span<const float> logits);
+  // Appends a sampled token to a's text (stop strings, EOS, limits) and calls its callbacks.
+  void emit_token(Active& a, std::int32_t token);
   std::int64_t blocks_for(std::int64_t positions) const;
 
   Engine& engine_;
@@ -154,7 +155,6 @@ class Scheduler {
   // Owned by the scheduler thread.
   std::vector<std::unique_ptr<Active>> running_;
   std::vector<float> logits_;
-  std::vector<float> scratch_;
 
   std::atomic<std::int64_t> n_queued_{0}, n_running_{0}, committed_{0};
   std::atomic<std::uint64_t> steps_{0}, batch_tokens_{0}, batch_sequences_{0};
