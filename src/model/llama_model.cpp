@@ -1,12 +1,38 @@
 #include "kallpa/model/llama_model.h"
 
 #include <algorithm>
+#include <cstdint>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
 #include "model/repack.h"
 
 namespace kallpa::model {
+
+namespace {
+
+// The file's copies of repacked matrices are not read again by this model: drop their pages from
+// this process (clean pages of a read-only file mapping; a later read, say by another model on the
+// same file, faults them back in), so that resident memory holds the weights once. The embedding
+// table stays, as lookups read it from the file.
+void release_file_pages(const std::vector<WeightMatrix>& originals, const WeightMatrix& keep) {
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto* keep_begin = static_cast<const std::byte*>(keep.data);
+  const std::byte* keep_end = keep_begin + static_cast<std::size_t>(keep.rows) * keep.row_bytes;
+  for (const WeightMatrix& w : originals) {
+    const auto* begin = static_cast<const std::byte*>(w.data);
+    const std::byte* end = begin + static_cast<std::size_t>(w.rows) * w.row_bytes;
+    if (w.data == keep.data || (begin < keep_end && keep_begin < end)) continue;  // tied to the embedding
+    const auto first = (reinterpret_cast<std::uintptr_t>(begin) + page - 1) / page * page;
+    const auto last = reinterpret_cast<std::uintptr_t>(end) / page * page;
+    if (last > first) (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  }
+}
+
+}  // namespace
 namespace {
 
 Result<WeightMatrix> matrix(const TensorView* t) {
@@ -54,8 +80,18 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufF
   for (Layer& l : m->layers_) {
     for (WeightMatrix* p : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) mats.push_back(p);
   }
+  std::vector<WeightMatrix> originals;
+  for (const WeightMatrix* mat : mats) originals.push_back(*mat);
+  const std::vector<WeightMatrix*> targets = mats;
   if (!(s = packed->repack(std::move(mats)))) return s;
   m->repacked_ = std::move(packed);
+  if (m->file_->file_backed()) {
+    std::vector<WeightMatrix> replaced;
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+      if (targets[i]->data != originals[i].data) replaced.push_back(originals[i]);
+    }
+    release_file_pages(replaced, m->token_embd_);
+  }
   return m;
 }
 

@@ -137,6 +137,9 @@ class GgufFile {
   std::uint64_t data_offset() const noexcept { return data_offset_; }  // start of the data section
   std::uint64_t file_size() const noexcept { return size_; }
   const std::byte* base() const noexcept { return base_; }
+  // True when the data is a read-only mapping of a file (open()), whose pages can be dropped and
+  // read back; false for from_bytes()'s heap copy.
+  bool file_backed() const noexcept { return map_ != nullptr; }
 
   // Metadata in file order.
   const std::vector<GgufKeyValue>& metadata() const noexcept { return kvs_; }
