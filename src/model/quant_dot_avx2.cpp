@@ -148,36 +148,39 @@ void tile_q(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const Bl
   }
 }
 
+// Sweeps a weight-rows x activation-rows product with tile(NW, NX, r, x): 4 x 1 tiles for a single
+// activation row (decode), else up to 2 x 4, then the leftovers. NW and NX arrive as
+// std::integral_constant so that each tile shape is its own instantiation.
+template <typename Tile>
+void sweep_tiles(std::int64_t nw, std::int64_t nx, Tile tile) {
+  using std::integral_constant;
+  for (std::int64_t x = 0; x < nx;) {
+    const std::int64_t xn = nx - x >= 4 ? 4 : nx - x;
+    auto rows_of = [&](auto nw_c, std::int64_t r) {
+      switch (xn) {
+        case 4: tile(nw_c, integral_constant<int, 4>{}, r, x); break;
+        case 3: tile(nw_c, integral_constant<int, 3>{}, r, x); break;
+        case 2: tile(nw_c, integral_constant<int, 2>{}, r, x); break;
+        default: tile(nw_c, integral_constant<int, 1>{}, r, x); break;
+      }
+    };
+    std::int64_t r = 0;
+    if (xn == 1) {
+      for (; r + 4 <= nw; r += 4) tile(integral_constant<int, 4>{}, integral_constant<int, 1>{}, r, x);
+    }
+    for (; r + 2 <= nw; r += 2) rows_of(integral_constant<int, 2>{}, r);
+    for (; r < nw; ++r) rows_of(integral_constant<int, 1>{}, r);
+    x += xn;
+  }
+}
+
 template <GgmlType T, WeightLayout L>
 void gemm_q_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ8x* xq, std::int64_t nx,
                   std::int64_t k, float* y, std::int64_t ldy) {
   const std::int64_t nb = k / kQK;
-  for (std::int64_t x = 0; x < nx;) {
-    const std::int64_t xn = nx - x >= 4 ? 4 : nx - x;
-    const BlockQ8x* xt = xq + x * nb;
-    float* yt = y + x * ldy;
-    std::int64_t r = 0;
-    if (xn == 1) {
-      for (; r + 4 <= nw; r += 4) tile_q<T, L, 4, 1>(w, row_bytes, r, xt, nb, yt + r, ldy);
-    }
-    for (; r + 2 <= nw; r += 2) {
-      switch (xn) {
-        case 4: tile_q<T, L, 2, 4>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
-        case 3: tile_q<T, L, 2, 3>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
-        case 2: tile_q<T, L, 2, 2>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
-        default: tile_q<T, L, 2, 1>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
-      }
-    }
-    for (; r < nw; ++r) {
-      switch (xn) {
-        case 4: tile_q<T, L, 1, 4>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
-        case 3: tile_q<T, L, 1, 3>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
-        case 2: tile_q<T, L, 1, 2>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
-        default: tile_q<T, L, 1, 1>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
-      }
-    }
-    x += xn;
-  }
+  sweep_tiles(nw, nx, [&](auto nw_c, auto nx_c, std::int64_t r, std::int64_t x) {
+    tile_q<T, L, decltype(nw_c)::value, decltype(nx_c)::value>(w, row_bytes, r, xq + x * nb, nb, y + x * ldy + r, ldy);
+  });
 }
 
 // --- Q16 activations (gemm_q16): 16-bit integer dot products, for decode rows ---
@@ -240,32 +243,10 @@ template <GgmlType T, WeightLayout L>
 void gemm_q16_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ16x* xq, std::int64_t nx,
                     std::int64_t k, float* y, std::int64_t ldy) {
   const std::int64_t nb = k / kQK;
-  for (std::int64_t x = 0; x < nx;) {
-    const std::int64_t xn = nx - x >= 4 ? 4 : nx - x;
-    const BlockQ16x* xt = xq + x * nb;
-    float* yt = y + x * ldy;
-    std::int64_t r = 0;
-    if (xn == 1) {
-      for (; r + 4 <= nw; r += 4) tile_q16<T, L, 4, 1>(w, row_bytes, r, xt, nb, yt + r, ldy);
-    }
-    for (; r + 2 <= nw; r += 2) {
-      switch (xn) {
-        case 4: tile_q16<T, L, 2, 4>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
-        case 3: tile_q16<T, L, 2, 3>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
-        case 2: tile_q16<T, L, 2, 2>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
-        default: tile_q16<T, L, 2, 1>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
-      }
-    }
-    for (; r < nw; ++r) {
-      switch (xn) {
-        case 4: tile_q16<T, L, 1, 4>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
-        case 3: tile_q16<T, L, 1, 3>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
-        case 2: tile_q16<T, L, 1, 2>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
-        default: tile_q16<T, L, 1, 1>(w, row_bytes, r, xt, nb, yt + r, ldy); break;
-      }
-    }
-    x += xn;
-  }
+  sweep_tiles(nw, nx, [&](auto nw_c, auto nx_c, std::int64_t r, std::int64_t x) {
+    tile_q16<T, L, decltype(nw_c)::value, decltype(nx_c)::value>(w, row_bytes, r, xq + x * nb, nb, y + x * ldy + r,
+                                                                ldy);
+  });
 }
 
 // --- float weights (gemm_f) ---
@@ -495,71 +476,64 @@ void gemm_qf_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, c
 
 }  // namespace
 
-void quantize_row_q8x_avx2(const float* x, BlockQ8x* out, std::int64_t k) {
+namespace {
+
+// One block of 32 floats as integers in [-qmax, qmax]: d = max|x| / qmax, q = round-to-nearest-even
+// (x * (qmax / max|x|)), the four 8-lane groups as int32 (elements 0..7, 8..15, ...) and sum(q),
+// exactly as the scalar quantize_row_q*x_scalar.
+struct QuantBlock {
+  float d;
+  int sum;
+  __m256i q[4];
+};
+inline QuantBlock quantize_block(const float* xb, float qmax) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 v[4] = {_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8), _mm256_loadu_ps(xb + 16),
+                       _mm256_loadu_ps(xb + 24)};
+  const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float amax = _mm_cvtss_f32(m4);
+  QuantBlock out;
+  out.d = amax / qmax;
+  const __m256 vid = _mm256_set1_ps(out.d != 0.0f ? qmax / amax : 0.0f);
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  for (int i = 0; i < 4; ++i) out.q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], vid), kRound));
+  const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(out.q[0], out.q[1]), _mm256_add_epi32(out.q[2], out.q[3]));
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+  out.sum = _mm_cvtsi128_si32(s4);
+  return out;
+}
+
+}  // namespace
+
+void quantize_row_q8x_avx2(const float* x, BlockQ8x* out, std::int64_t k) {
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (std::int64_t b = 0; b < k / kQK; ++b) {
-    const float* xb = x + b * kQK;
-    __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8), v2 = _mm256_loadu_ps(xb + 16),
-           v3 = _mm256_loadu_ps(xb + 24);
-    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                             _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float amax = _mm_cvtss_f32(m4);
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 127.0f / amax : 0.0f;
-    const __m256 vid = _mm256_set1_ps(id);
-    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, vid), kRound));
-    __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, vid), kRound));
-    __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, vid), kRound));
-    __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, vid), kRound));
-    __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
-    i0 = _mm256_packs_epi32(i0, i1);
-    i2 = _mm256_packs_epi32(i2, i3);
-    i0 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i0, i2), perm);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs), i0);
-    out[b].d = d;
-    out[b].s = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+    const QuantBlock qb = quantize_block(x + b * kQK, 127.0f);
+    const __m256i p01 = _mm256_packs_epi32(qb.q[0], qb.q[1]);
+    const __m256i p23 = _mm256_packs_epi32(qb.q[2], qb.q[3]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs),
+                        _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), perm));
+    out[b].d = qb.d;
+    out[b].s = qb.d * static_cast<float>(qb.sum);
   }
 }
 
 void quantize_row_q16x_avx2(const float* x, BlockQ16x* out, std::int64_t k) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   for (std::int64_t b = 0; b < k / kQK; ++b) {
-    const float* xb = x + b * kQK;
-    __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8), v2 = _mm256_loadu_ps(xb + 16),
-           v3 = _mm256_loadu_ps(xb + 24);
-    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                             _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float amax = _mm_cvtss_f32(m4);
-    const float d = amax / 32767.0f;
-    const float id = d != 0.0f ? 32767.0f / amax : 0.0f;
-    const __m256 vid = _mm256_set1_ps(id);
-    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    const __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, vid), kRound));
-    const __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, vid), kRound));
-    const __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, vid), kRound));
-    const __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, vid), kRound));
-    const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+    const QuantBlock qb = quantize_block(x + b * kQK, 32767.0f);
     // packs works per 128-bit lane: [0..3, 8..11, 4..7, 12..15]; the permute restores the order.
-    const __m256i p01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), _MM_SHUFFLE(3, 1, 2, 0));
-    const __m256i p23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i2, i3), _MM_SHUFFLE(3, 1, 2, 0));
+    const __m256i p01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(qb.q[0], qb.q[1]), _MM_SHUFFLE(3, 1, 2, 0));
+    const __m256i p23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(qb.q[2], qb.q[3]), _MM_SHUFFLE(3, 1, 2, 0));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs), p01);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs + 16), p23);
-    out[b].d = d;
-    out[b].s = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+    out[b].d = qb.d;
+    out[b].s = qb.d * static_cast<float>(qb.sum);
   }
 }
 

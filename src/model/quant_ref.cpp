@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kallpa/half.h"
@@ -140,17 +141,22 @@ void quantize_row_scalar(GgmlType type, const float* src, void* dst, std::int64_
   }
 }
 
-void quantize_row_q8x_scalar(const float* x, BlockQ8x* out, std::int64_t k) {
+namespace {
+
+// Both activation block types: d = max|x| / qmax, q = round-half-even(x * (qmax / max|x|)) (so
+// |q| <= qmax), s = d * sum(q).
+template <typename Block>
+void quantize_activations(const float* x, Block* out, std::int64_t k, float qmax) {
   for (std::int64_t b = 0; b < k / kQK; ++b) {
     const float* xb = x + b * kQK;
     float amax = 0.0f;
     for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(xb[j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 127.0f / amax : 0.0f;
+    const float d = amax / qmax;
+    const float id = d != 0.0f ? qmax / amax : 0.0f;
     int sum = 0;
     for (int j = 0; j < kQK; ++j) {
-      const int q = static_cast<int>(std::nearbyint(xb[j] * id));  // round half to even
-      out[b].qs[j] = static_cast<std::int8_t>(q);
+      const int q = static_cast<int>(std::nearbyint(xb[j] * id));
+      out[b].qs[j] = static_cast<std::remove_reference_t<decltype(out[b].qs[0])>>(q);
       sum += q;
     }
     out[b].d = d;
@@ -158,22 +164,12 @@ void quantize_row_q8x_scalar(const float* x, BlockQ8x* out, std::int64_t k) {
   }
 }
 
+}  // namespace
+
+void quantize_row_q8x_scalar(const float* x, BlockQ8x* out, std::int64_t k) { quantize_activations(x, out, k, 127.0f); }
+
 void quantize_row_q16x_scalar(const float* x, BlockQ16x* out, std::int64_t k) {
-  for (std::int64_t b = 0; b < k / kQK; ++b) {
-    const float* xb = x + b * kQK;
-    float amax = 0.0f;
-    for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(xb[j]));
-    const float d = amax / 32767.0f;
-    const float id = d != 0.0f ? 32767.0f / amax : 0.0f;
-    int sum = 0;
-    for (int j = 0; j < kQK; ++j) {
-      const int q = static_cast<int>(std::nearbyint(xb[j] * id));  // round half to even, |q| <= 32767
-      out[b].qs[j] = static_cast<std::int16_t>(q);
-      sum += q;
-    }
-    out[b].d = d;
-    out[b].s = d * static_cast<float>(sum);
-  }
+  quantize_activations(x, out, k, 32767.0f);
 }
 
 void load_row_ggml(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t r,
