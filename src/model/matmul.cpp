@@ -53,10 +53,11 @@ Status check_job(const WeightMatrix& w, std::int64_t batch, std::int64_t ldx, st
 }
 
 // Output rows per task: enough work per task to amortise scheduling, a multiple of 4 (tasks start
-// at a rows4 group).
+// at a rows4 group). Decode-sized batches use small tasks for balance, but at most ~64 per matrix:
+// each task costs a shared atomic and a call, and the output head alone has 49k rows.
 std::int64_t row_chunk_for(const WeightMatrix& w, std::int64_t batch) {
   std::int64_t chunk = std::max<std::int64_t>(4, (32 * 1024) / std::max<std::int64_t>(1, static_cast<std::int64_t>(w.row_bytes)));
-  chunk = std::min<std::int64_t>(chunk, batch <= 4 ? 16 : 64);  // decode: finer, for balance
+  chunk = std::min<std::int64_t>(chunk, batch <= 4 ? std::max<std::int64_t>(16, w.rows / 64) : 64);
   return (chunk + 3) / 4 * 4;
 }
 
