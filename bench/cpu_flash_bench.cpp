@@ -9,12 +9,19 @@
 //   v1 generic: scalar per-row online softmax.
 //   v2 fast:    q^T-major rows kernel (broadcast K/V, lanes over rows) + head-dim decode kernel,
 //               key tiles of 128, 64 rows per task, split-KV below 32 tasks.
+//   v3 padded:  v2 with tile row strides of an odd number of cache lines (a 512-byte stride put a
+//               128-row strip of q^T, S or V into an eighth of the L1 sets), the rescale of o
+//               folded into the P·V pass and a cheaper exp. Prefill only; decode-shaped tasks are
+//               unchanged.
 //   Decode-shaped problems (Sq * group <= 16 rows per KV head) have their own generations:
 //   v2 tiled:   the general path above (one task per KV head and split, strided K/V reads).
 //   v3 staged:  one task per key chunk over all KV heads (K/V streamed in memory order, next block
 //               prefetched), each block converted to f32 scratch, 4-key dots with a transposing
 //               reduction, last chunk merges (one parallel_for).
 //   v4 direct:  v3 reading K/V in place (F16C / bf16 promote in registers, no scratch round trip).
+//   v5 stream:  v4 with each block walked in memory order (four key rows across every head at a
+//               time, for scores and again for P·V) and K and V each prefetched 16 keys ahead into
+//               L2 as one forward stream; 3-row dot kernels for GQA groups of 3.
 #include <benchmark/benchmark.h>
 
 #include <immintrin.h>
@@ -101,13 +108,15 @@ void register_decode_versions(const std::string& name, const Shape& s) {
   static cpu_flash::CpuFlashBackend v2(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::tiled});
   static cpu_flash::CpuFlashBackend v3(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::staged});
   static cpu_flash::CpuFlashBackend v4(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::direct});
+  static cpu_flash::CpuFlashBackend v5(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::stream});
   static cpu_flash::CpuFlashBackend v2_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::tiled});
   static cpu_flash::CpuFlashBackend v3_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::staged});
   static cpu_flash::CpuFlashBackend v4_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::direct});
+  static cpu_flash::CpuFlashBackend v5_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::stream});
   const std::pair<const char*, cpu_flash::CpuFlashBackend*> one[] = {
-      {"/v2_tiled_t1", &v2_1}, {"/v3_staged_t1", &v3_1}, {"/v4_direct_t1", &v4_1}};
+      {"/v2_tiled_t1", &v2_1}, {"/v3_staged_t1", &v3_1}, {"/v4_direct_t1", &v4_1}, {"/v5_stream_t1", &v5_1}};
   const std::pair<const char*, cpu_flash::CpuFlashBackend*> all[] = {
-      {"/v2_tiled", &v2}, {"/v3_staged", &v3}, {"/v4_direct", &v4}};
+      {"/v2_tiled", &v2}, {"/v3_staged", &v3}, {"/v4_direct", &v4}, {"/v5_stream", &v5}};
   for (const auto& [suffix, be] : one)
     benchmark::RegisterBenchmark((name + suffix).c_str(), [s, be = be](benchmark::State& st) { run_backend(st, *be, s); })
         ->Unit(benchmark::kMillisecond);
@@ -121,9 +130,17 @@ void register_shape(const std::string& kind, const Shape& s, bool with_generic) 
   const std::string name = kind + "/" + std::string(dtype_name(s.dt)) + "/d" + std::to_string(s.d) + "/h" +
                            std::to_string(s.hq) + "_" + std::to_string(s.hkv) + "/sq" + std::to_string(s.sq) + "_skv" +
                            std::to_string(s.skv) + (s.causal ? "/causal" : "");
-  static cpu_flash::CpuFlashBackend fast(cpu_flash::Options{0, cpu_flash::Path::fast});
+  using cpu_flash::DecodeKernel;
+  using cpu_flash::PrefillKernel;
+  static cpu_flash::CpuFlashBackend fast(
+      cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::automatic, PrefillKernel::rows});
   static cpu_flash::CpuFlashBackend generic(cpu_flash::Options{0, cpu_flash::Path::generic});
-  static cpu_flash::CpuFlashBackend fast1(cpu_flash::Options{1, cpu_flash::Path::fast});
+  static cpu_flash::CpuFlashBackend fast1(
+      cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::automatic, PrefillKernel::rows});
+  static cpu_flash::CpuFlashBackend padded(
+      cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::automatic, PrefillKernel::padded});
+  static cpu_flash::CpuFlashBackend padded1(
+      cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::automatic, PrefillKernel::padded});
   if (kind.rfind("decode", 0) == 0) {
     register_decode_versions(name, s);
   } else {
@@ -131,6 +148,11 @@ void register_shape(const std::string& kind, const Shape& s, bool with_generic) 
     benchmark::RegisterBenchmark((name + "/v2_fast_t1").c_str(), [s](benchmark::State& st) { run_backend(st, fast1, s); })
         ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark((name + "/v2_fast").c_str(), [s](benchmark::State& st) { run_backend(st, fast, s); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((name + "/v3_padded_t1").c_str(), [s](benchmark::State& st) { run_backend(st, padded1, s); })
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((name + "/v3_padded").c_str(), [s](benchmark::State& st) { run_backend(st, padded, s); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
@@ -157,6 +179,8 @@ int register_all() {
     for (std::int64_t d : {64, 128})
       for (std::int64_t skv : {2048, 8192}) register_shape("prefill", {1, 512, skv, 8, 8, d, false, dt}, false);
   register_shape("prefill_gqa", {1, 2048, 2048, 32, 8, 128, true, DType::bf16}, false);
+  // SmolLM2's GQA group of 3 (9 query heads on 3 KV heads, D = 64): the 3-row dot kernel of v5.
+  for (std::int64_t skv : {512, 4096}) register_shape("decode_gqa3", {1, 1, skv, 9, 3, 64, false, DType::f16}, false);
   for (DType dt : {DType::f16, DType::bf16})
     for (std::int64_t d : {64, 128})
       for (std::int64_t skv : {512, 4096, 32768}) {

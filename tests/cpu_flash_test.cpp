@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backends/cpu-flash/cpu_flash.h"
+#include "backends/cpu-flash/flash_internal.h"
 #include "backends/reference/reference.h"
 #include "core/parallel.h"
 #include "kallpa/half.h"
@@ -232,12 +233,20 @@ std::string describe(const Spec& s) {
   return r;
 }
 
+// The automatic choice, the previous prefill generation (v2 rows kernel), the streaming decode
+// kernel (v5; the automatic choice takes it only for K/V beyond the caches) and the generic path.
 void check_all_paths(const Spec& s) {
   SCOPED_TRACE(describe(s));
+  using cpu_flash::DecodeKernel;
+  using cpu_flash::PrefillKernel;
   CpuFlashBackend fast(Options{0, Path::fast});
+  CpuFlashBackend rows_v2(Options{0, Path::fast, DecodeKernel::automatic, PrefillKernel::rows});
+  CpuFlashBackend stream_v5(Options{0, Path::fast, DecodeKernel::stream});
   CpuFlashBackend generic(Options{0, Path::generic});
   const auto want = ref(s);
   expect_close(run(fast, s), want, s, "fast");
+  expect_close(run(rows_v2, s), want, s, "fast, prefill v2");
+  expect_close(run(stream_v5, s), want, s, "fast, decode v5");
   expect_close(run(generic, s), want, s, "generic");
 }
 
@@ -337,7 +346,7 @@ TEST(CpuFlash, DecodeSplitKv) {
   }
 }
 
-// Every decode kernel generation (tiled, staged, direct) against the reference on decode-shaped
+// Every decode kernel generation (tiled, staged, direct, stream) against the reference on decode-shaped
 // problems: GQA groups, paged caches (the engine's page 16, 3 KV heads), ragged batches, several
 // query rows per sequence (speculative / chunked decode), masks, softcap, ALiBi, lse, padded
 // strides (which force the staged kernel) and chunk splits with the merge.
@@ -405,7 +414,7 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
   for (const Spec& s : specs) {
     SCOPED_TRACE(describe(s));
     const auto want = ref(s);
-    for (DecodeKernel k : {DecodeKernel::tiled, DecodeKernel::staged, DecodeKernel::direct}) {
+    for (DecodeKernel k : {DecodeKernel::tiled, DecodeKernel::staged, DecodeKernel::direct, DecodeKernel::stream}) {
       SCOPED_TRACE(static_cast<int>(k));
       CpuFlashBackend be(Options{0, Path::fast, k});
       expect_close(run(be, s), want, s, "decode kernel");
@@ -418,7 +427,7 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
 // and through scratch: only the rows of that query are NaN.
 TEST(CpuFlash, DecodeNanOnlyWhereVisible) {
   using cpu_flash::DecodeKernel;
-  for (DecodeKernel k : {DecodeKernel::staged, DecodeKernel::direct}) {
+  for (DecodeKernel k : {DecodeKernel::staged, DecodeKernel::direct, DecodeKernel::stream}) {
     Spec s;
     s.sq = {2};
     s.skv = {600};
@@ -484,10 +493,17 @@ TEST(CpuFlash, FullyMaskedRows) {
   check_all_paths(s);
 }
 
+// Every path, with both prefill kernel generations.
+std::vector<Options> every_path() {
+  return {Options{0, Path::fast},
+          Options{0, Path::fast, cpu_flash::DecodeKernel::automatic, cpu_flash::PrefillKernel::rows},
+          Options{0, Path::generic}};
+}
+
 // NaN stored in a value only the last query row can see (causal): only that row is NaN.
 TEST(CpuFlash, NanOnlyWhereVisible) {
   for (std::int32_t sq : {64, 1}) {
-    for (Path path : {Path::fast, Path::generic}) {
+    for (const Options& path : every_path()) {
       Spec s;
       s.sq = {sq};
       s.skv = {64};
@@ -499,7 +515,7 @@ TEST(CpuFlash, NanOnlyWhereVisible) {
       b.v32[63 * 16 + 5] = std::numeric_limits<float>::quiet_NaN();
       auto vp = validate(b.p);
       ASSERT_TRUE(vp.is_ok());
-      CpuFlashBackend be(Options{0, path});
+      CpuFlashBackend be(path);
       ASSERT_TRUE(be.run(*vp, {}).is_ok());
       for (std::int32_t i = 0; i < sq; ++i)
         for (int x = 0; x < 16; ++x) {
@@ -512,7 +528,7 @@ TEST(CpuFlash, NanOnlyWhereVisible) {
 }
 
 TEST(CpuFlash, NanInQueryRow) {
-  for (Path path : {Path::fast, Path::generic}) {
+  for (const Options& path : every_path()) {
     Spec s;
     s.sq = {33};
     s.skv = {200};
@@ -525,7 +541,7 @@ TEST(CpuFlash, NanInQueryRow) {
     b.q32[(5 * 2 + 1) * 16 + 3] = std::numeric_limits<float>::quiet_NaN();  // row 5, head 1
     auto vp = validate(b.p);
     ASSERT_TRUE(vp.is_ok());
-    CpuFlashBackend be(Options{0, path});
+    CpuFlashBackend be(path);
     ASSERT_TRUE(be.run(*vp, {}).is_ok());
     for (int i = 0; i < 33; ++i)
       for (int h = 0; h < 2; ++h) {
@@ -535,6 +551,36 @@ TEST(CpuFlash, NanInQueryRow) {
           EXPECT_EQ(bad, std::isnan(b.o32[static_cast<std::size_t>((i * 2 + h) * 16 + x)])) << i << "," << h;
       }
   }
+}
+
+// The softmax exp of prefill v3 on every SIMD target: a few ulp of std::exp where a softmax weight
+// can matter, exactly 0 for -inf (masked keys) and far below, NaN kept.
+TEST(CpuFlash, FastExpMatchesStdExp) {
+  std::vector<float> x;
+  for (float v = -100.0f; v <= 1.0f; v += 0.001953125f) x.push_back(v);
+  for (float v : {0.0f, -0.0f, -1e-30f, -85.99f, -86.01f, -1e30f, 80.0f}) x.push_back(v);
+  x.push_back(-std::numeric_limits<float>::infinity());
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> y(x.size());
+  for (const std::string& target : CpuFlashBackend::simd_targets()) {
+    SCOPED_TRACE(target);
+    ASSERT_TRUE(CpuFlashBackend::force_simd_target(target));
+    for (std::size_t n : {x.size(), std::size_t{5}}) {  // whole vectors and a partial one
+      std::fill(y.begin(), y.end(), -1.0f);
+      cpu_flash::fast_exp(x.data(), y.data(), n);
+      for (std::size_t i = 0; i < n; ++i) {
+        const double want = std::exp(static_cast<double>(x[i]));
+        if (std::isnan(x[i])) {
+          EXPECT_TRUE(std::isnan(y[i]));
+        } else if (x[i] < -86.0f) {
+          EXPECT_EQ(y[i], 0.0f) << x[i];
+        } else {
+          EXPECT_LE(std::abs(y[i] - want), 4.8e-7 * want) << "exp(" << x[i] << ") = " << y[i] << " want " << want;
+        }
+      }
+    }
+  }
+  CpuFlashBackend::force_simd_target("");
 }
 
 TEST(ThreadPool, RunsEveryTaskOnce) {

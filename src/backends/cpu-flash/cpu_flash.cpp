@@ -332,6 +332,22 @@ DecodePlan make_decode_plan(const ValidatedProblem& vp) {
   return plan;
 }
 
+Options options_from_env() {
+  Options o;
+  auto version = [](const char* name) -> int {
+    const char* env = std::getenv(name);
+    if (env == nullptr || env[0] != 'v') return 0;  // unset or "auto": the automatic choice
+    char* end = nullptr;
+    const long v = std::strtol(env + 1, &end, 10);
+    return end != env + 1 && *end == '\0' ? static_cast<int>(v) : 0;
+  };
+  const int decode = version("KALLPA_CPU_FLASH_DECODE");
+  if (decode >= 2 && decode <= 5) o.decode = static_cast<DecodeKernel>(decode);
+  const int prefill = version("KALLPA_CPU_FLASH_PREFILL");
+  if (prefill >= 2 && prefill <= 3) o.prefill = static_cast<PrefillKernel>(prefill);
+  return o;
+}
+
 // Above reference (0): the default CPU backend. Passes the full conformance matrix.
 int CpuFlashBackend::priority() const noexcept { return 100; }
 
@@ -395,13 +411,14 @@ Status CpuFlashBackend::run_decode(const ValidatedProblem& vp, Workspace workspa
   std::byte* slots = base + static_cast<std::size_t>(threads) * plan.worker_bytes;
   auto* counters = reinterpret_cast<std::int32_t*>(slots + static_cast<std::size_t>(plan.n_slots) * plan.slot_bytes);
   std::fill(counters, counters + plan.n_counters, 0);
-  const bool direct = options_.decode == DecodeKernel::direct ||
-                      (options_.decode == DecodeKernel::automatic && plan.kv_bytes <= kDecodeDirectMaxBytes);
+  DecodeKernel kernel = options_.decode;
+  if (kernel == DecodeKernel::automatic)
+    kernel = plan.kv_bytes <= kDecodeDirectMaxBytes ? kDecodeAutoInCache : kDecodeAutoStreamed;
   pool.parallel_for(
       static_cast<std::int64_t>(plan.tasks.size()),
       [&](std::int64_t t, int worker) {
         run_decode_task(vp, plan, plan.tasks[static_cast<std::size_t>(t)],
-                        base + static_cast<std::size_t>(worker) * plan.worker_bytes, slots, counters, direct);
+                        base + static_cast<std::size_t>(worker) * plan.worker_bytes, slots, counters, kernel);
       },
       threads);
   return Status::ok();
@@ -421,6 +438,8 @@ Status CpuFlashBackend::run(const ValidatedProblem& vp, Workspace workspace) noe
     std::byte* base = scratch(workspace, need, owned);
     if (base == nullptr) return Status(ErrorCode::out_of_memory, "workspace", "cpu-flash could not allocate scratch");
     std::byte* partials = base + static_cast<std::size_t>(threads) * plan.worker_bytes;
+    const PrefillKernel prefill =
+        options_.prefill == PrefillKernel::automatic ? PrefillKernel::padded : options_.prefill;
 
     pool.parallel_for(
         static_cast<std::int64_t>(plan.tasks.size()),
@@ -429,7 +448,8 @@ Status CpuFlashBackend::run(const ValidatedProblem& vp, Workspace workspace) noe
           float* partial = task.partial < 0 ? nullptr
                                             : reinterpret_cast<float*>(
                                                   partials + static_cast<std::size_t>(task.partial) * plan.partial_bytes);
-          run_fast_task(vp, plan, task, base + static_cast<std::size_t>(worker) * plan.worker_bytes, partial);
+          run_fast_task(vp, plan, task, base + static_cast<std::size_t>(worker) * plan.worker_bytes, partial,
+                        prefill);
         },
         threads);
     if (!plan.combines.empty()) {

@@ -24,21 +24,37 @@ enum class Path : int {
 // Kernel generation for decode-shaped problems (Sq * group <= 16 rows per KV head); the older ones
 // stay selectable so that benchmarks compare them side by side.
 enum class DecodeKernel : int {
-  automatic = 0,  // direct while the K/V of the call fit in cache, else staged
+  automatic = 0,  // direct while the K/V of the call fit in cache, else stream
   tiled = 2,      // v2: the general tiled path (per-head tasks, split-KV)
   staged = 3,     // v3: key-chunk tasks over all heads, each block converted to f32 scratch first
   direct = 4,     // v4: like staged, but K/V rows read in place (F16C / bf16 promote in registers)
+  stream = 5,     // v5: direct, with each block walked in memory order (key rows across all heads)
+                  //     and prefetched a fixed distance ahead as one sequential stream
+};
+
+// Kernel generation of the tiled (prefill) path; the older one stays selectable for benchmarks.
+enum class PrefillKernel : int {
+  automatic = 0,  // the newest
+  rows = 2,       // v2: rows kernel with power-of-two tile strides
+  padded = 3,     // v3: v2 with L1-conflict-free tile strides, the rescale folded into P·V, a
+                  //     cheaper exp
 };
 
 struct Options {
   int threads = 0;  // 0: every thread of the global pool
   Path path = Path::automatic;
   DecodeKernel decode = DecodeKernel::automatic;
+  PrefillKernel prefill = PrefillKernel::automatic;
 };
+
+// The registered backend's options: the defaults, with the kernel generations taken from
+// KALLPA_CPU_FLASH_DECODE (v2..v5) and KALLPA_CPU_FLASH_PREFILL (v2, v3) when set, so that
+// `kallpa bench attention` can time one generation against another.
+Options options_from_env();
 
 class CpuFlashBackend final : public AttentionBackend {
  public:
-  CpuFlashBackend() = default;
+  CpuFlashBackend() : options_(options_from_env()) {}
   explicit CpuFlashBackend(Options options) : options_(options) {}
 
   std::string_view name() const noexcept override { return "cpu-flash"; }

@@ -7,7 +7,12 @@
 // paged cache holds all heads side by side), prefetching the next block head by head. Per head it
 // converts the block to f32 once (F16C / bf16 shifts) and serves all the query rows of the GQA
 // group from it: dot products four keys at a time with a transposing reduction, an online softmax
-// vectorised over keys, and a register-blocked P·V with lanes along the head dim.
+// vectorised over keys, and a register-blocked P·V with lanes along the head dim. Rows of one
+// query position go three at a time (GQA groups of 3, e.g. SmolLM2's 9/3 heads), else two.
+//
+// v5 (stream, the choice once K/V outgrow the caches) walks each block in memory order instead:
+// four key rows across every head at a time, and K and V are each prefetched a fixed number of
+// keys ahead into L2 as one forward stream per thread (see StreamBlock).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backends/cpu-flash/flash_decode.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -19,6 +24,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -295,8 +301,9 @@ HWY_INLINE void Pv(const T* const* v, std::int64_t len, const float* const* p, s
                    float* const* o) {
   const DF d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  constexpr int C = RB >= 3 ? 2 : 4;  // accumulators + value vectors within 16 registers
   std::int64_t x = 0;
-  for (; x + 4 * N <= len; x += 4 * N) PvBlock<RB, 4>(v, p, a, e, o, x);
+  for (; x + C * N <= len; x += C * N) PvBlock<RB, C>(v, p, a, e, o, x);
   for (; x < len; x += N) PvBlock<RB, 1>(v, p, a, e, o, x);
 }
 
@@ -311,6 +318,7 @@ struct Ctx {
   float* m;
   float* l;
   float* s;
+  float* s_all;  // v5: [rows][kDecodeBlock], rows ordered (kvh, i, g)
   float* k;
   float* v;
   std::int64_t* koff;  // [2][kDecodeBlock]
@@ -341,45 +349,39 @@ void FillOffsets(const Ctx& c, std::int64_t j0, std::int64_t nb, std::int64_t* k
   }
 }
 
-// One block of keys [j0, j0 + nb) for the query rows of KV head kvh (its K/V already in c.k, c.v).
-// krows/vrows: the block's key/value rows of this head (klen/vlen elements, multiples of the vector).
-template <typename T>
-void ProcessBlock(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
-                  const std::int64_t* e_i, const T* const* krows, std::int64_t klen, const T* const* vrows,
-                  std::int64_t vlen, const PrefetchPair* pf) {
+// The query rows of one KV head in groups of 3 (GQA groups of 3, e.g. SmolLM2), else 2, then 1;
+// rows of one group share the query position, so their visible keys.
+template <typename F>
+HWY_INLINE void ForRowGroups(const Ctx& c, const std::int64_t* a_i, const std::int64_t* e_i, F&& f) {
+  const std::int64_t G = c.G;
+  const bool threes = G % 3 == 0 && G % 2 != 0;
+  for (std::int64_t i = 0; i < c.sq; ++i) {
+    if (a_i[i] > e_i[i]) continue;
+    std::int64_t g = 0;
+    if (threes) {
+      for (; g + 3 <= G; g += 3) f(i, i * G + g, std::integral_constant<int, 3>());
+    }
+    for (; g + 2 <= G; g += 2) f(i, i * G + g, std::integral_constant<int, 2>());
+    if (g < G) f(i, i * G + g, std::integral_constant<int, 1>());
+  }
+}
+
+// Online softmax of the rows of KV head kvh over the block's keys [j0, j0 + nb), vectorised over the
+// keys: s_rows [R][kDecodeBlock] holds the scores and receives the probabilities; m, l and the
+// accumulators of the rows are updated.
+void SoftmaxRows(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
+                 const std::int64_t* e_i, float* s_rows) {
   const DF d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   const VF neg_inf = hn::Set(d, kNegInf);
   const std::int64_t G = c.G;
   const std::int64_t nbp = round_up(nb, N);
-
-  // Scores, two rows (same query position, so same visible range) at a time.
-  for (std::int64_t i = 0; i < c.sq; ++i) {
-    if (a_i[i] > e_i[i]) continue;
-    std::int64_t g = 0;
-    for (; g + 2 <= G; g += 2) {
-      const std::int64_t r = i * G + g;
-      const float* q[2] = {c.q + (kvh * c.R + r) * c.Dp, c.q + (kvh * c.R + r + 1) * c.Dp};
-      float* s[2] = {c.s + r * kDecodeBlock, c.s + (r + 1) * kDecodeBlock};
-      Scores<2>(q, krows, klen, nb, s, pf);
-      pf = nullptr;
-    }
-    if (g < G) {
-      const std::int64_t r = i * G + g;
-      const float* q[1] = {c.q + (kvh * c.R + r) * c.Dp};
-      float* s[1] = {c.s + r * kDecodeBlock};
-      Scores<1>(q, krows, klen, nb, s, pf);
-      pf = nullptr;
-    }
-  }
-
-  // Online softmax per row, vectorised over the keys of the block.
   for (std::int64_t r = 0; r < c.R; ++r) {
     const std::int64_t i = r / G;
     const std::int64_t a = a_i[i], e = e_i[i];
     if (a > e) continue;
     const std::int64_t row = kvh * c.R + r;
-    float* s = c.s + r * kDecodeBlock;
+    float* s = s_rows + r * kDecodeBlock;
     const std::int32_t h = static_cast<std::int32_t>(kvh * G + r % G);
     const VF posv = hn::Set(d, c.posf[i]);
     const VF slope = hn::Set(d, c.slopes ? c.slopes[h] : 0.0f);
@@ -421,25 +423,41 @@ void ProcessBlock(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, co
       for (std::int64_t x = 0; x < c.Dvp; x += N) hn::Store(hn::Mul(hn::Load(d, o + x), al), d, o + x);
     }
   }
+}
+
+// One block of keys [j0, j0 + nb) for the query rows of KV head kvh (its K/V already in c.k, c.v).
+// krows/vrows: the block's key/value rows of this head (klen/vlen elements, multiples of the vector).
+template <typename T>
+void ProcessBlock(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
+                  const std::int64_t* e_i, const T* const* krows, std::int64_t klen, const T* const* vrows,
+                  std::int64_t vlen, const PrefetchPair* pf) {
+  // Scores, rows of one query position (so one visible range) three (GQA groups of 3) or two at a
+  // time, so that each key vector loaded serves them all.
+  ForRowGroups(c, a_i, e_i, [&](std::int64_t, std::int64_t r, auto rb) {
+    constexpr int RB = decltype(rb)::value;
+    const float* q[RB];
+    float* s[RB];
+    for (int u = 0; u < RB; ++u) {
+      q[u] = c.q + (kvh * c.R + r + u) * c.Dp;
+      s[u] = c.s + (r + u) * kDecodeBlock;
+    }
+    Scores<RB>(q, krows, klen, nb, s, pf);
+    pf = nullptr;
+  });
+
+  SoftmaxRows(c, kvh, j0, nb, a_i, e_i, c.s);
 
   // o += P V over each row's visible keys only (a masked value may be NaN and must not be read).
-  for (std::int64_t i = 0; i < c.sq; ++i) {
-    const std::int64_t a = a_i[i], e = e_i[i];
-    if (a > e) continue;
-    std::int64_t g = 0;
-    for (; g + 2 <= G; g += 2) {
-      const std::int64_t r = i * G + g;
-      const float* p[2] = {c.s + r * kDecodeBlock, c.s + (r + 1) * kDecodeBlock};
-      float* o[2] = {c.acc + (kvh * c.R + r) * c.Dvp, c.acc + (kvh * c.R + r + 1) * c.Dvp};
-      Pv<2>(vrows, vlen, p, a, e, o);
+  ForRowGroups(c, a_i, e_i, [&](std::int64_t i, std::int64_t r, auto rb) {
+    constexpr int RB = decltype(rb)::value;
+    const float* p[RB];
+    float* o[RB];
+    for (int u = 0; u < RB; ++u) {
+      p[u] = c.s + (r + u) * kDecodeBlock;
+      o[u] = c.acc + (kvh * c.R + r + u) * c.Dvp;
     }
-    if (g < G) {
-      const std::int64_t r = i * G + g;
-      const float* p[1] = {c.s + r * kDecodeBlock};
-      float* o[1] = {c.acc + (kvh * c.R + r) * c.Dvp};
-      Pv<1>(vrows, vlen, p, a, e, o);
-    }
-  }
+    Pv<RB>(vrows, vlen, p, a_i[i], e_i[i], o);
+  });
 }
 
 // One head of one block read in place: row pointers into the cache; the head's rows of the next
@@ -458,6 +476,149 @@ void DirectHead(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, cons
     vr[jj] = vb + voff[jj];
   }
   ProcessBlock<T>(c, kvh, j0, nb, a_i, e_i, kr, c.D, vr, c.Dv, &pf);
+}
+
+// ---------------------------------------------------------------------------------------------
+// v5 stream: a block is walked in memory order. Scores go four keys at a time across every KV
+// head (the four key rows, all heads, are a few KiB side by side), then the softmax of every row,
+// then P·V four keys at a time across every head; so K and V are each read as one forward stream
+// per thread, and a software prefetch runs a fixed number of keys ahead of each stream into L2.
+
+// Prefetch distance in keys (each stream); KALLPA_CPU_FLASH_PREFETCH overrides it for tuning.
+std::int64_t StreamPrefetchKeys() {
+  static const std::int64_t keys = [] {
+    if (const char* env = std::getenv("KALLPA_CPU_FLASH_PREFETCH")) {
+      char* end = nullptr;
+      const long v = std::strtol(env, &end, 10);
+      if (end != env && *end == '\0' && v >= 0 && v <= 4096) return static_cast<std::int64_t>(v);
+    }
+    return kDecodeStreamPrefetchKeys;
+  }();
+  return keys;
+}
+
+// Walks the key rows of one tensor (K or V) of a task forward and prefetches each row (every head)
+// into L2 once, up to a requested key.
+struct StreamPrefetcher {
+  const Ctx* c = nullptr;
+  const TensorView* t = nullptr;
+  std::int64_t next = 0, end = 0;  // next key to prefetch; end of the task's keys
+  std::int64_t off = 0;            // element offset of key next - 1 (valid when next > first)
+  std::int64_t first = 0;
+  std::int64_t step = 0, page = 0, es = 0;
+  std::int64_t span = 0;           // bytes of one key row over all heads, when contiguous enough
+  std::int64_t head_stride = 0, head_bytes = 0, heads = 0;
+  bool k = true;
+
+  void init(const Ctx& ctx, const TensorView& tv, bool is_k, std::int64_t begin, std::int64_t stop) {
+    c = &ctx;
+    t = &tv;
+    k = is_k;
+    next = first = begin;
+    end = stop;
+    const AttentionProblem& p = *ctx.p;
+    page = p.kv_layout == KvLayout::paged ? ctx.vp->signature().page_size : 0;
+    step = tv.stride[p.kv_layout == KvLayout::packed ? 0 : 1];
+    es = static_cast<std::int64_t>(dtype_size(tv.dtype));
+    heads = ctx.hkv;
+    head_stride = is_k ? ctx.khs : ctx.vhs;
+    const std::int64_t dim = is_k ? ctx.D : ctx.Dv;
+    const std::int64_t ds = is_k ? ctx.kds : ctx.vds;
+    head_bytes = ((dim - 1) * ds + 1) * es;
+    const std::int64_t all = (heads - 1) * head_stride * es + head_bytes;
+    // Heads side by side (the usual cache layout): one span; else each head's row on its own.
+    span = head_stride >= 0 && all <= 2 * heads * head_bytes + 4096 ? all : 0;
+  }
+
+  void until(std::int64_t key) {
+    key = std::min(key, end);
+    for (; next < key; ++next) {
+      if (next == first || (page > 0 && next % page == 0)) {
+        off = k ? c->vp->k_row_offset(c->t->b, next) : c->vp->v_row_offset(c->t->b, next);
+      } else {
+        off += step;
+      }
+      const char* row = static_cast<const char*>(t->data) + off * es;
+      if (span > 0) {
+        for (std::int64_t b = 0; b < span; b += 64) __builtin_prefetch(row + b, 0, 2);
+        __builtin_prefetch(row + span - 1, 0, 2);
+      } else {
+        for (std::int64_t h = 0; h < heads; ++h) {
+          const char* hr = row + h * head_stride * es;
+          for (std::int64_t b = 0; b < head_bytes; b += 64) __builtin_prefetch(hr + b, 0, 2);
+          __builtin_prefetch(hr + head_bytes - 1, 0, 2);
+        }
+      }
+    }
+  }
+};
+
+// s[rb][j + u] = <q[rb], k[u]> for u < 4 (RB rows of one KV head against four key rows).
+template <int RB, typename T>
+HWY_INLINE void StreamDots(Ctx& c, std::int64_t kvh, std::int64_t first_row, const T* const* k, std::int64_t nk,
+                           std::int64_t j, float* s_rows) {
+  const float* q[RB];
+  float* s[RB];
+  for (int rb = 0; rb < RB; ++rb) {
+    q[rb] = c.q + (kvh * c.R + first_row + rb) * c.Dp;
+    s[rb] = s_rows + (first_row + rb) * kDecodeBlock + j;
+  }
+  if (nk == 4) {
+    Dots4<RB>(q, k, c.D, 0, s);
+  } else {
+    for (std::int64_t u = 0; u < nk; ++u) {
+      float* su[RB];
+      for (int rb = 0; rb < RB; ++rb) su[rb] = s[rb] + u;
+      Dots1<RB>(q, k + u, c.D, 0, su);
+    }
+  }
+}
+
+template <int RB, typename T>
+HWY_INLINE void StreamPv(Ctx& c, std::int64_t kvh, std::int64_t first_row, const T* const* v, std::int64_t a,
+                         std::int64_t e, const float* s_rows) {
+  const float* p[RB];
+  float* o[RB];
+  for (int rb = 0; rb < RB; ++rb) {
+    p[rb] = s_rows + (first_row + rb) * kDecodeBlock;
+    o[rb] = c.acc + (kvh * c.R + first_row + rb) * c.Dvp;
+  }
+  Pv<RB>(v, c.Dv, p, a, e, o);
+}
+
+template <typename T>
+void StreamBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i, const std::int64_t* e_i,
+                 const std::int64_t* koff, const std::int64_t* voff, StreamPrefetcher& kpf, StreamPrefetcher& vpf) {
+  const T* kb = static_cast<const T*>(c.p->k.data);
+  const T* vb = static_cast<const T*>(c.p->v.data);
+  const std::int64_t ahead = StreamPrefetchKeys();
+  for (std::int64_t u0 = 0; u0 < nb; u0 += 4) {
+    const std::int64_t nk = std::min<std::int64_t>(4, nb - u0);
+    kpf.until(j0 + u0 + nk + ahead);
+    for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
+      const T* k[4];
+      for (std::int64_t u = 0; u < nk; ++u) k[u] = kb + koff[u0 + u] + kvh * c.khs;
+      float* s_rows = c.s_all + kvh * c.R * kDecodeBlock;
+      ForRowGroups(c, a_i, e_i, [&](std::int64_t, std::int64_t row, auto rb) {
+        StreamDots<decltype(rb)::value>(c, kvh, row, k, nk, u0, s_rows);
+      });
+    }
+  }
+  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) SoftmaxRows(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * c.R * kDecodeBlock);
+  for (std::int64_t u0 = 0; u0 < nb; u0 += 4) {
+    const std::int64_t nk = std::min<std::int64_t>(4, nb - u0);
+    vpf.until(j0 + u0 + nk + ahead);
+    for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
+      const T* v[kDecodeBlock];
+      for (std::int64_t u = u0; u < u0 + nk; ++u) v[u] = vb + voff[u] + kvh * c.vhs;
+      const float* s_rows = c.s_all + kvh * c.R * kDecodeBlock;
+      ForRowGroups(c, a_i, e_i, [&](std::int64_t i, std::int64_t row, auto rb) {
+        // Only the row's visible keys: a masked value may be NaN and must not be read.
+        const std::int64_t a = std::max(a_i[i], u0), e = std::min(e_i[i], u0 + nk - 1);
+        if (a <= e) StreamPv<decltype(rb)::value>(c, kvh, row, v, a, e, s_rows);
+      });
+    }
+  }
 }
 
 // Writes o/lse for every row of the sequence from merged (m, l, o) values.
@@ -515,7 +676,7 @@ void Combine(const Ctx& c, const DecodePlan& plan, const std::byte* slots) {
 }  // namespace
 
 void RunDecodeTaskImpl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
-                       std::byte* slots, std::int32_t* counters, bool allow_direct) {
+                       std::byte* slots, std::int32_t* counters, DecodeKernel kernel) {
   const DF d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   const AttentionProblem& p = vp.problem();
@@ -542,6 +703,7 @@ void RunDecodeTaskImpl(const ValidatedProblem& vp, const DecodePlan& plan, const
   c.m = reinterpret_cast<float*>(base + L.m);
   c.l = reinterpret_cast<float*>(base + L.l);
   c.s = reinterpret_cast<float*>(base + L.s);
+  c.s_all = reinterpret_cast<float*>(base + L.s_all);
   c.k = reinterpret_cast<float*>(base + L.k);
   c.v = reinterpret_cast<float*>(base + L.v);
   c.koff = reinterpret_cast<std::int64_t*>(base + L.koff);
@@ -582,12 +744,18 @@ void RunDecodeTaskImpl(const ValidatedProblem& vp, const DecodePlan& plan, const
   const std::int64_t v_bytes = ((c.Dv - 1) * c.vds + 1) * ves;
   // Direct: the kernels read K/V rows where they lie (unit stride, head dims whole vectors, one
   // dtype); otherwise each block is first converted to f32 rows in scratch.
-  const bool direct = allow_direct && c.kds == 1 && c.vds == 1 && c.D % N == 0 && c.Dv % N == 0 &&
+  const bool direct = kernel != DecodeKernel::staged && c.kds == 1 && c.vds == 1 && c.D % N == 0 && c.Dv % N == 0 &&
                       p.k.dtype == p.v.dtype;
   int cur = 0;
   if (t.k_begin < t.k_end)
     FillOffsets(c, t.k_begin, std::min(kDecodeBlock, t.k_end - t.k_begin), c.koff, c.voff);
   std::int64_t a_i[kDecodeMaxRows], e_i[kDecodeMaxRows];
+  const bool stream = direct && kernel == DecodeKernel::stream;
+  StreamPrefetcher kstream, vstream;
+  if (stream) {
+    kstream.init(c, p.k, true, t.k_begin, t.k_end);
+    vstream.init(c, p.v, false, t.k_begin, t.k_end);
+  }
   for (std::int64_t j0 = t.k_begin; j0 < t.k_end; j0 += kDecodeBlock) {
     const std::int64_t nb = std::min(kDecodeBlock, t.k_end - j0);
     const std::int64_t jn = j0 + nb;
@@ -596,14 +764,23 @@ void RunDecodeTaskImpl(const ValidatedProblem& vp, const DecodePlan& plan, const
     const std::int64_t* voff = c.voff + cur * kDecodeBlock;
     std::int64_t* koffn = c.koff + (1 - cur) * kDecodeBlock;
     std::int64_t* voffn = c.voff + (1 - cur) * kDecodeBlock;
-    if (nbn > 0) FillOffsets(c, jn, nbn, koffn, voffn);
+    if (nbn > 0 && !stream) FillOffsets(c, jn, nbn, koffn, voffn);
     bool any = false;
     for (std::int64_t i = 0; i < c.sq; ++i) {
       a_i[i] = std::max(c.lo[i], j0) - j0;
       e_i[i] = std::min(c.hi[i], jn - 1) - j0;
       any |= a_i[i] <= e_i[i];
     }
-    if (any) {
+    if (stream) {
+      FillOffsets(c, j0, nb, c.koff, c.voff);
+      if (any) {
+        switch (p.k.dtype) {
+          case DType::f16: StreamBlock<hwy::float16_t>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream); break;
+          case DType::bf16: StreamBlock<hwy::bfloat16_t>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream); break;
+          case DType::f32: StreamBlock<float>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream); break;
+        }
+      }
+    } else if (any) {
       for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
         const PrefetchList kpf{koffn, nbn, k_bytes}, vpf{voffn, nbn, v_bytes};
         switch (direct ? p.k.dtype : DType::f32) {
@@ -660,8 +837,8 @@ namespace kallpa::cpu_flash {
 HWY_EXPORT(RunDecodeTaskImpl);
 
 void run_decode_task(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task, void* scratch,
-                     std::byte* slots, std::int32_t* counters, bool allow_direct) {
-  HWY_DYNAMIC_DISPATCH(RunDecodeTaskImpl)(problem, plan, task, scratch, slots, counters, allow_direct);
+                     std::byte* slots, std::int32_t* counters, DecodeKernel kernel) {
+  HWY_DYNAMIC_DISPATCH(RunDecodeTaskImpl)(problem, plan, task, scratch, slots, counters, kernel);
 }
 
 }  // namespace kallpa::cpu_flash

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu-flash/cpu_flash.h"
 #include "kallpa/attention.h"
 
 namespace kallpa::cpu_flash {
@@ -54,15 +55,26 @@ struct Plan {
   }
 };
 
-// Per-worker scratch, byte offsets (each 64-aligned). Rp, Dp, Dvp: rows, D, Dv padded to kAlign.
+// A row stride (floats) of at least n whose length in 64-byte lines is odd: the rows of a tile then
+// fall into every set of the L1 cache. With a power-of-two stride (128 floats = 512 bytes) a
+// 128-row column strip maps to an eighth of the sets and is evicted before its reuse.
+inline constexpr std::int64_t conflict_free_stride(std::int64_t n) {
+  const std::int64_t s = round_up(n, 16);
+  return (s / 16) % 2 == 0 ? s + 16 : s;
+}
+
+// Per-worker scratch, byte offsets (each 64-aligned). Rp, Dp, Dvp: rows, D, Dv padded to kAlign;
+// rs, ks, vs: the conflict-free row strides of q^T/S/o^T, the key tile and the value tile (the v2
+// rows kernel uses Rp, Dp, Dvp as strides, which fit in the same buffers).
 struct ScratchLayout {
   std::int64_t rp = 0, dp = 0, dvp = 0;
+  std::int64_t rs = 0, ks = 0, vs = 0;
   std::size_t q = 0;      // rows kernel: q^T [D][Rp]; decode kernel: q [R][Dp] (scaled)
   std::size_t s = 0;      // rows kernel: scores [Nk][Rp]; decode kernel: [R][Nk]
   std::size_t o = 0;      // rows kernel: o^T [Dv][Rp]; decode kernel: o [R][Dvp]
   std::size_t k = 0;      // key tile, f32 [Nk][Dp]
   std::size_t v = 0;      // value tile, f32 [Nk][Dvp]
-  std::size_t m = 0, l = 0, slope = 0, posf = 0;  // f32 [Rp]
+  std::size_t m = 0, l = 0, slope = 0, posf = 0, alpha = 0;  // f32 [Rp]
   std::size_t lo = 0, hi = 0;                     // int32 [Rp]: visible keys per row
   std::size_t total = 0;
 };
@@ -72,17 +84,21 @@ inline ScratchLayout scratch_layout(std::int64_t rows_max, std::int64_t d, std::
   L.rp = round_up(rows_max < 1 ? 1 : rows_max, kAlign);
   L.dp = round_up(d, kAlign);
   L.dvp = round_up(dv, kAlign);
+  L.rs = conflict_free_stride(L.rp);
+  L.ks = conflict_free_stride(L.dp);
+  L.vs = conflict_free_stride(L.dvp);
   std::size_t at = 0;
   auto take = [&](std::int64_t elems) {
     const std::size_t off = at;
     at += static_cast<std::size_t>(round_up(elems * 4, 64));
     return off;
   };
-  L.q = take(L.rp * L.dp);
-  L.s = take(kKeyTile * L.rp);
-  L.o = take(L.rp * L.dvp);
-  L.k = take(kKeyTile * L.dp);
-  L.v = take(kKeyTile * L.dvp);
+  L.q = take(L.rs * L.dp);
+  L.s = take(kKeyTile * L.rs);
+  L.o = take(L.rs * L.dvp);
+  L.k = take(kKeyTile * L.ks);
+  L.v = take(kKeyTile * L.vs);
+  L.alpha = take(L.rp);
   L.m = take(L.rp);
   L.l = take(L.rp);
   L.slope = take(L.rp);
@@ -99,7 +115,7 @@ Plan make_plan(const ValidatedProblem& problem);
 // Runs one task of the fast path. `scratch` is worker_bytes, 64-aligned; `partial` is the task's
 // partial slot (null when the task writes o/lse directly).
 void run_fast_task(const ValidatedProblem& problem, const Plan& plan, const Task& task, void* scratch,
-                   float* partial);
+                   float* partial, PrefillKernel kernel);
 // ---------------------------------------------------------------------------------------------
 // Decode path (few query rows per KV head, long KV): one task is a chunk of keys of one sequence
 // against every query row of that sequence, all KV heads. The chunk streams K/V in memory order
@@ -111,10 +127,15 @@ inline constexpr std::int64_t kDecodeBlock = 32;     // keys per block inside a 
 inline constexpr std::int64_t kDecodeMinChunk = 256; // keys
 inline constexpr std::int64_t kDecodeMaxChunk = 8192;
 inline constexpr std::int64_t kDecodeChunksTarget = 16;  // chunks for the whole call, if long enough
-// Reading K/V in place wins while they are cache resident (a third fewer instructions); streamed
-// from DRAM, converting each block in one sequential pass first keeps more misses in flight
-// (measured side by side in bench/cpu_flash_bench.cpp: v3 staged vs v4 direct).
+// While the call's K/V are cache resident, v4 (direct, head by head) needs the fewest instructions
+// (v5 spends about 1.6x as many on its prefetches and four-key steps: callgrind, 32/8 and 9/3
+// heads, D64, 512 keys); streamed from DRAM, v5's single forward stream per tensor and thread
+// keeps the memory busy (1.3-1.8x v3/v4 side by side at 256 MiB; bench/cpu_flash_bench.cpp).
 inline constexpr double kDecodeDirectMaxBytes = 4.0 * 1024 * 1024;
+inline constexpr DecodeKernel kDecodeAutoInCache = DecodeKernel::direct;
+inline constexpr DecodeKernel kDecodeAutoStreamed = DecodeKernel::stream;
+// v5: keys each stream (K, V) is prefetched ahead of its reader, into L2.
+inline constexpr std::int64_t kDecodeStreamPrefetchKeys = 16;
 
 struct DecodeTask {
   std::int32_t b = 0;
@@ -147,6 +168,7 @@ struct DecodeLayout {
   std::size_t acc = 0;   // f32 [rows][Dvp]
   std::size_t m = 0, l = 0;  // f32 [rows]
   std::size_t s = 0;     // f32 [kDecodeMaxRows][kDecodeBlock]
+  std::size_t s_all = 0; // f32 [rows][kDecodeBlock] (v5: the scores of every head of a block)
   std::size_t k = 0;     // f32 [kDecodeBlock][Dp]
   std::size_t v = 0;     // f32 [kDecodeBlock][Dvp]
   std::size_t koff = 0, voff = 0;  // int64 [2][kDecodeBlock]: row offsets of this and the next block
@@ -169,6 +191,7 @@ inline DecodeLayout decode_layout(std::int64_t rows_max, std::int64_t d, std::in
   L.m = take(rows * 4);
   L.l = take(rows * 4);
   L.s = take(kDecodeMaxRows * kDecodeBlock * 4);
+  L.s_all = take(rows * kDecodeBlock * 4);
   L.k = take(kDecodeBlock * L.dp * 4);
   L.v = take(kDecodeBlock * L.dvp * 4);
   L.koff = take(2 * kDecodeBlock * 8);
@@ -181,9 +204,13 @@ bool decode_applicable(const ValidatedProblem& problem) noexcept;
 DecodePlan make_decode_plan(const ValidatedProblem& problem);
 // Runs one chunk. `slots` and `counters` are the call's partial slots and completion counters
 // (zeroed before the parallel_for); the last chunk of a split sequence merges and writes o/lse.
-// allow_direct: read K/V in place when the layout allows (else convert each block to f32 first).
+// kernel: staged, direct or stream (direct and stream read K/V in place when the layout allows,
+// else they convert each block to f32 first, as staged does).
 void run_decode_task(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
-                     void* scratch, std::byte* slots, std::int32_t* counters, bool allow_direct);
+                     void* scratch, std::byte* slots, std::int32_t* counters, DecodeKernel kernel);
+
+// The prefill v3 softmax exp on n values (for tests).
+void fast_exp(const float* x, float* y, std::size_t n);
 
 std::string fast_target_name();              // the target the dispatcher uses now
 std::vector<std::string> fast_target_names();  // compiled and supported by this CPU, best first

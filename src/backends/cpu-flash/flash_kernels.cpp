@@ -6,6 +6,12 @@
 //    o^T[dv][r] += sum_j V[j][dv] P[j][r] are register-blocked outer products (broadcast K/V,
 //    vectors of rows), and the online softmax runs vertically, one lane per row: no transposes of
 //    K or V and no horizontal reductions.
+//    Generation v3 (the default; v2 stays selectable, PrefillKernel) gives every tile a row stride
+//    of an odd number of cache lines: with v2's 512-byte strides a 128-row strip of q^T, S or V
+//    mapped to an eighth of the L1 sets and was evicted before its reuse (cachegrind, 32 KiB
+//    8-way L1, prefill D128 512x512: 18.7M D1 misses for v2, 3.3M for v3). It also folds the
+//    rescale of o into the P·V pass, skips the store pass of the softmax when a tile's scores are
+//    used as they are, and uses a cheaper exp (FastExp).
 //  * decode kernel (few rows, e.g. Sq = 1): vectorised along the head dim, dot products of a few
 //    keys at once, per-row exact visible ranges.
 #undef HWY_TARGET_INCLUDE
@@ -65,6 +71,26 @@ inline void StoreScalar(const TensorView& t, std::int64_t idx, float v) {
   static_cast<float*>(t.data)[idx] = v;
 }
 
+// t.data[off + x * stride] = src[x] for x < n, converted to t's dtype (f16 by F16C where the row is
+// contiguous: a scalar conversion per element was a tenth of a prefill task's instructions).
+void StoreRow(const TensorView& t, std::int64_t off, std::int64_t stride, std::int64_t n, const float* HWY_RESTRICT src) {
+  std::int64_t x = 0;
+  if (stride == 1 && t.dtype == DType::f32) {
+    std::memcpy(static_cast<float*>(t.data) + off, src, static_cast<std::size_t>(n) * sizeof(float));
+    return;
+  }
+#if HWY_TARGET != HWY_SCALAR
+  if (stride == 1 && t.dtype == DType::f16) {
+    const DF d;
+    const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    auto* dst = static_cast<hwy::float16_t*>(t.data) + off;
+    for (; x + N <= n; x += N) hn::StoreU(hn::DemoteTo(dh, hn::LoadU(d, src + x)), dh, dst + x);
+  }
+#endif
+  for (; x < n; ++x) StoreScalar(t, off + x * stride, src[x]);
+}
+
 // exp that keeps NaN (hn::Exp maps NaN to 0) and gives 0 for -inf.
 HWY_INLINE VF ExpKeepNaN(DF d, VF x) { return hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x)); }
 
@@ -102,9 +128,12 @@ void LoadRow(const TensorView& t, std::int64_t off, std::int64_t stride, std::in
 
 // out[kk * out_kk + r] (+)= sum_{l < L} a[kk * a_kk + l * a_l] * b[l * b_l + r]
 // for kk < KB and r in C vectors.
+// colscale (optional, accumulate only): the output is first multiplied by colscale[r] (the online
+// softmax's rescale of o, folded into the pass that loads o anyway).
 template <int KB, int C>
 HWY_INLINE void Block(const float* HWY_RESTRICT a, std::size_t a_kk, std::size_t a_l, const float* HWY_RESTRICT b,
-                      std::size_t b_l, std::size_t L, float* HWY_RESTRICT out, std::size_t out_kk, bool accumulate) {
+                      std::size_t b_l, std::size_t L, float* HWY_RESTRICT out, std::size_t out_kk, bool accumulate,
+                      const float* HWY_RESTRICT colscale) {
   const DF d;
   const std::size_t N = hn::Lanes(d);
   VF acc[KB][C];
@@ -112,6 +141,12 @@ HWY_INLINE void Block(const float* HWY_RESTRICT a, std::size_t a_kk, std::size_t
     for (int c = 0; c < C; ++c)
       acc[kk][c] = accumulate ? hn::Load(d, out + static_cast<std::size_t>(kk) * out_kk + static_cast<std::size_t>(c) * N)
                               : hn::Zero(d);
+  if (colscale != nullptr) {
+    for (int c = 0; c < C; ++c) {
+      const VF sc = hn::Load(d, colscale + static_cast<std::size_t>(c) * N);
+      for (int kk = 0; kk < KB; ++kk) acc[kk][c] = hn::Mul(acc[kk][c], sc);
+    }
+  }
   for (std::size_t l = 0; l < L; ++l) {
     VF bv[C];
     for (int c = 0; c < C; ++c) bv[c] = hn::Load(d, b + l * b_l + static_cast<std::size_t>(c) * N);
@@ -128,22 +163,38 @@ HWY_INLINE void Block(const float* HWY_RESTRICT a, std::size_t a_kk, std::size_t
 
 template <int C>
 HWY_INLINE void GemmCols(const float* a, std::size_t a_kk, std::size_t a_l, const float* b, std::size_t b_l,
-                         std::size_t L, float* out, std::size_t out_kk, std::size_t K, bool accumulate) {
+                         std::size_t L, float* out, std::size_t out_kk, std::size_t K, bool accumulate,
+                         const float* colscale) {
   std::size_t kk = 0;
-  for (; kk + kKB <= K; kk += kKB) Block<kKB, C>(a + kk * a_kk, a_kk, a_l, b, b_l, L, out + kk * out_kk, out_kk, accumulate);
-  for (; kk + 2 <= K; kk += 2) Block<2, C>(a + kk * a_kk, a_kk, a_l, b, b_l, L, out + kk * out_kk, out_kk, accumulate);
-  for (; kk < K; ++kk) Block<1, C>(a + kk * a_kk, a_kk, a_l, b, b_l, L, out + kk * out_kk, out_kk, accumulate);
+  for (; kk + kKB <= K; kk += kKB)
+    Block<kKB, C>(a + kk * a_kk, a_kk, a_l, b, b_l, L, out + kk * out_kk, out_kk, accumulate, colscale);
+  for (; kk + 2 <= K; kk += 2)
+    Block<2, C>(a + kk * a_kk, a_kk, a_l, b, b_l, L, out + kk * out_kk, out_kk, accumulate, colscale);
+  for (; kk < K; ++kk) Block<1, C>(a + kk * a_kk, a_kk, a_l, b, b_l, L, out + kk * out_kk, out_kk, accumulate, colscale);
 }
 
-// out[kk][r] (+)= sum_l A(kk, l) B[l][r] for kk < K, r < rvecs * N (out, b row strides in floats).
+HWY_INLINE void GemmColsAny(std::size_t vecs, const float* a, std::size_t a_kk, std::size_t a_l, const float* b,
+                            std::size_t b_l, std::size_t L, float* out, std::size_t out_kk, std::size_t K,
+                            bool accumulate, const float* colscale) {
+  if (vecs == kC) return GemmCols<kC>(a, a_kk, a_l, b, b_l, L, out, out_kk, K, accumulate, colscale);
+  if (vecs == 2) return GemmCols<2>(a, a_kk, a_l, b, b_l, L, out, out_kk, K, accumulate, colscale);
+  GemmCols<1>(a, a_kk, a_l, b, b_l, L, out, out_kk, K, accumulate, colscale);
+}
+
+// out[kk][r] (+)= sum_l A(kk, l) B[l][r] for kk < K, r < rvecs * N (out, b row strides in floats);
+// with colscale, out[kk][r] = colscale[r] * out[kk][r] + sum_l ...
 void Gemm(const float* a, std::size_t a_kk, std::size_t a_l, const float* b, std::size_t b_l, std::size_t L,
-          float* out, std::size_t out_kk, std::size_t K, std::size_t rvecs, bool accumulate) {
+          float* out, std::size_t out_kk, std::size_t K, std::size_t rvecs, bool accumulate,
+          const float* colscale = nullptr) {
   const DF d;
   const std::size_t N = hn::Lanes(d);
+  auto cs = [&](std::size_t rv) { return colscale == nullptr ? nullptr : colscale + rv * N; };
   std::size_t rv = 0;
-  for (; rv + kC <= rvecs; rv += kC) GemmCols<kC>(a, a_kk, a_l, b + rv * N, b_l, L, out + rv * N, out_kk, K, accumulate);
-  for (; rv + 2 <= rvecs; rv += 2) GemmCols<2>(a, a_kk, a_l, b + rv * N, b_l, L, out + rv * N, out_kk, K, accumulate);
-  for (; rv < rvecs; ++rv) GemmCols<1>(a, a_kk, a_l, b + rv * N, b_l, L, out + rv * N, out_kk, K, accumulate);
+  for (; rv + kC <= rvecs; rv += kC)
+    GemmCols<kC>(a, a_kk, a_l, b + rv * N, b_l, L, out + rv * N, out_kk, K, accumulate, cs(rv));
+  for (; rv + 2 <= rvecs; rv += 2)
+    GemmCols<2>(a, a_kk, a_l, b + rv * N, b_l, L, out + rv * N, out_kk, K, accumulate, cs(rv));
+  for (; rv < rvecs; ++rv) GemmCols<1>(a, a_kk, a_l, b + rv * N, b_l, L, out + rv * N, out_kk, K, accumulate, cs(rv));
 }
 
 struct TaskCtx {
@@ -152,6 +203,9 @@ struct TaskCtx {
   const Task* task;
   ScratchLayout L;
   std::int64_t R, Rp, D, Dv, Dp, Dvp;
+  std::int64_t Rs, Ks, Vs;  // row strides of q^T/S/o^T, the key tile and the value tile (floats)
+  bool v3;                  // prefill v3: folded rescale, fast exp
+  float* alpha;
   float* q;
   float* s;
   float* o;
@@ -204,15 +258,16 @@ bool LoadKvTile(const TaskCtx& c, std::int64_t j0, std::int64_t nk, bool check_v
       PrefetchRow(p.k, koff + kPrefetchRows * k_step, c.D * kds);
       PrefetchRow(p.v, voff + kPrefetchRows * v_step, c.Dv * vds);
     }
-    LoadRow(p.k, koff, kds, c.D, c.k + jj * c.Dp, c.Dp);
-    LoadRow(p.v, voff, vds, c.Dv, c.v + jj * c.Dvp, c.Dvp);
+    LoadRow(p.k, koff, kds, c.D, c.k + jj * c.Ks, c.Dp);
+    LoadRow(p.v, voff, vds, c.Dv, c.v + jj * c.Vs, c.Dvp);
   }
   if (!check_v) return false;
   const DF d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   VF z = hn::Zero(d);
   const VF zero = hn::Zero(d);
-  for (std::int64_t x = 0; x < nk * c.Dvp; x += N) z = hn::Add(z, hn::Mul(hn::Load(d, c.v + x), zero));
+  for (std::int64_t jj = 0; jj < nk; ++jj)
+    for (std::int64_t x = 0; x < c.Dvp; x += N) z = hn::Add(z, hn::Mul(hn::Load(d, c.v + jj * c.Vs + x), zero));
   return !hn::AllFalse(d, hn::IsNaN(z));  // x * 0 is NaN exactly when x is not finite
 }
 
@@ -230,6 +285,32 @@ HWY_INLINE VF Transform(const TaskCtx& c, DF d, VF s, std::int64_t r0, float jf)
   return s;
 }
 
+// exp for the online softmax (arguments <= 0, -inf for masked keys, NaN kept): Cody-Waite
+// reduction by ln 2 and a degree-6 Taylor polynomial on |r| <= ln(2)/2 (truncation error
+// 0.347^7/7! ~ 1.2e-7 relative, about one ulp; checked against std::exp in
+// CpuFlash.FastExpMatchesStdExp). About 17 operations against hn::Exp's 25 plus the NaN blend.
+HWY_INLINE VF FastExp(DF d, VF x) {
+  const DI di;
+  // Below e^-86 (~4e-38, a weight no softmax row can notice) the result is 0, which keeps the
+  // exponent arithmetic clear of subnormals.
+  const VF lo = hn::Set(d, -86.0f);
+  const VF xc = hn::Min(hn::Max(x, lo), hn::Set(d, 88.0f));
+  const VF n = hn::Round(hn::Mul(xc, hn::Set(d, 1.44269504088896341f)));
+  VF r = hn::MulAdd(n, hn::Set(d, -0.693145751953125f), xc);
+  r = hn::MulAdd(n, hn::Set(d, -1.428606765330187045e-6f), r);
+  VF y = hn::Set(d, 1.0f / 720.0f);
+  y = hn::MulAdd(y, r, hn::Set(d, 1.0f / 120.0f));
+  y = hn::MulAdd(y, r, hn::Set(d, 1.0f / 24.0f));
+  y = hn::MulAdd(y, r, hn::Set(d, 1.0f / 6.0f));
+  y = hn::MulAdd(y, r, hn::Set(d, 0.5f));
+  y = hn::MulAdd(y, r, hn::Set(d, 1.0f));
+  y = hn::MulAdd(y, r, hn::Set(d, 1.0f));
+  const auto e = hn::ShiftLeft<23>(hn::ConvertTo(di, n));
+  y = hn::BitCast(d, hn::Add(hn::BitCast(di, y), e));
+  y = hn::IfThenZeroElse(hn::Lt(x, lo), y);
+  return hn::IfThenElse(hn::IsNaN(x), x, y);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Rows kernel: lanes are query rows.
 
@@ -238,11 +319,36 @@ void RowsKernel(TaskCtx& c) {
   const DI di;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   const Task& t = *c.task;
-  const std::int64_t Rp = c.Rp;
+  const std::int64_t Rp = c.Rp, Rs = c.Rs;
   const std::size_t rvecs = static_cast<std::size_t>(Rp / N);
   const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  auto exp = [&](VF x) { return c.v3 ? FastExp(d, x) : ExpKeepNaN(d, x); };
 
-  std::memset(c.o, 0, static_cast<std::size_t>(c.Dv * Rp) * sizeof(float));
+  // Row panels of the register-blocked products (as Gemm splits them) and the keys their rows see.
+  struct Panel {
+    std::size_t rv = 0, vecs = 0;
+    std::int64_t lo = 0, hi = -1;
+  };
+  std::vector<Panel> panels;
+  if (c.v3) {
+    std::size_t rv = 0;
+    auto add = [&](std::size_t vecs) {
+      Panel pn{rv, vecs, std::numeric_limits<std::int64_t>::max(), -1};
+      for (std::int64_t r = static_cast<std::int64_t>(rv) * N;
+           r < std::min<std::int64_t>(c.R, static_cast<std::int64_t>(rv + vecs) * N); ++r) {
+        if (c.lo[r] > c.hi[r]) continue;
+        pn.lo = std::min<std::int64_t>(pn.lo, c.lo[r]);
+        pn.hi = std::max<std::int64_t>(pn.hi, c.hi[r]);
+      }
+      panels.push_back(pn);
+      rv += vecs;
+    };
+    while (rv + kC <= rvecs) add(kC);
+    while (rv + 2 <= rvecs) add(2);
+    while (rv < rvecs) add(1);
+  }
+
+  for (std::int64_t x = 0; x < c.Dv; ++x) std::memset(c.o + x * Rs, 0, static_cast<std::size_t>(Rp) * sizeof(float));
   for (std::int64_t r = 0; r < Rp; r += N) {
     hn::Store(neg_inf, d, c.m + r);
     hn::Store(hn::Zero(d), d, c.l + r);
@@ -259,57 +365,110 @@ void RowsKernel(TaskCtx& c) {
     if (!any) continue;
     const bool v_bad = LoadKvTile(c, j0, nk, !full);
 
-    // S[jj][r] = sum_d K[jj][d] q^T[d][r]
-    Gemm(c.k, static_cast<std::size_t>(c.Dp), 1, c.q, static_cast<std::size_t>(Rp), static_cast<std::size_t>(c.D), c.s,
-         static_cast<std::size_t>(Rp), static_cast<std::size_t>(nk), rvecs, false);
+    // S[jj][r] = sum_d K[jj][d] q^T[d][r]; v3: per row panel, only the keys a row of the panel
+    // sees (on a causal diagonal tile about half the tile); the rest of S is masked below.
+    if (c.v3) {
+      for (std::size_t pi = 0; pi < panels.size(); ++pi) {
+        const Panel& pn = panels[pi];
+        const std::int64_t kb = std::clamp<std::int64_t>(pn.lo - j0, 0, nk), ke = std::min<std::int64_t>(pn.hi - j0 + 1, nk);
+        if (kb >= ke) continue;
+        GemmColsAny(pn.vecs, c.k + kb * c.Ks, static_cast<std::size_t>(c.Ks), 1, c.q + pn.rv * N,
+                    static_cast<std::size_t>(Rs), static_cast<std::size_t>(c.D), c.s + kb * Rs + pn.rv * N,
+                    static_cast<std::size_t>(Rs), static_cast<std::size_t>(ke - kb), false, nullptr);
+      }
+    } else {
+      Gemm(c.k, static_cast<std::size_t>(c.Ks), 1, c.q, static_cast<std::size_t>(Rs), static_cast<std::size_t>(c.D), c.s,
+           static_cast<std::size_t>(Rs), static_cast<std::size_t>(nk), rvecs, false);
+    }
 
     // Online softmax, one lane per row.
+    const bool fold = c.v3 && !v_bad;  // the rescale of o rides on the P·V pass
+    // v3: scores used as they are (no softcap, ALiBi or mask in this tile) need only a max pass.
+    const bool plain = c.v3 && full && !(c.softcap > 0.0f) && !c.alibi;
     for (std::int64_t r0 = 0; r0 < Rp; r0 += N) {
       VF mt = neg_inf;
-      const auto lo = hn::Load(di, c.lo + r0);
-      const auto hi = hn::Load(di, c.hi + r0);
-      for (std::int64_t jj = 0; jj < nk; ++jj) {
-        float* sp = c.s + jj * Rp + r0;
-        VF s = Transform(c, d, hn::Load(d, sp), r0, static_cast<float>(j0 + jj));
-        if (!full) {
-          const auto j = hn::Set(di, static_cast<std::int32_t>(j0 + jj));
-          const auto vis = hn::RebindMask(d, hn::And(hn::Not(hn::Lt(j, lo)), hn::Not(hn::Gt(j, hi))));
-          s = hn::IfThenElse(vis, s, neg_inf);
+      if (plain) {
+        VF mt1 = neg_inf;
+        std::int64_t jj = 0;
+        for (; jj + 2 <= nk; jj += 2) {
+          mt = hn::Max(mt, hn::Load(d, c.s + jj * Rs + r0));
+          mt1 = hn::Max(mt1, hn::Load(d, c.s + (jj + 1) * Rs + r0));
         }
-        hn::Store(s, d, sp);
-        mt = hn::Max(mt, s);
+        if (jj < nk) mt = hn::Max(mt, hn::Load(d, c.s + jj * Rs + r0));
+        // (Max may drop a NaN score; its exp below is NaN all the same, and so are l and o.)
+        mt = hn::Max(mt, mt1);
+      } else {
+        const auto lo = hn::Load(di, c.lo + r0);
+        const auto hi = hn::Load(di, c.hi + r0);
+        for (std::int64_t jj = 0; jj < nk; ++jj) {
+          float* sp = c.s + jj * Rs + r0;
+          VF s = Transform(c, d, hn::Load(d, sp), r0, static_cast<float>(j0 + jj));
+          if (!full) {
+            const auto j = hn::Set(di, static_cast<std::int32_t>(j0 + jj));
+            const auto vis = hn::RebindMask(d, hn::And(hn::Not(hn::Lt(j, lo)), hn::Not(hn::Gt(j, hi))));
+            s = hn::IfThenElse(vis, s, neg_inf);
+          }
+          hn::Store(s, d, sp);
+          mt = hn::Max(mt, s);
+        }
       }
       const VF m_old = hn::Load(d, c.m + r0);
       const VF m_new = hn::Max(m_old, mt);
       const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
-      const VF alpha = ExpKeepNaN(d, hn::Sub(m_old, m_use));
+      const VF alpha = exp(hn::Sub(m_old, m_use));
       VF sum = hn::Zero(d);
-      for (std::int64_t jj = 0; jj < nk; ++jj) {
-        float* sp = c.s + jj * Rp + r0;
-        const VF pj = ExpKeepNaN(d, hn::Sub(hn::Load(d, sp), m_use));
-        hn::Store(pj, d, sp);
-        sum = hn::Add(sum, pj);
+      if (c.v3) {
+        for (std::int64_t jj = 0; jj < nk; ++jj) {
+          float* sp = c.s + jj * Rs + r0;
+          const VF pj = FastExp(d, hn::Sub(hn::Load(d, sp), m_use));
+          hn::Store(pj, d, sp);
+          sum = hn::Add(sum, pj);
+        }
+      } else {
+        for (std::int64_t jj = 0; jj < nk; ++jj) {
+          float* sp = c.s + jj * Rs + r0;
+          const VF pj = ExpKeepNaN(d, hn::Sub(hn::Load(d, sp), m_use));
+          hn::Store(pj, d, sp);
+          sum = hn::Add(sum, pj);
+        }
       }
       hn::Store(hn::MulAdd(hn::Load(d, c.l + r0), alpha, sum), d, c.l + r0);
       hn::Store(m_new, d, c.m + r0);
-      for (std::int64_t x = 0; x < c.Dv; ++x) {
-        float* op = c.o + x * Rp + r0;
-        hn::Store(hn::Mul(hn::Load(d, op), alpha), d, op);
+      if (fold) {
+        hn::Store(alpha, d, c.alpha + r0);
+      } else {
+        for (std::int64_t x = 0; x < c.Dv; ++x) {
+          float* op = c.o + x * Rs + r0;
+          hn::Store(hn::Mul(hn::Load(d, op), alpha), d, op);
+        }
       }
     }
 
     if (!v_bad) {
-      // o^T[dv][r] += sum_jj V[jj][dv] P[jj][r]
-      Gemm(c.v, 1, static_cast<std::size_t>(c.Dvp), c.s, static_cast<std::size_t>(Rp), static_cast<std::size_t>(nk), c.o,
-           static_cast<std::size_t>(Rp), static_cast<std::size_t>(c.Dv), rvecs, true);
+      // o^T[dv][r] (= alpha[r] o^T[dv][r]) += sum_jj V[jj][dv] P[jj][r]; v3: over the keys the
+      // panel sees (P is exactly 0 elsewhere; an empty range still applies the rescale).
+      if (c.v3) {
+        for (std::size_t pi = 0; pi < panels.size(); ++pi) {
+          const Panel& pn = panels[pi];
+          const std::int64_t kb = std::clamp<std::int64_t>(pn.lo - j0, 0, nk);  // lo: INT64_MAX when empty
+          const std::int64_t ke = std::max(kb, std::min<std::int64_t>(pn.hi - j0 + 1, nk));
+          GemmColsAny(pn.vecs, c.v + kb * c.Vs, 1, static_cast<std::size_t>(c.Vs), c.s + kb * Rs + pn.rv * N,
+                      static_cast<std::size_t>(Rs), static_cast<std::size_t>(ke - kb), c.o + pn.rv * N,
+                      static_cast<std::size_t>(Rs), static_cast<std::size_t>(c.Dv), true,
+                      fold ? c.alpha + pn.rv * N : nullptr);
+        }
+      } else {
+        Gemm(c.v, 1, static_cast<std::size_t>(c.Vs), c.s, static_cast<std::size_t>(Rs), static_cast<std::size_t>(nk), c.o,
+             static_cast<std::size_t>(Rs), static_cast<std::size_t>(c.Dv), rvecs, true, fold ? c.alpha : nullptr);
+      }
     } else {
       // Non-finite values in a partly masked tile: never touch a value a row cannot see.
       for (std::int64_t r = 0; r < c.R; ++r) {
         const std::int64_t a = std::max<std::int64_t>(c.lo[r], j0), e = std::min<std::int64_t>(c.hi[r], j1);
         for (std::int64_t j = a; j <= e; ++j) {
-          const float pj = c.s[(j - j0) * Rp + r];
-          const float* vr = c.v + (j - j0) * c.Dvp;
-          for (std::int64_t x = 0; x < c.Dv; ++x) c.o[x * Rp + r] += pj * vr[x];
+          const float pj = c.s[(j - j0) * Rs + r];
+          const float* vr = c.v + (j - j0) * c.Vs;
+          for (std::int64_t x = 0; x < c.Dv; ++x) c.o[x * Rs + r] += pj * vr[x];
         }
       }
     }
@@ -434,9 +593,23 @@ void DecodeKernel(TaskCtx& c) {
   }
 }
 
+void FastExpArray(const float* x, float* y, std::size_t n) {
+  const DF d;
+  const std::size_t N = hn::Lanes(d);
+  std::size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(FastExp(d, hn::LoadU(d, x + i)), d, y + i);
+  if (i < n) {
+    float in[hn::MaxLanes(DF())] = {}, out[hn::MaxLanes(DF())];
+    std::memcpy(in, x + i, (n - i) * sizeof(float));
+    hn::StoreU(FastExp(d, hn::LoadU(d, in)), d, out);
+    std::memcpy(y + i, out, (n - i) * sizeof(float));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 
-void RunFastTaskImpl(const ValidatedProblem& vp, const Plan& plan, const Task& t, void* scratch, float* partial) {
+void RunFastTaskImpl(const ValidatedProblem& vp, const Plan& plan, const Task& t, void* scratch, float* partial,
+                     PrefillKernel kernel) {
   const DF d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   const AttentionProblem& p = vp.problem();
@@ -466,6 +639,11 @@ void RunFastTaskImpl(const ValidatedProblem& vp, const Plan& plan, const Task& t
   c.alibi = p.alibi_slopes != nullptr;
   const bool rows_kernel = c.R >= N;
   c.Rp = rows_kernel ? round_up(c.R, N) : c.R;
+  c.v3 = rows_kernel && kernel == PrefillKernel::padded;
+  c.Rs = c.v3 ? c.L.rs : c.Rp;
+  c.Ks = c.v3 ? c.L.ks : c.Dp;
+  c.Vs = c.v3 ? c.L.vs : c.Dvp;
+  c.alpha = reinterpret_cast<float*>(base + c.L.alpha);
 
   const std::int32_t group = vp.group_size();
   const std::int64_t sq = vp.seqlen_q(t.b), skv = vp.seqlen_k(t.b);
@@ -495,11 +673,11 @@ void RunFastTaskImpl(const ValidatedProblem& vp, const Plan& plan, const Task& t
     const VF sv = hn::Set(d, scale);
     for (std::int64_t x = 0; x < c.Dp; x += N) hn::Store(hn::Mul(hn::Load(d, row + x), sv), d, row + x);
     if (rows_kernel)
-      for (std::int64_t x = 0; x < c.D; ++x) c.q[x * c.Rp + r] = row[x];
+      for (std::int64_t x = 0; x < c.D; ++x) c.q[x * c.Rs + r] = row[x];
   }
   if (rows_kernel) {
     for (std::int64_t x = 0; x < c.D; ++x)
-      for (std::int64_t r = c.R; r < c.Rp; ++r) c.q[x * c.Rp + r] = 0.0f;
+      for (std::int64_t r = c.R; r < c.Rp; ++r) c.q[x * c.Rs + r] = 0.0f;
     RowsKernel(c);
   } else {
     DecodeKernel(c);
@@ -507,7 +685,7 @@ void RunFastTaskImpl(const ValidatedProblem& vp, const Plan& plan, const Task& t
 
   // Results: o^T [Dv][Rp] (rows kernel) or o [R][Dvp] (decode kernel), unnormalised.
   const std::int64_t o_r = rows_kernel ? 1 : c.Dvp;
-  const std::int64_t o_x = rows_kernel ? c.Rp : 1;
+  const std::int64_t o_x = rows_kernel ? c.Rs : 1;
   if (partial != nullptr) {
     const std::int64_t rows_max = plan.rows_max;
     for (std::int64_t r = 0; r < c.R; ++r) {
@@ -530,12 +708,9 @@ void RunFastTaskImpl(const ValidatedProblem& vp, const Plan& plan, const Task& t
       continue;
     }
     const float inv = 1.0f / l;
-    if (p.o.dtype == DType::f32 && ods == 1 && !rows_kernel) {
-      float* dst = static_cast<float*>(p.o.data) + ooff;
-      for (std::int64_t x = 0; x < c.Dv; ++x) dst[x] = c.o[r * o_r + x] * inv;
-    } else {
-      for (std::int64_t x = 0; x < c.Dv; ++x) StoreScalar(p.o, ooff + x * ods, c.o[r * o_r + x * o_x] * inv);
-    }
+    float* row = c.k;  // the key tile is free now
+    for (std::int64_t x = 0; x < c.Dv; ++x) row[x] = c.o[r * o_r + x * o_x] * inv;
+    StoreRow(p.o, ooff, ods, c.Dv, row);
     if (p.lse.present()) static_cast<float*>(p.lse.data)[vp.lse_offset(t.b, h, i)] = c.m[r] + std::log(l);
   }
 }
@@ -548,10 +723,13 @@ HWY_AFTER_NAMESPACE();
 namespace kallpa::cpu_flash {
 
 HWY_EXPORT(RunFastTaskImpl);
+HWY_EXPORT(FastExpArray);
+
+void fast_exp(const float* x, float* y, std::size_t n) { HWY_DYNAMIC_DISPATCH(FastExpArray)(x, y, n); }
 
 void run_fast_task(const ValidatedProblem& problem, const Plan& plan, const Task& task, void* scratch,
-                   float* partial) {
-  HWY_DYNAMIC_DISPATCH(RunFastTaskImpl)(problem, plan, task, scratch, partial);
+                   float* partial, PrefillKernel kernel) {
+  HWY_DYNAMIC_DISPATCH(RunFastTaskImpl)(problem, plan, task, scratch, partial, kernel);
 }
 
 std::vector<std::string> fast_target_names() {
