@@ -21,6 +21,7 @@ KALLPA_APT_PACKAGES=(
   libhwy-dev libopenblas-dev libpcre2-dev
   python3-venv python3-pip
   libcpp-httplib-dev
+  pocl-opencl-icd ocl-icd-opencl-dev opencl-headers opencl-clhpp-headers clinfo
 )
 
 run_main_job=1

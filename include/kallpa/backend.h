@@ -13,6 +13,8 @@
 
 namespace kallpa {
 
+class DeviceMemory;  // kallpa/device.h
+
 // A backend's verdict on a problem: yes, or a reason a person can act on.
 struct Support {
   bool ok = true;
@@ -46,6 +48,11 @@ class AttentionBackend {
   virtual std::size_t workspace_size(const ValidatedProblem& /*problem*/) const noexcept { return 0; }
   // Writes o (and lse when requested). May be called concurrently from several threads.
   virtual Status run(const ValidatedProblem& problem, Workspace workspace) noexcept = 0;
+
+  // The memory of the device this backend runs on (device.h), so that callers can put tensors
+  // there; nullptr for host backends, and for a device backend whose device is unavailable.
+  // The workspace handed to run() stays host memory for every backend.
+  virtual DeviceMemory* device_memory() const noexcept { return nullptr; }
 };
 
 }  // namespace kallpa

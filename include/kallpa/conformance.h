@@ -91,6 +91,9 @@ struct CaseResult {
 // error, an input (tensor, index array, slopes) changed, a byte outside o/lse or past the
 // workspace changed, an output element was never written, a packed row after the last sequence
 // was written, or an element is out of tolerance or breaks the NaN/Inf rules.
+// A backend on another device is run on its device: each buffer, guards included, is mirrored
+// there through its device_memory() (device.h) and downloaded back before judging, so every check
+// above holds on the device too; a device backend without device memory gets the case skipped.
 CaseResult run_case(AttentionBackend& backend, const Case& c);
 
 struct Report {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -75,9 +76,11 @@ class BackendRegistry {
   // The check ensure_checked() runs; an empty function checks nothing. Backends already checked
   // keep their verdict; set_health(name, Health::unchecked) makes one eligible again.
   void set_health_check(std::function<std::vector<HealthReport>(const std::vector<AttentionBackend*>&)> check);
-  // Runs the health check for every backend that has not been through one yet. Thread-safe: the
-  // first caller checks, concurrent callers wait for its verdicts. Cheap when nothing is pending.
-  void ensure_checked();
+  // Runs the health check for every backend that has not been through one yet; with `device`, only
+  // for the backends of that device kind (a dispatcher checks the device its problem is on, so a
+  // CPU-only program never starts an OpenCL or CUDA runtime for canaries). Thread-safe: the first
+  // caller checks, concurrent callers wait for its verdicts. Cheap when nothing is pending.
+  void ensure_checked(std::optional<DeviceKind> device = std::nullopt);
 
   // Counts a run-time failure of `name`. When `limit` > 0 and the backend has now failed `limit`
   // times, it is quarantined (logged once) and true is returned.

@@ -17,6 +17,7 @@
 #include "conformance/judge.h"
 #include "conformance/naive.h"
 #include "kallpa/conformance.h"
+#include "kallpa/device.h"
 
 namespace kallpa::conformance {
 
@@ -98,6 +99,27 @@ class GuardedWorkspace {
   std::unique_ptr<std::byte[], Free> storage_;
 };
 
+// Stages the case onto the backend's device (device.h): every buffer is mirrored whole, guard
+// regions and stride gaps included, so that after the outputs and inputs are downloaded back over
+// the host buffers the host-side checks see exactly what the kernel did on the device. Index
+// arrays and ALiBi slopes stay on the host, as the contract has them. Returns the failure, or "".
+std::string run_on_device(AttentionBackend& backend, DeviceMemory& memory, CaseData& data, Workspace ws) {
+  const std::string where = memory.device().to_string();
+  Result<StagedProblem> staged = StagedProblem::stage(memory, data.problem, detail::GuardedBuffer::kGuardBytes);
+  if (!staged) return fmt::format("could not stage the case onto {}: {}", where, staged.status().to_string());
+  Result<ValidatedProblem> vp = validate(staged->problem());
+  if (!vp) return "suite bug: the staged problem does not validate: " + vp.status().to_string();
+  const Status status = backend.run(*vp, ws);
+  if (!status) return "run() failed: " + status.to_string();
+  if (Status s = staged->download_outputs(); !s) {
+    return fmt::format("could not download o/lse from {}: {}", where, s.to_string());
+  }
+  if (Status s = staged->download_inputs(); !s) {
+    return fmt::format("could not download q/k/v from {}: {}", where, s.to_string());
+  }
+  return {};
+}
+
 CaseResult run_prepared(AttentionBackend& backend, Prepared& p) {
   CaseResult r;
   r.backend = std::string(backend.name());
@@ -112,7 +134,16 @@ CaseResult run_prepared(AttentionBackend& backend, Prepared& p) {
   CaseData& data = *p.data;
   r.allowed_error = p.bounds.atol_o;
 
-  const Support support = backend.supports(vp.signature());
+  // A device backend is asked about the case as it will see it: on its device.
+  const bool on_device = backend.device_kind() != DeviceKind::cpu;
+  DeviceMemory* memory = on_device ? backend.device_memory() : nullptr;
+  ProblemSignature sig = vp.signature();
+  if (on_device) sig.device = memory != nullptr ? memory->device() : Device{backend.device_kind(), 0};
+  Support support = backend.supports(sig);
+  if (support.ok && on_device && memory == nullptr) {
+    support = Support::no(fmt::format("runs on {} but exposes no device memory to stage the case onto",
+                                      device_kind_name(backend.device_kind())));
+  }
   if (!support.ok) {
     r.skipped = true;
     r.skip_reason = support.why_not.empty() ? "unsupported (no reason given)" : support.why_not;
@@ -128,8 +159,12 @@ CaseResult run_prepared(AttentionBackend& backend, Prepared& p) {
     return fail(fmt::format("could not allocate the {} workspace bytes the backend asked for", ws_bytes));
   }
 
-  const Status status = backend.run(vp, ws->workspace());
-  if (!status) return fail("run() failed: " + status.to_string());
+  if (!on_device) {
+    const Status status = backend.run(vp, ws->workspace());
+    if (!status) return fail("run() failed: " + status.to_string());
+  } else if (std::string why = run_on_device(backend, *memory, data, ws->workspace()); !why.empty()) {
+    return fail(std::move(why));
+  }
   if (auto what = detail::find_input_change(data)) {
     detail::restore_inputs(data);
     return fail("the backend modified its input " + *what);

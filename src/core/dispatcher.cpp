@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/output_check.h"
+#include "kallpa/device.h"
 #include "kallpa/plugin.h"
 
 namespace kallpa {
@@ -132,7 +133,7 @@ void Dispatcher::warn_once(const std::string& key, const std::string& message) {
 }
 
 Result<std::vector<AttentionBackend*>> Dispatcher::compute_candidates(const ProblemSignature& sig) const {
-  registry_->ensure_checked();
+  registry_->ensure_checked(sig.device.kind);
   const std::vector<BackendInfo> all = registry_->list();
   std::vector<AttentionBackend*> chosen;
   std::vector<std::string> reasons;
@@ -147,6 +148,13 @@ Result<std::vector<AttentionBackend*>> Dispatcher::compute_candidates(const Prob
     if (b.device_kind() != sig.device.kind) {
       reasons.push_back(fmt::format("{}: runs on {}, the tensors are on {}", b.name(),
                                     device_kind_name(b.device_kind()), sig.device.to_string()));
+      return;
+    }
+    // Same kind, another device of it (opencl:0 vs opencl:1): only a backend that names its
+    // device through device_memory() can be told apart here; others decide in supports().
+    if (const DeviceMemory* m = b.device_memory(); m != nullptr && !(m->device() == sig.device)) {
+      reasons.push_back(fmt::format("{}: runs on {}, the tensors are on {}", b.name(), m->device().to_string(),
+                                    sig.device.to_string()));
       return;
     }
     Support s = b.supports(sig);

@@ -7,27 +7,36 @@
 #include <fmt/format.h>
 
 #include "kallpa/conformance.h"
+#include "kallpa/device.h"
 
 namespace kallpa {
 
 std::vector<HealthReport> run_canaries(const std::vector<AttentionBackend*>& backends) {
   std::vector<HealthReport> reports(backends.size());
-  std::vector<AttentionBackend*> host;  // the canaries' memory is host memory
+  // The canaries are built in host memory; the suite stages them onto a device backend's device
+  // through its device_memory(). A device backend without one cannot be checked: unavailable (its
+  // supports() says why) or not staged-capable.
+  std::vector<AttentionBackend*> runnable;
   std::vector<std::size_t> slot;
   for (std::size_t n = 0; n < backends.size(); ++n) {
-    if (backends[n]->device_kind() == DeviceKind::cpu) {
-      host.push_back(backends[n]);
+    AttentionBackend& b = *backends[n];
+    if (b.device_kind() == DeviceKind::cpu || b.device_memory() != nullptr) {
+      runnable.push_back(&b);
       slot.push_back(n);
-    } else {
-      reports[n].reason = fmt::format("no canary for {} backends (the canaries live in host memory)",
-                                      device_kind_name(backends[n]->device_kind()));
+      continue;
     }
+    ProblemSignature on_device;
+    on_device.device = Device{b.device_kind(), 0};
+    const Support s = b.supports(on_device);
+    reports[n].reason = !s.ok ? fmt::format("unavailable: {}", s.why_not)
+                              : fmt::format("no canary for {} backends without device memory to stage them onto",
+                                            device_kind_name(b.device_kind()));
   }
-  if (host.empty()) return reports;
+  if (runnable.empty()) return reports;
 
   const std::vector<conformance::Case> cases = conformance::canary_cases();
-  const std::vector<conformance::Report> results = conformance::run_suites(host, cases);
-  for (std::size_t n = 0; n < host.size(); ++n) {
+  const std::vector<conformance::Report> results = conformance::run_suites(runnable, cases);
+  for (std::size_t n = 0; n < runnable.size(); ++n) {
     HealthReport& r = reports[slot[n]];
     for (const conformance::CaseResult& c : results[n].results) {
       if (c.skipped) {
@@ -43,6 +52,7 @@ std::vector<HealthReport> run_canaries(const std::vector<AttentionBackend*>& bac
     if (r.health == Health::quarantined) continue;
     if (r.cases_run == 0) {
       r.reason = fmt::format("none of the {} canary cases is supported", cases.size());
+      if (!results[n].results.empty()) r.reason += fmt::format(" ({})", results[n].results.front().skip_reason);
     } else {
       r.health = Health::healthy;
     }

@@ -103,7 +103,7 @@ void BackendRegistry::set_health_check(
   check_pending_.store(true, std::memory_order_release);
 }
 
-void BackendRegistry::ensure_checked() {
+void BackendRegistry::ensure_checked(std::optional<DeviceKind> device) {
   // Stays set until the verdicts are in, so that concurrent first callers wait on check_mu_
   // instead of choosing among unchecked backends.
   if (!check_pending_.load(std::memory_order_acquire)) return;
@@ -117,13 +117,17 @@ void BackendRegistry::ensure_checked() {
   {
     std::lock_guard lock(mu_);
     check = check_;
+    bool any_pending = false;
     for (const Entry& e : entries_) {
-      if (!e.check_done) todo.push_back(e.backend.get());
+      if (e.check_done) continue;
+      any_pending = true;
+      if (!device || e.backend->device_kind() == *device) todo.push_back(e.backend.get());
     }
-    if (!check || todo.empty()) {
+    if (!check || !any_pending) {
       check_pending_.store(false, std::memory_order_release);
       return;
     }
+    if (todo.empty()) return;  // only other devices' backends are pending
   }
   struct Scope {
     const BackendRegistry*& slot;

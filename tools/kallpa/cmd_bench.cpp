@@ -65,7 +65,8 @@ int run_bench(const BenchCliOptions& options) {
     }
     if (spec->device != Device::cpu()) {
       print_error("", Status(ErrorCode::unsupported, "device",
-                             fmt::format("the benchmark allocates host memory only; '{}' is not cpu",
+                             fmt::format("'{}': specs are built in host memory and staged onto each "
+                                         "device backend's own device; leave device= out",
                                          spec->device.to_string())));
       return kExitUsage;
     }
@@ -98,8 +99,9 @@ Command add_bench_command(CLI::App& app) {
   bench->require_subcommand(1);
   CLI::App* sub = bench->add_subcommand(
       "attention", "Every backend on every shape, side by side, against the measured machine peaks");
-  sub->add_option("--backend,-b", options->backends, "Backend to time (repeatable; default: all)")
-      ->type_name("NAME");
+  sub->add_option("--backend,-b", options->backends, "Backend(s) to time (repeatable or comma-separated; default: all)")
+      ->type_name("NAME")
+      ->delimiter(',');
   sub->add_option("--spec", options->specs, "Shape(s) to time instead of the default suite")
       ->type_name("SPEC");
   sub->add_option("--min-time", options->min_time, "Seconds to keep timing each case")

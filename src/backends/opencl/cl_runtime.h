@@ -1,0 +1,68 @@
+// The OpenCL device opencl-flash runs on: found once per process (lazily, on first use), with its
+// context, one in-order queue, its limits, and the attention program built at first need and kept.
+#pragma once
+
+#ifndef CL_TARGET_OPENCL_VERSION
+#define CL_TARGET_OPENCL_VERSION 120
+#endif
+#include <CL/cl.h>
+
+#include <cstddef>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "kallpa/status.h"
+
+namespace kallpa::opencl {
+
+// "CL_OUT_OF_RESOURCES" for -5; "CL error" for codes this table does not know.
+std::string_view cl_error_name(cl_int code) noexcept;
+// The Status for a failed OpenCL call: backend_failure, field = the call, message names the code.
+Status cl_failure(std::string_view call, cl_int code, std::string_view context = {});
+
+struct DeviceLimits {
+  std::string name;      // "pthread-haswell-AMD EPYC"
+  std::string platform;  // "Portable Computing Language"
+  std::string version;   // "OpenCL 3.0 PoCL ..."
+  std::size_t local_mem_bytes = 0;
+  std::size_t max_work_group = 1;
+  cl_ulong max_alloc_bytes = 0;
+};
+
+class Runtime {
+ public:
+  // The device chosen by KALLPA_OPENCL_DEVICE (an index over every platform's devices, default
+  // 0), or nullptr when there is none; unavailable_reason() then says why.
+  static Runtime* get() noexcept;
+  static const std::string& unavailable_reason() noexcept;
+
+  int index() const noexcept { return index_; }
+  cl_context context() const noexcept { return context_; }
+  cl_command_queue queue() const noexcept { return queue_; }
+  cl_device_id device() const noexcept { return device_; }
+  const DeviceLimits& limits() const noexcept { return limits_; }
+
+  // The attention program, built on first call (seconds on PoCL, whose own kernel cache then
+  // makes later processes fast) and kept for the life of the process. A build failure is kept
+  // too: it is returned on every later call, with the compiler's log.
+  Result<cl_program> program() noexcept;
+  double program_build_seconds() const noexcept { return build_seconds_; }
+
+ private:
+  Runtime() = default;
+  static Runtime* create(std::string* why) noexcept;
+
+  int index_ = 0;
+  cl_device_id device_ = nullptr;
+  cl_context context_ = nullptr;
+  cl_command_queue queue_ = nullptr;
+  DeviceLimits limits_;
+
+  std::once_flag build_once_;
+  cl_program program_ = nullptr;
+  Status build_status_;
+  double build_seconds_ = 0.0;
+};
+
+}  // namespace kallpa::opencl
