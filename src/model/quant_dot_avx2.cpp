@@ -239,13 +239,68 @@ void tile_q16(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const 
   }
 }
 
+// Several activation rows (batched decode): a 4-row group's blocks are widened to int16 once into
+// a per-thread buffer (L1-sized: 4 rows x k int16), then every activation row sweeps it with
+// memory-operand madds. Each output takes exactly tile_q16's operations, so a row's result is the
+// same alone (4 x 1 register tiles) or batched.
+template <GgmlType T, WeightLayout L>
+void gemm_q16_rows(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const BlockQ16x* xq, std::int64_t nx,
+                   std::int64_t nb, float* y, std::int64_t ldy) {
+  thread_local std::vector<std::int16_t> wide;  // [block][row][32]
+  thread_local std::vector<float> dm;
+  wide.resize(static_cast<std::size_t>(nb * 4 * kQK));
+  dm.resize(static_cast<std::size_t>(nb * 8));
+  // Plain pointers: thread_local objects in a shared library cost a __tls_get_addr per access.
+  std::int16_t* const wide_p = wide.data();
+  float* const dm_p = dm.data();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    load_scales<T, L, 4>(w, row_bytes, r0, b, dm_p + b * 8, dm_p + b * 8 + 4);
+    for (int r = 0; r < 4; ++r) {
+      __m256i w0, w1;
+      widen_block<T>(quants<T, L, 4>(w, row_bytes, r0, r, b), w0, w1);
+      std::int16_t* at = wide_p + (b * 4 + r) * kQK;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), w0);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + 16), w1);
+    }
+  }
+  for (std::int64_t x = 0; x < nx; ++x) {
+    const BlockQ16x* xr = xq + x * nb;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m128 macc = _mm_setzero_ps();
+    for (std::int64_t b = 0; b < nb; ++b) {
+      const BlockQ16x& xb = xr[b];
+      const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+      const __m256i xc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 16));
+      alignas(16) float ds[4];
+      _mm_store_ps(ds, _mm_mul_ps(_mm_loadu_ps(dm_p + b * 8), _mm_set1_ps(xb.d)));
+      const std::int16_t* wb = wide_p + b * 4 * kQK;
+      for (int r = 0; r < 4; ++r) {
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + r * kQK));
+        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + r * kQK + 16));
+        const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, xa), _mm256_madd_epi16(w1, xc));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&ds[r]), acc[r]);
+      }
+      if constexpr (T != GgmlType::q8_0) {
+        macc = _mm_fmadd_ps(_mm_loadu_ps(dm_p + b * 8 + 4), _mm_set1_ps(xb.s), macc);
+      }
+    }
+    alignas(16) float mc[4];
+    _mm_store_ps(mc, macc);
+    for (int r = 0; r < 4; ++r) y[x * ldy + r] = hsum(acc[r]) + mc[r];
+  }
+}
+
 template <GgmlType T, WeightLayout L>
 void gemm_q16_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ16x* xq, std::int64_t nx,
                     std::int64_t k, float* y, std::int64_t ldy) {
   const std::int64_t nb = k / kQK;
-  sweep_tiles(nw, nx, [&](auto nw_c, auto nx_c, std::int64_t r, std::int64_t x) {
-    tile_q16<T, L, decltype(nw_c)::value, decltype(nx_c)::value>(w, row_bytes, r, xq + x * nb, nb, y + x * ldy + r,
-                                                                ldy);
+  std::int64_t done = 0;
+  if (nx >= 2) {
+    for (; done + 4 <= nw; done += 4) gemm_q16_rows<T, L>(w, row_bytes, done, xq, nx, nb, y + done, ldy);
+  }
+  sweep_tiles(nw - done, nx, [&](auto nw_c, auto nx_c, std::int64_t r, std::int64_t x) {
+    tile_q16<T, L, decltype(nw_c)::value, decltype(nx_c)::value>(w, row_bytes, done + r, xq + x * nb, nb,
+                                                                y + x * ldy + done + r, ldy);
   });
 }
 
