@@ -131,7 +131,12 @@ inline constexpr std::int64_t kDecodeChunksTarget = 16;  // chunks for the whole
 // (v5 spends about 1.6x as many on its prefetches and four-key steps: callgrind, 32/8 and 9/3
 // heads, D64, 512 keys); streamed from DRAM, v5's single forward stream per tensor and thread
 // keeps the memory busy (1.3-1.8x v3/v4 side by side at 256 MiB; bench/cpu_flash_bench.cpp).
-inline constexpr double kDecodeDirectMaxBytes = 4.0 * 1024 * 1024;
+// Whether a call's K/V is resident depends on what ran before it, not on its size: in a model,
+// each layer's cache is read once per token after every other layer's, so beyond one core's L2 it
+// comes from L3 or DRAM. Hence v4 only up to 1 MiB: SmolLM2 at 2048 tokens (1.5 MiB per layer)
+// decodes 1.2x faster end to end with v5 (kallpa bench model -d 2048, side by side), although a
+// benchmark repeating one call on hot 4 MiB favours v4 (0.33 vs 0.43 ms, 32/8 D64).
+inline constexpr double kDecodeDirectMaxBytes = 1.0 * 1024 * 1024;
 inline constexpr DecodeKernel kDecodeAutoInCache = DecodeKernel::direct;
 inline constexpr DecodeKernel kDecodeAutoStreamed = DecodeKernel::stream;
 // v5: keys each stream (K, V) is prefetched ahead of its reader, into L2.
