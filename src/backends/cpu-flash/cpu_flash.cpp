@@ -398,16 +398,33 @@ std::byte* scratch(Workspace workspace, std::size_t need, std::unique_ptr<std::b
   return base + (64 - addr % 64) % 64;
 }
 
+// A plan's per-worker scratch for the threads this call uses (decode and prefill plans alike).
+struct CallScratch {
+  int threads = 1;
+  std::byte* base = nullptr;  // nullptr: out of memory
+  std::unique_ptr<std::byte[]> owned;
+};
+template <typename PlanT>
+CallScratch call_scratch(const PlanT& plan, Workspace workspace, int max_threads) {
+  CallScratch s;
+  s.threads = parallel::ThreadPool::global().threads_for(max_threads);
+  s.base = scratch(workspace, plan.workspace_bytes(s.threads), s.owned);
+  return s;
+}
+
+Status scratch_out_of_memory() {
+  return Status(ErrorCode::out_of_memory, "workspace", "cpu-flash could not allocate scratch");
+}
+
 }  // namespace
 
 Status CpuFlashBackend::run_decode(const ValidatedProblem& vp, Workspace workspace) const {
   const DecodePlan plan = make_decode_plan(vp);
   auto& pool = parallel::ThreadPool::global();
-  const int threads = pool.threads_for(options_.threads);
-  const std::size_t need = plan.workspace_bytes(threads);
-  std::unique_ptr<std::byte[]> owned;
-  std::byte* base = scratch(workspace, need, owned);
-  if (base == nullptr) return Status(ErrorCode::out_of_memory, "workspace", "cpu-flash could not allocate scratch");
+  const CallScratch mem = call_scratch(plan, workspace, options_.threads);
+  if (mem.base == nullptr) return scratch_out_of_memory();
+  const int threads = mem.threads;
+  std::byte* const base = mem.base;
   std::byte* slots = base + static_cast<std::size_t>(threads) * plan.worker_bytes;
   auto* counters = reinterpret_cast<std::int32_t*>(slots + static_cast<std::size_t>(plan.n_slots) * plan.slot_bytes);
   std::fill(counters, counters + plan.n_counters, 0);
@@ -432,11 +449,10 @@ Status CpuFlashBackend::run(const ValidatedProblem& vp, Workspace workspace) noe
 
     const Plan plan = make_plan(vp);
     auto& pool = parallel::ThreadPool::global();
-    const int threads = pool.threads_for(options_.threads);
-    const std::size_t need = plan.workspace_bytes(threads);
-    std::unique_ptr<std::byte[]> owned;
-    std::byte* base = scratch(workspace, need, owned);
-    if (base == nullptr) return Status(ErrorCode::out_of_memory, "workspace", "cpu-flash could not allocate scratch");
+    const CallScratch mem = call_scratch(plan, workspace, options_.threads);
+    if (mem.base == nullptr) return scratch_out_of_memory();
+    const int threads = mem.threads;
+    std::byte* const base = mem.base;
     std::byte* partials = base + static_cast<std::size_t>(threads) * plan.worker_bytes;
     const PrefillKernel prefill =
         options_.prefill == PrefillKernel::automatic ? PrefillKernel::padded : options_.prefill;
