@@ -138,6 +138,51 @@ TEST(Scheduler, BatchedRequestsGiveTheirSoloTextExactly) {
   EXPECT_EQ(st.running, 0);
 }
 
+// Requests that share a long prefix (a system prompt): later ones attach the earlier prompts'
+// KV blocks instead of computing them, and still give exactly the text they give without the cache.
+TEST(Scheduler, PrefixCacheReusesSharedPromptsAndKeepsTheText) {
+  auto e = make_engine();
+  auto req = [](int i) {
+    auto p = prompt_of(37);  // shared: its whole KV blocks can be reused
+    auto tail = prompt_of(5 + i, i + 1);
+    p.insert(p.end(), tail.begin(), tail.end());
+    return request(p, 300 + i, 10);
+  };
+  std::vector<std::string> uncached;
+  {
+    Scheduler sched(*e, {.max_batch_tokens = 24, .prefill_chunk = 8, .prefix_cache = false});
+    for (int i = 0; i < 4; ++i) {
+      Collector c;
+      ASSERT_TRUE(sched.submit(req(i), c.callbacks()).is_ok());
+      c.wait_done();
+      uncached.push_back(c.text);
+      EXPECT_EQ(c.completion.cached_prompt_tokens, 0);
+    }
+  }
+  const std::int64_t page = e->cache().options().page_size;
+  Scheduler sched(*e, {.max_batch_tokens = 24, .prefill_chunk = 8});
+  for (int i = 0; i < 4; ++i) {
+    Collector c;
+    ASSERT_TRUE(sched.submit(req(i), c.callbacks()).is_ok());
+    c.wait_done();
+    EXPECT_EQ(c.text, uncached[i]) << "request " << i;
+    // The first computes everything; the others find the shared whole blocks.
+    EXPECT_EQ(c.completion.cached_prompt_tokens, i == 0 ? 0 : 37 / page * page) << "request " << i;
+  }
+  // Batched, all at once: whatever each finds cached, the texts stay the same.
+  std::vector<Collector> batched(4);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(sched.submit(req(i), batched[i].callbacks()).is_ok());
+  for (int i = 0; i < 4; ++i) {
+    batched[i].wait_done();
+    EXPECT_EQ(batched[i].text, uncached[i]) << "request " << i;
+    EXPECT_GT(batched[i].completion.cached_prompt_tokens, 0);
+  }
+  const SchedulerStats st = sched.stats();
+  EXPECT_EQ(st.prompt_tokens_cached, static_cast<std::uint64_t>(7 * (37 / page * page)));
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_GT(st.kv_blocks_cached, 0);
+}
+
 TEST(Scheduler, ChunkedPrefillKeepsRunningStreamsGoing) {
   auto e = make_engine();
   Scheduler sched(*e, {.max_batch_tokens = 16, .prefill_chunk = 8});

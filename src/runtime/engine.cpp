@@ -87,7 +87,7 @@ void Session::reset() {
 
 void Session::rewind(std::int64_t position) {
   position = std::clamp<std::int64_t>(position, 0, this->position());
-  engine_->cache().truncate(seq_, position);
+  position = engine_->cache().truncate(seq_, position);
   tokens_.resize(static_cast<std::size_t>(position));
   logits_.clear();
 }

@@ -39,6 +39,7 @@ struct Scheduler::Active {
   tokenizer::StreamDecoder decoder;
   std::vector<std::int32_t> tokens;  // prompt, then generated tokens
   std::int64_t fed = 0;              // positions in the KV cache
+  std::int64_t cached = 0;           // of them, attached from the prefix cache
   std::int64_t generated = 0;
   std::string held;                  // decoded text not yet final (a stop string may be starting)
   bool done = false;
@@ -133,6 +134,8 @@ SchedulerStats Scheduler::stats() const {
   s.kv_blocks_free = engine_.cache().free_blocks();
   s.kv_blocks_used = engine_.cache().total_blocks() - s.kv_blocks_free;
   s.kv_blocks_committed = committed_.load();
+  s.kv_blocks_cached = engine_.cache().cached_blocks();
+  s.prompt_tokens_cached = prompt_tokens_cached_.load();
   s.steps = steps_.load();
   s.batch_tokens = batch_tokens_.load();
   s.batch_sequences = batch_sequences_.load();
@@ -150,6 +153,7 @@ void Scheduler::finish(Active& a, std::string reason, Status status) {
   c.status = std::move(status);
   c.finish_reason = std::move(reason);
   c.prompt_tokens = a.prompt_size();
+  c.cached_prompt_tokens = a.cached;
   c.generated_tokens = a.generated;
   if (a.callbacks.on_done) a.callbacks.on_done(c);
 }
@@ -175,7 +179,12 @@ void Scheduler::admit() {
     queue_.pop_front();
     committed_ += p->blocks;
     const SeqId seq = engine_.cache().add_sequence();
-    running_.push_back(std::make_unique<Active>(std::move(*p), seq, engine_.tokenizer()));
+    auto active = std::make_unique<Active>(std::move(*p), seq, engine_.tokenizer());
+    if (options_.prefix_cache) {
+      active->fed = active->cached = engine_.cache().attach_prefix(seq, active->request.prompt);
+      prompt_tokens_cached_ += static_cast<std::uint64_t>(active->cached);
+    }
+    running_.push_back(std::move(active));
     n_running_ += 1;
   }
   n_queued_.store(static_cast<std::int64_t>(queue_.size()));
@@ -337,6 +346,12 @@ bool Scheduler::step() {
   for (std::size_t i = 0; i < items.size(); ++i) {
     Active& a = *owners[i];
     a.fed += static_cast<std::int64_t>(items[i].tokens.size());
+    // Only prompt positions: their K/V come from exact prompt rows, which a later request's
+    // prompt would compute identically; generated positions were decode rows (runtime/ops.h).
+    if (options_.prefix_cache) {
+      const auto written = static_cast<std::size_t>(std::min(a.fed, a.prompt_size()));
+      engine_.cache().publish(a.seq, std::span<const std::int32_t>(a.request.prompt).first(written));
+    }
     if (!items[i].want_logits) continue;
     if (!a.handle->cancelled()) {  // a cancelled one is reaped right after this step
       sampling.push_back(&a);

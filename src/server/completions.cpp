@@ -169,7 +169,7 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
     }
     std::lock_guard lock(g->mu);
     res.status = 200;
-    res.set_content(dump_json(completion_body(meta, g->text, c.finish_reason, {c.prompt_tokens, c.generated_tokens})),
+    res.set_content(dump_json(completion_body(meta, g->text, c.finish_reason, {c.prompt_tokens, c.generated_tokens, c.cached_prompt_tokens})),
                     "application/json");
     return;
   }
@@ -204,7 +204,7 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
           } else {
             out += sse_event(failure(c).to_json());
           }
-          if (include_usage) out += sse_event(usage_chunk(meta, {c.prompt_tokens, c.generated_tokens}));
+          if (include_usage) out += sse_event(usage_chunk(meta, {c.prompt_tokens, c.generated_tokens, c.cached_prompt_tokens}));
           out += kSseDone;
         }
         if (out.empty()) out = kSseKeepAlive;

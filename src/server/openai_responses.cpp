@@ -19,7 +19,8 @@ json envelope(const ResponseMeta& meta, const char* chat_object, const char* tex
 json usage_json(const Usage& u) {
   return {{"prompt_tokens", u.prompt_tokens},
           {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
 json completion_body(const ResponseMeta& meta, const std::string& text, const std::string& finish_reason,

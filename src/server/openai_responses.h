@@ -21,6 +21,7 @@ struct ResponseMeta {
 struct Usage {
   std::int64_t prompt_tokens = 0;
   std::int64_t completion_tokens = 0;
+  std::int64_t cached_tokens = 0;  // of prompt_tokens, from the prefix cache
 };
 
 nlohmann::json usage_json(const Usage& usage);

@@ -23,6 +23,8 @@ ServerMetrics::ServerMetrics() {
                             "Time from receiving a request to the end of its response (streams included).",
                             T::histogram, {"route"}, {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
   prompt_tokens_ = &r.add("kallpa_prompt_tokens_total", "Prompt tokens of finished generation requests.", T::counter);
+  prompt_cached_ = &r.add("kallpa_prompt_tokens_cached_total",
+                          "Prompt tokens whose KV blocks came from the prefix cache, not computed.", T::counter);
   generation_tokens_ = &r.add("kallpa_generation_tokens_total", "Tokens generated.", T::counter);
   finish_ = &r.add("kallpa_request_finish_total", "Generation requests by finish reason.", T::counter, {"reason"});
   ttft_ = &r.add("kallpa_time_to_first_token_seconds", "Time from receiving a request to its first generated token.",
@@ -34,6 +36,8 @@ ServerMetrics::ServerMetrics() {
   inflight_ = &r.add("kallpa_http_inflight_requests", "Generation requests being served.", T::gauge);
   kv_used_ = &r.add("kallpa_kv_cache_used_blocks", "KV cache blocks holding tokens.", T::gauge);
   kv_free_ = &r.add("kallpa_kv_cache_free_blocks", "KV cache blocks free.", T::gauge);
+  kv_cached_ = &r.add("kallpa_kv_cache_cached_blocks",
+                      "Free KV cache blocks still holding a reusable prompt prefix.", T::gauge);
   kv_committed_ = &r.add("kallpa_kv_cache_committed_blocks",
                          "KV cache blocks the running requests may need at most (admission control).", T::gauge);
   steps_ = &r.add("kallpa_scheduler_steps_total", "Forward passes run by the scheduler.", T::counter);
@@ -49,7 +53,7 @@ ServerMetrics::ServerMetrics() {
                         {"backend"}, attention_bounds());
   // Series without labels exist from the start, so that a scrape before any traffic shows zeros.
   for (MetricFamily* f : {prompt_tokens_, generation_tokens_, queued_, running_, inflight_, kv_used_, kv_free_,
-                          kv_committed_, steps_, batch_tokens_, batch_sequences_}) {
+                          kv_cached_, prompt_cached_, kv_committed_, steps_, batch_tokens_, batch_sequences_}) {
     f->set({}, 0.0);
   }
 }
@@ -71,6 +75,8 @@ std::string ServerMetrics::render(const runtime::SchedulerStats& s, const StatsO
   kv_used_->set({}, static_cast<double>(s.kv_blocks_used));
   kv_free_->set({}, static_cast<double>(s.kv_blocks_free));
   kv_committed_->set({}, static_cast<double>(s.kv_blocks_committed));
+  kv_cached_->set({}, static_cast<double>(s.kv_blocks_cached));
+  prompt_cached_->set({}, static_cast<double>(s.prompt_tokens_cached));
   steps_->set({}, static_cast<double>(s.steps));
   batch_tokens_->set({}, static_cast<double>(s.batch_tokens));
   batch_sequences_->set({}, static_cast<double>(s.batch_sequences));

@@ -27,7 +27,7 @@ class ServerMetrics {
  private:
   MetricsRegistry registry_;
   MetricFamily *requests_, *request_seconds_, *prompt_tokens_, *generation_tokens_, *finish_, *ttft_, *itl_;
-  MetricFamily *queued_, *running_, *inflight_, *kv_used_, *kv_free_, *kv_committed_;
+  MetricFamily *queued_, *running_, *inflight_, *kv_used_, *kv_free_, *kv_committed_, *kv_cached_, *prompt_cached_;
   MetricFamily *steps_, *batch_tokens_, *batch_sequences_;
   MetricFamily *att_calls_, *att_failures_, *att_fallbacks_, *att_seconds_;
 };

@@ -426,11 +426,16 @@ def test_disconnect_frees_kv():
 def test_metrics_parse():
     with Server("metrics") as s:
         client = s.client()
-        tokens = 0
+        tokens, cached = 0, []
         for seed in range(3):
-            tokens += chat_text(client, seed=seed, max_tokens=6)[1].usage.completion_tokens
+            usage = chat_text(client, seed=seed, max_tokens=6)[1].usage
+            tokens += usage.completion_tokens
+            cached.append(usage.prompt_tokens_details.cached_tokens)
         _, _, usage, _ = stream_chat(client, seed=9, max_tokens=6)
         tokens += usage.completion_tokens
+        cached.append(usage.prompt_tokens_details.cached_tokens)
+        # The same messages each time: after the first, the prompt's whole KV blocks are reused.
+        check(cached[0] == 0 and all(0 < c < usage.prompt_tokens for c in cached[1:]), f"cached tokens {cached}")
         s.request("GET", "/nope")
         status, hdrs, text = s.request("GET", "/metrics")
         check(status == 200 and hdrs["Content-Type"].startswith("text/plain; version=0.0.4"), "content type")
@@ -442,6 +447,7 @@ def test_metrics_parse():
             "kallpa_time_to_first_token_seconds": "histogram", "kallpa_inter_token_latency_seconds": "histogram",
             "kallpa_scheduler_queued_requests": "gauge", "kallpa_scheduler_running_sequences": "gauge",
             "kallpa_kv_cache_used_blocks": "gauge", "kallpa_kv_cache_free_blocks": "gauge",
+            "kallpa_kv_cache_cached_blocks": "gauge", "kallpa_prompt_tokens_cached": "counter",
             "kallpa_attention_calls": "counter", "kallpa_attention_failures": "counter",
             "kallpa_attention_fallbacks": "counter", "kallpa_attention_duration_seconds": "histogram",
         }
@@ -458,6 +464,8 @@ def test_metrics_parse():
         calls = {dict(k)["backend"]: v for k, v in m["kallpa_attention_calls_total"].items()}
         check(sum(calls.values()) > 0, f"no attention calls recorded: {calls}")
         check(metric(m, "kallpa_kv_cache_free_blocks") > 0, "free blocks")
+        check(metric(m, "kallpa_prompt_tokens_cached_total") == sum(cached), "cached prompt tokens == sum of usage")
+        check(metric(m, "kallpa_kv_cache_cached_blocks") > 0, "the prompt's blocks stay cached")
 
 
 def test_sigterm_drains():

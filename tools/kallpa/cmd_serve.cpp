@@ -101,6 +101,8 @@ Command add_serve_command(CLI::App& app) {
       ->check(CLI::Range(1, 4096));
   sub->add_option("--max-batch-tokens", s.scheduler.max_batch_tokens, "Tokens per forward pass")
       ->check(CLI::Range(1, 1 << 20));
+  sub->add_flag("--no-prefix-cache{false}", s.scheduler.prefix_cache,
+                "Compute every prompt in full (default: reuse the KV blocks of prompts that begin the same way)");
   sub->add_option("--prefill-chunk", s.scheduler.prefill_chunk, "Prompt tokens per prefill chunk")
       ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--max-tokens", s.max_tokens, "Largest max_tokens a request may ask for (also the default)")

@@ -85,7 +85,8 @@ class Session {
   // Empties the context and restarts the sampler's random stream.
   void reset();
   // Forgets every token from `position` on (clamped to [0, position()]) and frees their KV blocks;
-  // the logits are gone too, so feed at least one token before sampling again.
+  // the logits are gone too, so feed at least one token before sampling again. position() then
+  // tells where it stands (lower than asked only as KvCache::truncate describes).
   void rewind(std::int64_t position);
 
   std::int64_t position() const noexcept { return static_cast<std::int64_t>(tokens_.size()); }

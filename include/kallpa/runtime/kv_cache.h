@@ -3,12 +3,22 @@
 // block count chosen at creation; a sequence that cannot grow gets a typed error and never
 // touches another sequence's blocks. Its views plug straight into the attention contract's paged
 // layout (k/v [blocks, page, Hkv, D] + block table + KV lengths).
+//
+// Prefix caching. Full blocks can be published under the tokens they hold (with everything before
+// them, as a chain hash), and a new sequence whose tokens start the same way attaches those blocks
+// instead of recomputing them: every chat request repeats its system prompt, and a multi-turn chat
+// repeats the whole conversation. A block is shared read-only: a sequence only ever writes past
+// its attached prefix, and truncating into a shared block copies it first. A published block that
+// no sequence holds any more stays cached until the pool needs it (least recently used goes
+// first), so it counts as free: cached blocks never make a request wait or fail.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "kallpa/attention.h"
@@ -31,16 +41,30 @@ class KvCache {
 
   const KvCacheOptions& options() const noexcept { return options_; }
   std::int64_t total_blocks() const noexcept { return n_blocks_; }
+  // Blocks a sequence may take: never used, or cached and held by no sequence.
   std::int64_t free_blocks() const;
   std::int64_t used_blocks() const { return n_blocks_ - free_blocks(); }
+  // Published blocks that no sequence holds (a part of free_blocks()).
+  std::int64_t cached_blocks() const;
 
   SeqId add_sequence();
   // Makes room for positions [0, length): allocates blocks as needed, all or nothing.
   // out_of_memory (field "kv_cache") when the pool cannot hold it.
   Status reserve(SeqId seq, std::int64_t length);
-  // Forgets positions >= length and frees the blocks no longer needed.
-  void truncate(SeqId seq, std::int64_t length);
+  // Forgets positions >= length and frees the blocks no longer needed. Returns the positions kept:
+  // `length`, or less in the one case where a shared block would have to be copied into a pool
+  // with no block left (then the positions of that partial block are dropped too).
+  std::int64_t truncate(SeqId seq, std::int64_t length);
   void remove(SeqId seq);
+
+  // For a sequence that holds no blocks yet: attaches the longest chain of published blocks whose
+  // tokens begin `tokens`, leaving at least one token to compute (its logits are wanted), and
+  // returns how many positions they hold (a multiple of page_size; 0 when nothing matches).
+  std::int64_t attach_prefix(SeqId seq, std::span<const std::int32_t> tokens);
+  // Publishes the sequence's full blocks among positions [0, tokens.size()), which must all be
+  // written (tokens[i] is the token at position i). Blocks already published are skipped, and a
+  // block whose content another block already publishes stays private.
+  void publish(SeqId seq, std::span<const std::int32_t> tokens);
   bool has(SeqId seq) const;
   std::int64_t capacity(SeqId seq) const;  // positions the sequence's blocks can hold
 
@@ -60,9 +84,24 @@ class KvCache {
   struct Sequence {
     SeqId id;
     std::vector<std::int32_t> blocks;
+    // Chain hashes of the leading blocks that are attached or published (chain.size() of them).
+    std::vector<std::uint64_t> chain;
+  };
+  // A published block: its chain hash, the hash before it, and its tokens (checked on attach).
+  struct Published {
+    bool live = false;
+    std::uint64_t hash = 0, parent = 0;
+    std::vector<std::int32_t> tokens;
+    std::uint64_t idle_since = 0;  // key in idle_ while no sequence holds it
   };
   Sequence* find(SeqId seq);
   const Sequence* find(SeqId seq) const;
+  // Under mu_.
+  std::int32_t take_block();
+  void release_block(std::int32_t block);
+  void unpublish(std::int32_t block);
+  void copy_block(std::int32_t from, std::int32_t to);
+  std::uint64_t chain_hash(std::uint64_t parent, std::span<const std::int32_t> tokens) const;
 
   KvCacheOptions options_;
   std::int32_t n_layer_ = 0, n_head_kv_ = 0, head_dim_ = 0;
@@ -75,7 +114,12 @@ class KvCache {
   }
   std::byte* v_data(std::int32_t layer) const noexcept { return k_data(layer) + layer_bytes_; }
   mutable std::mutex mu_;
-  std::vector<std::int32_t> free_;  // free block ids (a stack)
+  std::vector<std::int32_t> free_;  // never-used or dropped block ids (a stack)
+  std::vector<std::int32_t> refs_;  // sequences holding each block
+  std::vector<Published> published_;                     // by block id
+  std::unordered_map<std::uint64_t, std::int32_t> index_;  // chain hash -> published block
+  std::map<std::uint64_t, std::int32_t> idle_;           // cached, unheld blocks by age (LRU first)
+  std::uint64_t clock_ = 0;
   std::vector<Sequence> seqs_;
   SeqId next_id_ = 0;
 };

@@ -24,6 +24,9 @@
 // split-KV decode chunks from the whole batch, and picks its decode kernel by the batch's longest
 // query). In practice the texts are identical: tests/scheduler_test.cpp and tests/server check
 // equality, and SmolLM2 gave identical seeded texts for 6 mixed-length requests alone and batched.
+// The prefix cache keeps that rule: it holds only prompt positions, whose K/V are exact prompt
+// rows that depend only on the tokens before them, so attaching them gives the K/V the request
+// would have computed itself.
 #pragma once
 
 #include <atomic>
@@ -52,6 +55,9 @@ struct SchedulerOptions {
   std::int64_t prefill_chunk = 256;
   std::int32_t max_running = 32;  // sequences admitted at once
   std::int64_t max_queue = 64;    // requests waiting for admission; more are refused
+  // Reuse the KV blocks of earlier requests' prompts (and texts) that begin the same way
+  // (KvCache::attach_prefix): a shared system prompt or a chat's history is computed once.
+  bool prefix_cache = true;
 };
 
 struct RequestOptions {
@@ -66,6 +72,7 @@ struct Completion {
   Status status;              // not ok when finish_reason is "error"
   std::string finish_reason;  // "stop" (EOS or stop string), "length", "cancelled" or "error"
   std::int64_t prompt_tokens = 0;
+  std::int64_t cached_prompt_tokens = 0;  // of prompt_tokens, found in the prefix cache
   std::int64_t generated_tokens = 0;
 };
 
@@ -99,6 +106,8 @@ struct SchedulerStats {
   std::int64_t kv_blocks_used = 0;
   std::int64_t kv_blocks_free = 0;
   std::int64_t kv_blocks_committed = 0;  // worst case of the running requests
+  std::int64_t kv_blocks_cached = 0;     // prefix-cache blocks no sequence holds (part of free)
+  std::uint64_t prompt_tokens_cached = 0;  // prompt tokens taken from the prefix cache
   std::uint64_t steps = 0;               // forward passes
   std::uint64_t batch_tokens = 0;        // tokens over all forward passes
   std::uint64_t batch_sequences = 0;     // sequences over all forward passes
@@ -157,7 +166,7 @@ class Scheduler {
   std::vector<float> logits_;
 
   std::atomic<std::int64_t> n_queued_{0}, n_running_{0}, committed_{0};
-  std::atomic<std::uint64_t> steps_{0}, batch_tokens_{0}, batch_sequences_{0};
+  std::atomic<std::uint64_t> steps_{0}, batch_tokens_{0}, batch_sequences_{0}, prompt_tokens_cached_{0};
 
   std::thread thread_;  // last: starts after everything above is constructed
 };

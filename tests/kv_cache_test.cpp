@@ -1,0 +1,173 @@
+// The paged KV cache's prefix cache: publishing full blocks, attaching them to a new sequence,
+// keeping released ones cached (counted free) until the pool needs them, and copy-on-truncate of
+// a shared block so that one sequence's writes never reach another's.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+
+#include "kallpa/runtime/kv_cache.h"
+
+namespace kallpa::runtime {
+namespace {
+
+constexpr std::int32_t kLayers = 2, kHeads = 1, kDim = 4, kPage = 4;
+
+std::unique_ptr<KvCache> make_cache(std::int64_t tokens) {
+  auto c = KvCache::create(kLayers, kHeads, kDim, {.page_size = kPage, .max_tokens = tokens, .dtype = DType::f32});
+  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+  return std::move(*c);
+}
+
+std::vector<std::int32_t> tokens_of(int n, int salt = 0) {
+  std::vector<std::int32_t> t(static_cast<std::size_t>(n));
+  std::iota(t.begin(), t.end(), 100 + salt);
+  return t;
+}
+
+// Writes positions [from, to) of every layer with a value that names (seq tag, layer, position).
+void fill(KvCache& c, SeqId seq, std::int64_t from, std::int64_t to, float tag) {
+  const auto blocks = c.blocks(seq);
+  for (std::int32_t l = 0; l < kLayers; ++l) {
+    for (std::int64_t p = from; p < to; ++p) {
+      std::vector<float> row(kHeads * kDim, tag * 1000 + static_cast<float>(l * 100 + p));
+      c.write(l, blocks, p, row.data(), row.data(), 1);
+    }
+  }
+}
+
+// K of position p, layer l, as the sequence's block table finds it.
+float k_at(const KvCache& c, SeqId seq, std::int32_t l, std::int64_t p) {
+  const auto blocks = c.blocks(seq);
+  const auto* base = static_cast<const float*>(c.k_view(l).data);
+  const std::int64_t slot = std::int64_t{blocks[static_cast<std::size_t>(p / kPage)]} * kPage + p % kPage;
+  return base[slot * kHeads * kDim];
+}
+
+TEST(KvCachePrefix, AttachesThePublishedFullBlocksOfAMatchingPrefix) {
+  auto c = make_cache(64);
+  const auto t = tokens_of(10);
+  const SeqId a = c->add_sequence();
+  ASSERT_TRUE(c->reserve(a, 10).is_ok());
+  fill(*c, a, 0, 10, 1);
+  c->publish(a, t);  // two full blocks; positions 8, 9 stay private
+
+  const SeqId b = c->add_sequence();
+  auto longer = tokens_of(20);
+  EXPECT_EQ(c->attach_prefix(b, longer), 8);
+  ASSERT_EQ(c->blocks(b).size(), 2u);
+  EXPECT_EQ(c->blocks(b)[0], c->blocks(a)[0]);
+  EXPECT_EQ(c->blocks(b)[1], c->blocks(a)[1]);
+  EXPECT_EQ(k_at(*c, b, 1, 7), k_at(*c, a, 1, 7));
+
+  // A difference in the second block stops the match after the first.
+  auto diverging = tokens_of(20);
+  diverging[6] = 7;
+  const SeqId d = c->add_sequence();
+  EXPECT_EQ(c->attach_prefix(d, diverging), 4);
+  // The last token is always left to compute: 8 tokens match, but only one block is attached.
+  const SeqId e = c->add_sequence();
+  EXPECT_EQ(c->attach_prefix(e, std::span(t).first(8)), 4);
+  // A sequence that holds blocks already attaches nothing.
+  EXPECT_EQ(c->attach_prefix(a, longer), 0);
+  // Nothing is published from a different start.
+  const SeqId f = c->add_sequence();
+  EXPECT_EQ(c->attach_prefix(f, tokens_of(20, 1)), 0);
+}
+
+TEST(KvCachePrefix, ReleasedBlocksStayCachedAsFreeUntilThePoolNeedsThem) {
+  auto c = make_cache(32);  // 8 blocks
+  const auto t = tokens_of(12);
+  const SeqId a = c->add_sequence();
+  ASSERT_TRUE(c->reserve(a, 12).is_ok());
+  fill(*c, a, 0, 12, 1);
+  c->publish(a, t);
+  c->remove(a);
+  EXPECT_EQ(c->free_blocks(), 8);
+  EXPECT_EQ(c->used_blocks(), 0);
+  EXPECT_EQ(c->cached_blocks(), 3);
+
+  const SeqId b = c->add_sequence();
+  EXPECT_EQ(c->attach_prefix(b, tokens_of(13)), 12);
+  EXPECT_EQ(c->cached_blocks(), 0);
+  EXPECT_EQ(c->used_blocks(), 3);
+  EXPECT_EQ(k_at(*c, b, 0, 11), 1000.0f + 11);
+  c->remove(b);
+
+  // Every block taken: the cached ones are reused (forgotten), never refused.
+  const SeqId big = c->add_sequence();
+  ASSERT_TRUE(c->reserve(big, 32).is_ok());
+  EXPECT_EQ(c->cached_blocks(), 0);
+  EXPECT_FALSE(c->reserve(big, 33).is_ok());
+  c->remove(big);
+  const SeqId again = c->add_sequence();
+  EXPECT_EQ(c->attach_prefix(again, tokens_of(13)), 0);
+}
+
+TEST(KvCachePrefix, TruncatingIntoASharedBlockCopiesIt) {
+  auto c = make_cache(64);
+  const auto t = tokens_of(8);
+  const SeqId a = c->add_sequence();
+  ASSERT_TRUE(c->reserve(a, 8).is_ok());
+  fill(*c, a, 0, 8, 1);
+  c->publish(a, t);
+  const SeqId b = c->add_sequence();
+  ASSERT_EQ(c->attach_prefix(b, tokens_of(9)), 8);
+
+  EXPECT_EQ(c->truncate(b, 6), 6);  // b goes on inside the second block: it gets its own copy
+  EXPECT_EQ(c->blocks(b)[0], c->blocks(a)[0]);
+  EXPECT_NE(c->blocks(b)[1], c->blocks(a)[1]);
+  EXPECT_EQ(k_at(*c, b, 1, 5), k_at(*c, a, 1, 5));  // copied content
+  fill(*c, b, 6, 8, 2);
+  EXPECT_EQ(k_at(*c, a, 1, 6), 1000.0f + 106);  // a's block untouched
+  EXPECT_EQ(k_at(*c, b, 1, 6), 2000.0f + 106);
+
+  // The truncated chain is no longer published under its old tokens from b's side, but a's
+  // blocks still are.
+  const SeqId d = c->add_sequence();
+  EXPECT_EQ(c->attach_prefix(d, tokens_of(9)), 8);
+}
+
+TEST(KvCachePrefix, TruncatingAnUnsharedPublishedBlockUnpublishesIt) {
+  auto c = make_cache(64);
+  const SeqId a = c->add_sequence();
+  ASSERT_TRUE(c->reserve(a, 8).is_ok());
+  fill(*c, a, 0, 8, 1);
+  c->publish(a, tokens_of(8));
+  const std::int32_t second = c->blocks(a)[1];
+  EXPECT_EQ(c->truncate(a, 5), 5);
+  EXPECT_EQ(c->blocks(a)[1], second);  // kept in place, now private
+  const SeqId b = c->add_sequence();
+  EXPECT_EQ(c->attach_prefix(b, tokens_of(9)), 4);
+}
+
+TEST(KvCachePrefix, DuplicateContentStaysPrivateAndFreesNormally) {
+  auto c = make_cache(64);
+  const SeqId a = c->add_sequence(), b = c->add_sequence();
+  for (SeqId s : {a, b}) {
+    ASSERT_TRUE(c->reserve(s, 8).is_ok());
+    fill(*c, s, 0, 8, 1);
+  }
+  c->publish(a, tokens_of(8));
+  c->publish(b, tokens_of(8));  // same tokens: b's blocks are not published a second time
+  c->remove(a);
+  c->remove(b);
+  EXPECT_EQ(c->cached_blocks(), 2);
+  EXPECT_EQ(c->free_blocks(), 16);
+}
+
+TEST(KvCachePrefix, ACopyIntoAFullPoolGivesUpThePartialBlockAndSaysSo) {
+  auto c = make_cache(8);  // 2 blocks
+  const SeqId a = c->add_sequence();
+  ASSERT_TRUE(c->reserve(a, 8).is_ok());
+  fill(*c, a, 0, 8, 1);
+  c->publish(a, tokens_of(8));
+  const SeqId b = c->add_sequence();
+  ASSERT_EQ(c->attach_prefix(b, tokens_of(9)), 8);
+  EXPECT_EQ(c->truncate(b, 6), 4);
+  EXPECT_EQ(c->blocks(b).size(), 1u);
+  EXPECT_EQ(c->blocks(a).size(), 2u);
+}
+
+}  // namespace
+}  // namespace kallpa::runtime
