@@ -1,8 +1,7 @@
 // kallpa::model::matmul on SmolLM2-135M's matrix shapes (rows x cols = outputs x inputs: Q4_1
 // 576x576 q/o, 192x576 k/v, 1536x576 gate/up, 576x1536 down; Q8_0 49152x576 output head), exact f32
-// activations (the default) vs Q8- and Q16-quantised activations (act 0/1/2), batch 1 (decode) and
-// 512 (prefill),
-// kernel versions side by side. threads:0 uses the whole pool, threads:1 one thread (the kernels
+// activations (the default) vs Q8- and Q16-quantised activations (act 0/1/2), batch 1 (decode), 16
+// (a server's batch of decode streams) and 512 (prefill), kernel versions side by side. threads:0 uses the whole pool, threads:1 one thread (the kernels
 // without scheduling). Counters: GFLOP/s (2 * rows * cols * batch per call) and weight GB/s
 // (quantised bytes read per call). The head (30 MB) does not fit in the caches; the Q4_1 shapes do.
 //
@@ -81,7 +80,7 @@ void shapes(benchmark::internal::Benchmark* b) {
   const std::tuple<std::int64_t, std::int64_t, std::int64_t> kShapes[] = {
       {576, 576, 0}, {192, 576, 0}, {1536, 576, 0}, {576, 1536, 0}, {49152, 576, 1}};
   for (std::int64_t threads : {0, 1}) {  // 0: the whole pool; 1: the kernels alone, no scheduling
-    for (std::int64_t batch : {1, 512}) {
+    for (std::int64_t batch : {1, 16, 512}) {
       for (const auto& [rows, cols, head] : kShapes) {
         if (head != 0 && batch != 1) continue;  // the head runs on one row per sequence
         for (std::int64_t act : {0, 1, 2}) {

@@ -192,10 +192,11 @@ inline void widen_block(const std::byte* qs, __m256i& w0, __m256i& w1) {
     w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
     w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16)));
   } else {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-    const __m128i lo = _mm_set1_epi8(0x0f);
-    w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, lo));
-    w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), lo));
+    // Byte j holds element j (low nibble) and j + 16 (high): zero-extended to 16 bits, the low
+    // nibble is a mask away and the high one a shift, with no widening per half.
+    const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+    w0 = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0f));
+    w1 = _mm256_srli_epi16(bytes, 4);
   }
 }
 
