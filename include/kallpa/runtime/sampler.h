@@ -46,6 +46,7 @@ class Sampler {
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<Candidate> candidates_;  // reused across calls
+  std::vector<float> exps_;
 };
 
 }  // namespace kallpa::runtime
