@@ -22,17 +22,28 @@
 //   v5 stream:  v4 with each block walked in memory order (four key rows across every head at a
 //               time, for scores and again for P·V) and K and V each prefetched 16 keys ahead into
 //               L2 as one forward stream; 3-row dot kernels for GQA groups of 3.
+//   v6 fused:   v4's head-by-head order with every query row of a KV head served by one pass over
+//               its K/V (four rows at a time: each f16/bf16 vector of a GQA group of 4 converted
+//               once), the next block prefetched as whole key rows in memory order, a slice per head.
+//   decode_dram/*: K/V of 256 MiB (far beyond L3) on huge pages, v5 and v6 side by side with
+//               stream_read, a plain sum of the same bytes on the same threads: the practical ceiling.
+//               Compare with --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true;
+//               KALLPA_BENCH_HUGE_PAGES=0 puts the buffers on 4 KiB pages.
 #include <benchmark/benchmark.h>
 
 #include <immintrin.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/cpu-flash/cpu_flash.h"
+#include "core/parallel.h"
+#include "harness/thp_allocator.h"
 #include "kallpa/half.h"
 #include "kallpa/registry.h"
 
@@ -46,9 +57,12 @@ struct Shape {
   DType dt;
 };
 
+template <typename T>
+using HugeVec = std::vector<T, harness::ThpAllocator<T>>;
+
 struct Problem {
-  std::vector<std::uint16_t> q16, k16, v16, o16;
-  std::vector<float> q32, k32, v32, o32;
+  HugeVec<std::uint16_t> q16, k16, v16, o16;
+  HugeVec<float> q32, k32, v32, o32;
   AttentionProblem p;
 };
 
@@ -56,7 +70,7 @@ std::unique_ptr<Problem> make(const Shape& s) {
   auto pr = std::make_unique<Problem>();
   std::mt19937 rng(42);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  auto mk = [&](std::vector<std::uint16_t>& b16, std::vector<float>& b32, std::initializer_list<std::int64_t> shape) {
+  auto mk = [&](HugeVec<std::uint16_t>& b16, HugeVec<float>& b32, std::initializer_list<std::int64_t> shape) {
     std::int64_t n = 1;
     for (auto x : shape) n *= x;
     void* data;
@@ -79,8 +93,80 @@ std::unique_ptr<Problem> make(const Shape& s) {
   return pr;
 }
 
+// One problem per shape, built on first use: the 256 MiB decode_dram shapes take seconds to fill.
+const Problem& problem_for(const Shape& s) {
+  static std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, int>,
+                  std::unique_ptr<Problem>>
+      cache;
+  auto& slot = cache[{s.b, s.sq, s.skv, s.hq, s.hkv, s.d, s.causal, static_cast<int>(s.dt)}];
+  if (!slot) slot = make(s);
+  return *slot;
+}
+
+// Sums words [lo, hi) of a and of b, alternating in 64 KiB pieces. AVX2 where the CPU has it, so
+// that the sum never limits the stream.
+__attribute__((target("avx2"))) std::uint64_t sum_two_avx2(const std::uint64_t* a, const std::uint64_t* b,
+                                                           std::int64_t lo, std::int64_t hi) {
+  constexpr std::int64_t kPiece = 8192;
+  __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+  std::uint64_t tail = 0;
+  for (std::int64_t x0 = lo; x0 < hi; x0 += kPiece) {
+    const std::int64_t x1 = std::min(hi, x0 + kPiece);
+    for (const std::uint64_t* src : {a, b}) {
+      std::int64_t x = x0;
+      for (; x + 16 <= x1; x += 16) {
+        s0 = _mm256_add_epi64(s0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + x)));
+        s1 = _mm256_add_epi64(s1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + x + 4)));
+        s2 = _mm256_add_epi64(s2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + x + 8)));
+        s3 = _mm256_add_epi64(s3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + x + 12)));
+      }
+      for (; x < x1; ++x) tail += src[x];
+    }
+  }
+  alignas(32) std::uint64_t out[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out), _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3)));
+  return out[0] + out[1] + out[2] + out[3] + tail;
+}
+
+std::uint64_t sum_two(const std::uint64_t* a, const std::uint64_t* b, std::int64_t lo, std::int64_t hi) {
+  if (__builtin_cpu_supports("avx2")) return sum_two_avx2(a, b, lo, hi);
+  constexpr std::int64_t kPiece = 8192;
+  std::uint64_t a0 = 0, a1 = 0;
+  for (std::int64_t x0 = lo; x0 < hi; x0 += kPiece) {
+    const std::int64_t x1 = std::min(hi, x0 + kPiece);
+    for (std::int64_t x = x0; x < x1; ++x) a0 += a[x];
+    for (std::int64_t x = x0; x < x1; ++x) a1 += b[x];
+  }
+  return a0 + a1;
+}
+
+// The practical ceiling of a decode kernel: the same K and V bytes summed by the same threads, each
+// thread its contiguous share of the keys, K and V alternating in 64 KiB pieces (two streams per
+// thread, as the kernels read them).
+void run_stream_read(benchmark::State& state, const Shape& s) {
+  const Problem& pr = problem_for(s);
+  const auto* k = static_cast<const std::uint64_t*>(pr.p.k.data);
+  const auto* v = static_cast<const std::uint64_t*>(pr.p.v.data);
+  const std::int64_t words = s.b * s.skv * s.hkv * s.d * static_cast<std::int64_t>(dtype_size(s.dt)) / 8;
+  auto& pool = parallel::ThreadPool::global();
+  const int threads = pool.threads_for(0);
+  std::vector<std::uint64_t> sums(static_cast<std::size_t>(threads) * 8);
+  for (auto _ : state) {
+    pool.parallel_for(
+        threads,
+        [&](std::int64_t t, int) {
+          const std::int64_t lo = words * t / threads, hi = words * (t + 1) / threads;
+          sums[static_cast<std::size_t>(t) * 8] = sum_two(k, v, lo, hi);
+        },
+        threads);
+    benchmark::DoNotOptimize(sums.data());
+  }
+  const double kv_bytes = 2.0 * static_cast<double>(words) * 8;
+  state.counters["KV_GB/s"] = benchmark::Counter(kv_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void run_backend(benchmark::State& state, AttentionBackend& be, const Shape& s) {
-  auto pr = make(s);
+  const Problem* pr = &problem_for(s);
   auto vp = validate(pr->p);
   if (!vp.is_ok()) {
     state.SkipWithError(vp.status().to_string().c_str());
@@ -113,10 +199,25 @@ void register_decode_versions(const std::string& name, const Shape& s) {
   static cpu_flash::CpuFlashBackend v3_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::staged});
   static cpu_flash::CpuFlashBackend v4_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::direct});
   static cpu_flash::CpuFlashBackend v5_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::stream});
-  const std::pair<const char*, cpu_flash::CpuFlashBackend*> one[] = {
-      {"/v2_tiled_t1", &v2_1}, {"/v3_staged_t1", &v3_1}, {"/v4_direct_t1", &v4_1}, {"/v5_stream_t1", &v5_1}};
+  static cpu_flash::CpuFlashBackend v6(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::fused});
+  static cpu_flash::CpuFlashBackend v6_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::fused});
+  if (name.rfind("decode_dram", 0) == 0) {  // only the DRAM contenders and the ceiling
+    for (const auto& [suffix, be] : {std::pair{"/v5_stream", &v5}, std::pair{"/v6_fused", &v6}})
+      benchmark::RegisterBenchmark((name + suffix).c_str(), [s, be = be](benchmark::State& st) { run_backend(st, *be, s); })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((name + "/stream_read").c_str(), [s](benchmark::State& st) { run_stream_read(st, s); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    return;
+  }
+  const std::pair<const char*, cpu_flash::CpuFlashBackend*> one[] = {{"/v2_tiled_t1", &v2_1},
+                                                                     {"/v3_staged_t1", &v3_1},
+                                                                     {"/v4_direct_t1", &v4_1},
+                                                                     {"/v5_stream_t1", &v5_1},
+                                                                     {"/v6_fused_t1", &v6_1}};
   const std::pair<const char*, cpu_flash::CpuFlashBackend*> all[] = {
-      {"/v2_tiled", &v2}, {"/v3_staged", &v3}, {"/v4_direct", &v4}, {"/v5_stream", &v5}};
+      {"/v2_tiled", &v2}, {"/v3_staged", &v3}, {"/v4_direct", &v4}, {"/v5_stream", &v5}, {"/v6_fused", &v6}};
   for (const auto& [suffix, be] : one)
     benchmark::RegisterBenchmark((name + suffix).c_str(), [s, be = be](benchmark::State& st) { run_backend(st, *be, s); })
         ->Unit(benchmark::kMillisecond);
@@ -160,6 +261,7 @@ void register_shape(const std::string& kind, const Shape& s, bool with_generic) 
     benchmark::RegisterBenchmark((name + "/v1_generic").c_str(), [s](benchmark::State& st) { run_backend(st, generic, s); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
+  if (kind.rfind("decode_dram", 0) == 0) return;  // cpu-gemm takes seconds per call there
   if (AttentionBackend* gemm = BackendRegistry::global().find("cpu-gemm"))
     benchmark::RegisterBenchmark((name + "/cpu-gemm").c_str(), [s, gemm](benchmark::State& st) { run_backend(st, *gemm, s); })
         ->UseRealTime()
@@ -187,6 +289,11 @@ int register_all() {
         register_shape("decode", {1, 1, skv, 8, 8, d, false, dt}, skv <= 4096);
         register_shape("decode_gqa", {1, 1, skv, 32, 8, d, false, dt}, false);
       }
+  // From DRAM: 256 MiB of K/V, the "far larger than the caches" case.
+  for (DType dt : {DType::f16, DType::bf16}) {
+    register_shape("decode_dram", {1, 1, 131072, 8, 8, 128, false, dt}, false);
+    register_shape("decode_dram_gqa", {1, 1, 131072, 32, 8, 64, false, dt}, false);
+  }
   // The engine's decode (SmolLM2: 9 query heads on 3 KV heads, D = 64, paged f16 cache, page 16)
   // is measured through `kallpa bench attention --spec ...,kv=paged,page=16`.
   return 0;

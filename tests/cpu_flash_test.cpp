@@ -346,7 +346,7 @@ TEST(CpuFlash, DecodeSplitKv) {
   }
 }
 
-// Every decode kernel generation (tiled, staged, direct, stream) against the reference on decode-shaped
+// Every decode kernel generation (tiled, staged, direct, stream, fused) against the reference on decode-shaped
 // problems: GQA groups, paged caches (the engine's page 16, 3 KV heads), ragged batches, several
 // query rows per sequence (speculative / chunked decode), masks, softcap, ALiBi, lse, padded
 // strides (which force the staged kernel) and chunk splits with the merge.
@@ -411,10 +411,24 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
     s.lse = true;
     specs.push_back(s);
   }
+  for (std::int32_t hq : {5, 6, 7}) {
+    Spec s;  // GQA groups of 5, 6, 7: v6's four-row passes plus a 1-, 2- or 3-row rest
+    s.dt = hq == 6 ? DType::bf16 : DType::f16;
+    s.d = s.dv = 64;
+    s.hq = hq;
+    s.hkv = 1;
+    s.sq = {2};
+    s.skv = {1000};
+    s.causal = true;
+    s.wl = hq == 7 ? 400 : -1;
+    s.lse = true;
+    specs.push_back(s);
+  }
   for (const Spec& s : specs) {
     SCOPED_TRACE(describe(s));
     const auto want = ref(s);
-    for (DecodeKernel k : {DecodeKernel::tiled, DecodeKernel::staged, DecodeKernel::direct, DecodeKernel::stream}) {
+    for (DecodeKernel k : {DecodeKernel::tiled, DecodeKernel::staged, DecodeKernel::direct, DecodeKernel::stream,
+                           DecodeKernel::fused}) {
       SCOPED_TRACE(static_cast<int>(k));
       CpuFlashBackend be(Options{0, Path::fast, k});
       expect_close(run(be, s), want, s, "decode kernel");
@@ -427,7 +441,7 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
 // and through scratch: only the rows of that query are NaN.
 TEST(CpuFlash, DecodeNanOnlyWhereVisible) {
   using cpu_flash::DecodeKernel;
-  for (DecodeKernel k : {DecodeKernel::staged, DecodeKernel::direct, DecodeKernel::stream}) {
+  for (DecodeKernel k : {DecodeKernel::staged, DecodeKernel::direct, DecodeKernel::stream, DecodeKernel::fused}) {
     Spec s;
     s.sq = {2};
     s.skv = {600};

@@ -60,6 +60,7 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 #include "harness/peak.h"
+#include "harness/thp_allocator.h"
 #include "core/parallel.h"
 
 namespace kallpa::harness {
@@ -104,7 +105,8 @@ MachinePeak measure_peak(int threads) {
 
   // 512 MiB: far beyond any L3 we expect, so this is DRAM.
   const std::int64_t total = std::int64_t{128} << 20;
-  std::vector<float> buffer(static_cast<std::size_t>(total), 1.0f);
+  // On huge pages, like the K/V of the attention benchmark (harness/thp_allocator.h).
+  std::vector<float, ThpAllocator<float>> buffer(static_cast<std::size_t>(total), 1.0f);
   const std::int64_t slice = total / peak.threads;
   best = 1e30;
   for (int rep = 0; rep < 3; ++rep) {

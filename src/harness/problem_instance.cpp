@@ -13,7 +13,7 @@
 namespace kallpa::harness {
 namespace {
 
-void fill_random(std::vector<std::byte>& bytes, DType dtype, std::int64_t count, std::mt19937_64& rng) {
+void fill_random(std::vector<std::byte, ThpAllocator<std::byte>>& bytes, DType dtype, std::int64_t count, std::mt19937_64& rng) {
   std::normal_distribution<float> dist(0.0f, 1.0f);
   bytes.resize(static_cast<std::size_t>(count) * dtype_size(dtype));
   for (std::int64_t n = 0; n < count; ++n) {

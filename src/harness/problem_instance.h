@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kallpa/attention.h"
+#include "harness/thp_allocator.h"
 #include "kallpa/problem_spec.h"
 
 namespace kallpa::harness {
@@ -27,7 +28,7 @@ class ProblemInstance {
  private:
   ProblemInstance() = default;
   ProblemSpec spec_;
-  std::vector<std::byte> q_, k_, v_, o_;
+  std::vector<std::byte, ThpAllocator<std::byte>> q_, k_, v_, o_;  // K/V on huge pages, as in the engine
   std::vector<float> lse_, alibi_;
   std::vector<std::int32_t> cu_q_, cu_k_, block_table_, seqlens_k_;
   AttentionProblem problem_;

@@ -342,7 +342,7 @@ Options options_from_env() {
     return end != env + 1 && *end == '\0' ? static_cast<int>(v) : 0;
   };
   const int decode = version("KALLPA_CPU_FLASH_DECODE");
-  if (decode >= 2 && decode <= 5) o.decode = static_cast<DecodeKernel>(decode);
+  if (decode >= 2 && decode <= 6) o.decode = static_cast<DecodeKernel>(decode);
   const int prefill = version("KALLPA_CPU_FLASH_PREFILL");
   if (prefill >= 2 && prefill <= 3) o.prefill = static_cast<PrefillKernel>(prefill);
   return o;

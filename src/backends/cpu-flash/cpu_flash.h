@@ -30,6 +30,8 @@ enum class DecodeKernel : int {
   direct = 4,     // v4: like staged, but K/V rows read in place (F16C / bf16 promote in registers)
   stream = 5,     // v5: direct, with each block walked in memory order (key rows across all heads)
                   //     and prefetched a fixed distance ahead as one sequential stream
+  fused = 6,      // v6: stream's walk in memory order, eight keys a step, up to four query rows
+                  //     per pass over a key row (each vector converted once per GQA group of 4)
 };
 
 // Kernel generation of the tiled (prefill) path; the older one stays selectable for benchmarks.
@@ -48,7 +50,7 @@ struct Options {
 };
 
 // The registered backend's options: the defaults, with the kernel generations taken from
-// KALLPA_CPU_FLASH_DECODE (v2..v5) and KALLPA_CPU_FLASH_PREFILL (v2, v3) when set, so that
+// KALLPA_CPU_FLASH_DECODE (v2..v6) and KALLPA_CPU_FLASH_PREFILL (v2, v3) when set, so that
 // `kallpa bench attention` can time one generation against another.
 Options options_from_env();
 

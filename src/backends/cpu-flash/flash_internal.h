@@ -141,6 +141,10 @@ inline constexpr DecodeKernel kDecodeAutoInCache = DecodeKernel::direct;
 inline constexpr DecodeKernel kDecodeAutoStreamed = DecodeKernel::stream;
 // v5: keys each stream (K, V) is prefetched ahead of its reader, into L2.
 inline constexpr std::int64_t kDecodeStreamPrefetchKeys = 16;
+// v6: keys per step of the walk over a block (across every KV head), and keys ahead of the walk
+// that K and V are prefetched.
+inline constexpr std::int64_t kDecodeFusedStep = 8;
+inline constexpr std::int64_t kDecodeFusedPrefetchKeys = 32;
 
 struct DecodeTask {
   std::int32_t b = 0;
