@@ -22,9 +22,9 @@
 //   v5 stream:  v4 with each block walked in memory order (four key rows across every head at a
 //               time, for scores and again for P·V) and K and V each prefetched 16 keys ahead into
 //               L2 as one forward stream; 3-row dot kernels for GQA groups of 3.
-//   v6 fused:   v4's head-by-head order with every query row of a KV head served by one pass over
-//               its K/V (four rows at a time: each f16/bf16 vector of a GQA group of 4 converted
-//               once), the next block prefetched as whole key rows in memory order, a slice per head.
+//   v6 fused:   v5 with the prefetches of each four-key step spread over its heads (not one burst).
+//               Tried and dropped: four rows per pass, eight-key steps, head-by-head order, a 3 x 2
+//               dot kernel for groups of 3 (all slower; see flash_decode.cpp).
 //   decode_dram/*: K/V of 256 MiB (far beyond L3) on huge pages, v5 and v6 side by side with
 //               stream_read, a plain sum of the same bytes on the same threads: the practical ceiling.
 //               Compare with --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true;

@@ -234,7 +234,8 @@ std::string describe(const Spec& s) {
 }
 
 // The automatic choice, the previous prefill generation (v2 rows kernel), the streaming decode
-// kernel (v5; the automatic choice takes it only for K/V beyond the caches) and the generic path.
+// kernels (v5, which the automatic choice takes only for K/V beyond the caches, and v6) and the
+// generic path.
 void check_all_paths(const Spec& s) {
   SCOPED_TRACE(describe(s));
   using cpu_flash::DecodeKernel;
@@ -242,11 +243,13 @@ void check_all_paths(const Spec& s) {
   CpuFlashBackend fast(Options{0, Path::fast});
   CpuFlashBackend rows_v2(Options{0, Path::fast, DecodeKernel::automatic, PrefillKernel::rows});
   CpuFlashBackend stream_v5(Options{0, Path::fast, DecodeKernel::stream});
+  CpuFlashBackend fused_v6(Options{0, Path::fast, DecodeKernel::fused});
   CpuFlashBackend generic(Options{0, Path::generic});
   const auto want = ref(s);
   expect_close(run(fast, s), want, s, "fast");
   expect_close(run(rows_v2, s), want, s, "fast, prefill v2");
   expect_close(run(stream_v5, s), want, s, "fast, decode v5");
+  expect_close(run(fused_v6, s), want, s, "fast, decode v6");
   expect_close(run(generic, s), want, s, "generic");
 }
 
@@ -412,7 +415,7 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
     specs.push_back(s);
   }
   for (std::int32_t hq : {5, 6, 7}) {
-    Spec s;  // GQA groups of 5, 6, 7: v6's four-row passes plus a 1-, 2- or 3-row rest
+    Spec s;  // GQA groups of 5, 6, 7: row groups of 2 and 3 plus a single row
     s.dt = hq == 6 ? DType::bf16 : DType::f16;
     s.d = s.dv = 64;
     s.hq = hq;

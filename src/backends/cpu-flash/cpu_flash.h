@@ -30,8 +30,8 @@ enum class DecodeKernel : int {
   direct = 4,     // v4: like staged, but K/V rows read in place (F16C / bf16 promote in registers)
   stream = 5,     // v5: direct, with each block walked in memory order (key rows across all heads)
                   //     and prefetched a fixed distance ahead as one sequential stream
-  fused = 6,      // v6: stream's walk in memory order, eight keys a step, up to four query rows
-                  //     per pass over a key row (each vector converted once per GQA group of 4)
+  fused = 6,      // v6: stream with its prefetches spread over the heads of each step instead of
+                  //     one burst per step
 };
 
 // Kernel generation of the tiled (prefill) path; the older one stays selectable for benchmarks.

@@ -485,22 +485,18 @@ void DirectHead(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, cons
 // per thread, and a software prefetch runs a fixed number of keys ahead of each stream into L2.
 
 // Prefetch distance in keys (each stream); KALLPA_CPU_FLASH_PREFETCH overrides it for tuning.
-std::int64_t PrefetchKeysFromEnv(std::int64_t fallback) {
-  if (const char* env = std::getenv("KALLPA_CPU_FLASH_PREFETCH")) {
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && v >= 0 && v <= 4096) return static_cast<std::int64_t>(v);
-  }
-  return fallback;
-}
 std::int64_t StreamPrefetchKeys() {
-  static const std::int64_t keys = PrefetchKeysFromEnv(kDecodeStreamPrefetchKeys);
+  static const std::int64_t keys = [] {
+    if (const char* env = std::getenv("KALLPA_CPU_FLASH_PREFETCH")) {
+      char* end = nullptr;
+      const long v = std::strtol(env, &end, 10);
+      if (end != env && *end == '\0' && v >= 0 && v <= 4096) return static_cast<std::int64_t>(v);
+    }
+    return kDecodeStreamPrefetchKeys;
+  }();
   return keys;
 }
-std::int64_t FusedPrefetchKeys() {
-  static const std::int64_t keys = PrefetchKeysFromEnv(kDecodeFusedPrefetchKeys);
-  return keys;
-}
+
 
 // Walks the key rows of one tensor (K or V) of a task forward and prefetches each row (every head)
 // into L2 once, up to a requested key.
@@ -627,10 +623,16 @@ void StreamBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a
 }
 
 // ---------------------------------------------------------------------------------------------
-// v6 fused: v5's walk in memory order (which from L3 or DRAM beats v4's head-by-head order by
-// 1.5-1.9x), with every query row of a KV head served by one pass over each key row (up to four rows
-// at a time: a GQA group of 4 converts each f16/bf16 vector once instead of twice) and steps of
-// eight keys, so that P·V reloads its accumulators half as often as v5's four-key steps.
+// v6 fused: v5's walk in memory order (from L3 or DRAM it beats v4's head-by-head order 1.5-1.9x,
+// one thread, side by side), with one change: the prefetches of each step are spread over its
+// heads instead of issued as one burst per step (a burst of a step's rows fills the miss queues and
+// stalls the loads behind it: perf shows v6's first, burst-per-step version waiting in the
+// prefetch loop). Everything else is v5's.
+// Tried and dropped (bench/cpu_flash_bench.cpp, side by side): four rows per pass for GQA groups
+// of 4 (each f16 vector converted once; 18% fewer instructions than v5 in callgrind, yet 5-15%
+// slower than v5 when streaming), steps of eight keys (slower), the head-by-head order (slower),
+// three rows by two keys (within 16 registers where v5's 3 x 4 needs 17, but 7% more instructions
+// in callgrind and no gain side by side).
 
 // s[rb][u] = <q[rb], k[u]> for u < KU keys and RB rows, over len elements; each key vector is
 // loaded (and converted) once for all RB rows.
@@ -649,13 +651,7 @@ HWY_INLINE void DotsRK(const float* const* q, const T* const* k, std::int64_t le
       for (int u = 0; u < KU; ++u) acc[rb][u] = hn::MulAdd(qv, kv[u], acc[rb][u]);
     }
   }
-  if constexpr (RB == 4) {
-    for (int u = 0; u < KU; ++u) {
-      alignas(16) float t[4];
-      Sum4(acc[0][u], acc[1][u], acc[2][u], acc[3][u], t);
-      for (int rb = 0; rb < 4; ++rb) s[rb][u] = t[rb];
-    }
-  } else if constexpr (KU == 4) {
+  if constexpr (KU == 4) {
     for (int rb = 0; rb < RB; ++rb) Sum4(acc[rb][0], acc[rb][1], acc[rb][2], acc[rb][3], s[rb]);
   } else {
     for (int rb = 0; rb < RB; ++rb)
@@ -663,11 +659,9 @@ HWY_INLINE void DotsRK(const float* const* q, const T* const* k, std::int64_t le
   }
 }
 
-// Keys per step for RB rows: accumulators (RB x KU) + key vectors (KU) + one query vector within
-// the 16 vector registers of AVX2.
-// (RB = 3 takes two keys, not three, so that a step of kDecodeFusedStep keys splits evenly.)
+// Keys per dot step for RB rows (v5's four; four rows would take two).
 template <int RB>
-inline constexpr int kFusedKeys = RB >= 3 ? 2 : 4;
+inline constexpr int kFusedKeys = RB >= 4 ? 2 : 4;
 
 template <int RB, typename T>
 HWY_INLINE void FusedScores(const float* const* q, const T* const* k, std::int64_t len, std::int64_t nb,
@@ -685,40 +679,24 @@ HWY_INLINE void FusedScores(const float* const* q, const T* const* k, std::int64
   }
 }
 
-// The query rows of one KV head in groups of 4, then 3, 2, 1; rows of one group share the query
-// position (so their visible keys).
-template <typename F>
-HWY_INLINE void ForRowGroups4(const Ctx& c, const std::int64_t* a_i, const std::int64_t* e_i, F&& f) {
-  const std::int64_t G = c.G;
-  for (std::int64_t i = 0; i < c.sq; ++i) {
-    if (a_i[i] > e_i[i]) continue;
-    std::int64_t g = 0;
-    for (; g + 4 <= G; g += 4) f(i, i * G + g, std::integral_constant<int, 4>());
-    if (G - g == 3) f(i, i * G + g, std::integral_constant<int, 3>());
-    else if (G - g == 2) f(i, i * G + g, std::integral_constant<int, 2>());
-    else if (G - g == 1) f(i, i * G + g, std::integral_constant<int, 1>());
-  }
-}
-
-// One block in memory order, as v5: kDecodeFusedStep key rows across every KV head at a time for
-// the scores, the softmax of every row, then the same walk for P·V; K and V each prefetched `ahead`
-// keys in front of the walk as one forward stream per thread.
-template <typename T, std::int64_t kStep, bool kFour>
-void FusedBlockX(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i, const std::int64_t* e_i,
+// One block in memory order: kDecodeFusedStep key rows across every KV head at a time for the
+// scores, the softmax of every row, then the same walk for P·V; K and V each prefetched `ahead`
+// keys in front of the walk, a slice of a step's rows per head.
+template <typename T>
+void FusedBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i, const std::int64_t* e_i,
                 const std::int64_t* koff, const std::int64_t* voff, StreamPrefetcher& kpf, StreamPrefetcher& vpf,
                 std::int64_t ahead) {
   const T* kb = static_cast<const T*>(c.p->k.data);
   const T* vb = static_cast<const T*>(c.p->v.data);
+  constexpr std::int64_t kStep = kDecodeFusedStep;
   for (std::int64_t u0 = 0; u0 < nb; u0 += kStep) {
     const std::int64_t nk = std::min(kStep, nb - u0);
     for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
-      // The prefetches of a step are spread over its heads: a burst of a step's rows at once fills
-      // the miss queues and stalls the loads behind it.
       kpf.until(j0 + u0 + ahead + (kvh + 1) * nk / c.hkv);
       const T* k[kStep];
       for (std::int64_t u = 0; u < nk; ++u) k[u] = kb + koff[u0 + u] + kvh * c.khs;
       float* s_rows = c.s_all + kvh * c.R * kDecodeBlock;
-      auto fs = [&](std::int64_t, std::int64_t r, auto rb) {
+      ForRowGroups(c, a_i, e_i, [&](std::int64_t, std::int64_t r, auto rb) {
         constexpr int RB = decltype(rb)::value;
         const float* q[RB];
         float* s[RB];
@@ -727,19 +705,18 @@ void FusedBlockX(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a
           s[u] = s_rows + (r + u) * kDecodeBlock + u0;
         }
         FusedScores<RB>(q, k, c.D, nk, s);
-      };
-      if constexpr (kFour) ForRowGroups4(c, a_i, e_i, fs); else ForRowGroups(c, a_i, e_i, fs);
+      });
     }
   }
   for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) SoftmaxRows(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * c.R * kDecodeBlock);
   for (std::int64_t u0 = 0; u0 < nb; u0 += kStep) {
     const std::int64_t nk = std::min(kStep, nb - u0);
-    vpf.until(j0 + u0 + nk + ahead);
     for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
+      vpf.until(j0 + u0 + ahead + (kvh + 1) * nk / c.hkv);
       const T* v[kDecodeBlock];
       for (std::int64_t u = u0; u < u0 + nk; ++u) v[u] = vb + voff[u] + kvh * c.vhs;
       const float* s_rows = c.s_all + kvh * c.R * kDecodeBlock;
-      auto fp = [&](std::int64_t i, std::int64_t r, auto rb) {
+      ForRowGroups(c, a_i, e_i, [&](std::int64_t i, std::int64_t r, auto rb) {
         constexpr int RB = decltype(rb)::value;
         // Only the row's visible keys: a masked value may be NaN and must not be read.
         const std::int64_t a = std::max(a_i[i], u0), e = std::min(e_i[i], u0 + nk - 1);
@@ -751,22 +728,8 @@ void FusedBlockX(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a
           o[u] = c.acc + (kvh * c.R + r + u) * c.Dvp;
         }
         Pv<RB>(v, c.Dv, pr, a, e, o);
-      };
-      if constexpr (kFour) ForRowGroups4(c, a_i, e_i, fp); else ForRowGroups(c, a_i, e_i, fp);
+      });
     }
-  }
-}
-
-template <typename T>
-void FusedBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i, const std::int64_t* e_i,
-                const std::int64_t* koff, const std::int64_t* voff, StreamPrefetcher& kpf, StreamPrefetcher& vpf,
-                std::int64_t ahead) {
-  static const int variant = [] { const char* e = std::getenv("KALLPA_V6_EXP"); return e ? e[0] - 'a' : 0; }();
-  switch (variant) {
-    case 1: return FusedBlockX<T, 4, true>(c, j0, nb, a_i, e_i, koff, voff, kpf, vpf, ahead);
-    case 2: return FusedBlockX<T, 4, false>(c, j0, nb, a_i, e_i, koff, voff, kpf, vpf, ahead);
-    case 3: return FusedBlockX<T, 8, false>(c, j0, nb, a_i, e_i, koff, voff, kpf, vpf, ahead);
-    default: return FusedBlockX<T, 8, true>(c, j0, nb, a_i, e_i, koff, voff, kpf, vpf, ahead);
   }
 }
 
@@ -901,7 +864,7 @@ void RunDecodeTaskImpl(const ValidatedProblem& vp, const DecodePlan& plan, const
   std::int64_t a_i[kDecodeMaxRows], e_i[kDecodeMaxRows];
   const bool stream = direct && kernel == DecodeKernel::stream;
   const bool fused = direct && kernel == DecodeKernel::fused;
-  const std::int64_t fused_ahead = FusedPrefetchKeys();
+  const std::int64_t fused_ahead = StreamPrefetchKeys();
   StreamPrefetcher kstream, vstream;
   if (stream || fused) {
     kstream.init(c, p.k, true, t.k_begin, t.k_end);

@@ -138,13 +138,16 @@ inline constexpr std::int64_t kDecodeChunksTarget = 16;  // chunks for the whole
 // benchmark repeating one call on hot 4 MiB favours v4 (0.33 vs 0.43 ms, 32/8 D64).
 inline constexpr double kDecodeDirectMaxBytes = 1.0 * 1024 * 1024;
 inline constexpr DecodeKernel kDecodeAutoInCache = DecodeKernel::direct;
+// Beyond that, still v5. v6 (v5 with its prefetches spread over the heads of each step) was
+// 1.06-1.29x v5 side by side from DRAM for 32/8 D64 (256 MiB, 2 threads, five runs, a busy machine)
+// and 0.91-1.23x for 8/8 D128; SmolLM2's tg64 at 2048 tokens moved +-25% between side-by-side
+// pairs (kallpa bench model -d 2048). Not the default until measured on a quiet machine.
 inline constexpr DecodeKernel kDecodeAutoStreamed = DecodeKernel::stream;
 // v5: keys each stream (K, V) is prefetched ahead of its reader, into L2.
 inline constexpr std::int64_t kDecodeStreamPrefetchKeys = 16;
-// v6: keys per step of the walk over a block (across every KV head), and keys ahead of the walk
-// that K and V are prefetched.
-inline constexpr std::int64_t kDecodeFusedStep = 8;
-inline constexpr std::int64_t kDecodeFusedPrefetchKeys = 32;
+// v6: keys per step of the walk over a block (across every KV head); eight measured slower. Its
+// prefetch distance is v5's.
+inline constexpr std::int64_t kDecodeFusedStep = 4;
 
 struct DecodeTask {
   std::int32_t b = 0;
