@@ -1,0 +1,462 @@
+// cuda-flash kernels. Both compute, for one query row and the keys it sees,
+//   o = sum_j p_j v_j / sum_j p_j,  p_j = 2^(s_j log2(e) - m)
+// with the running maximum m kept per row (online softmax, f32), so a row's scores are never
+// materialised. Masked keys are never read: every load is limited to the visible key range, and
+// the tensor-core kernel zero-fills tile rows outside its block's visible range (a masked value's
+// weight is 0, but 0 * NaN is NaN).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "backends/cuda/flash_kernels.h"
+#include "backends/cuda/flash_plan.h"
+
+namespace kallpa::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+__device__ __forceinline__ float load_any(const void* base, std::int32_t dtype, std::int64_t i) {
+  switch (dtype) {
+    case kF16: return __half2float(static_cast<const __half*>(base)[i]);
+    case kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    default: return static_cast<const float*>(base)[i];
+  }
+}
+
+__device__ __forceinline__ void store_any(void* base, std::int32_t dtype, std::int64_t i, float x) {
+  switch (dtype) {
+    case kF16: static_cast<__half*>(base)[i] = __float2half_rn(x); break;
+    case kBF16: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x); break;
+    default: static_cast<float*>(base)[i] = x; break;
+  }
+}
+
+struct KeyRange {
+  std::int64_t first;
+  std::int64_t last;  // empty when first > last
+};
+
+// attention.h: query i of a sequence sits at key position i + Skv - Sq (bottom-right alignment).
+__device__ __forceinline__ KeyRange visible_keys(const FlashParams& p, std::int64_t i, std::int32_t sq,
+                                                 std::int32_t skv) {
+  const std::int64_t pos = i + skv - sq;
+  std::int64_t first = 0, last = std::int64_t{skv} - 1;
+  if (p.causal) last = min(last, pos);
+  if (p.window_left >= 0) first = max(first, pos - p.window_left);
+  if (p.window_right >= 0) last = min(last, pos + p.window_right);
+  return {first, last};
+}
+
+// Element offset of K (is_v false) or V row j of sequence b at KV head 0, dim 0.
+__device__ __forceinline__ std::int64_t kv_row(const FlashParams& p, const SeqMeta& m, int b, std::int64_t j,
+                                               bool is_v) {
+  if (p.paged) {
+    const std::int64_t block = p.block_table[b * p.table_stride + j / p.page_size];
+    const std::int64_t in_page = j % p.page_size;
+    return is_v ? block * p.v_bs + in_page * p.v_rs : block * p.k_bs + in_page * p.k_rs;
+  }
+  return is_v ? m.v + j * p.v_rs : m.k + j * p.k_rs;
+}
+
+// scale, then softcap, then ALiBi (attention.h's order); the result in log2 units.
+__device__ __forceinline__ float score_log2(const FlashParams& p, float dot, float slope, std::int64_t pos,
+                                            std::int64_t j) {
+  float s = dot * p.scale;
+  if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
+  if (slope != 0.0f) s -= slope * static_cast<float>(pos > j ? pos - j : j - pos);
+  return s * kLog2e;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+  for (int off = 16; off > 0; off /= 2) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, off));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(kFullMask, x, off);
+  return x;
+}
+
+// <q, k> for one key row, summed in order c = 0, 1, ..., D - 1 whichever way it is loaded: 16-byte
+// loads when the row allows them (unit stride, aligned), element loads otherwise.
+template <typename KV>
+__device__ __forceinline__ float dot_row(const float* qs, const KV* krow, int d, std::int64_t ds) {
+  constexpr int kPerLoad = 16 / static_cast<int>(sizeof(KV));
+  float dot = 0.0f;
+  if (ds == 1 && d % kPerLoad == 0 && (reinterpret_cast<std::uintptr_t>(krow) & 15) == 0) {
+    for (int c = 0; c < d; c += kPerLoad) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(krow + c);
+      const KV* e = reinterpret_cast<const KV*>(&raw);
+#pragma unroll
+      for (int t = 0; t < kPerLoad; ++t) dot = fmaf(qs[c + t], to_float(e[t]), dot);
+    }
+    return dot;
+  }
+  for (int c = 0; c < d; ++c) dot = fmaf(qs[c], to_float(krow[c * ds]), dot);
+  return dot;
+}
+
+// ---- generic kernel ---------------------------------------------------------------------------
+// One warp per (query row, query head), four per block; each lane scores one key of a 32-key chunk
+// (its own dot product over D), then the warp accumulates the chunk's values with lanes over Dv.
+// With num_splits > 1, blockIdx.y takes keys [y * keys_per_split, (y + 1) * keys_per_split) and
+// the unnormalised result goes to the partial buffers for flash_combine.
+template <typename KV>
+__global__ void __launch_bounds__(kGenericThreads) flash_generic(FlashParams p) {
+  extern __shared__ float generic_smem[];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int b = static_cast<int>(blockIdx.z);
+  const SeqMeta m = p.meta[b];
+  const std::int64_t task = static_cast<std::int64_t>(blockIdx.x) * kGenericWarps + warp;
+  const std::int64_t i = task / p.hq;
+  const int h = static_cast<int>(task % p.hq);
+  if (i >= m.sq) return;  // whole warp; no block-wide barrier follows
+  const int split = static_cast<int>(blockIdx.y);
+  const int hk = h / p.group;
+
+  float* qs = generic_smem + static_cast<std::int64_t>(warp) * (p.d + p.dv);
+  float* os = qs + p.d;
+  const std::int64_t q_off = m.q + i * p.q_rs + h * p.q_hs;
+  for (int c = lane; c < p.d; c += 32) qs[c] = load_any(p.q, p.q_dtype, q_off + c * p.q_ds);
+  for (int c = lane; c < p.dv; c += 32) os[c] = 0.0f;
+  __syncwarp();
+
+  KeyRange r = visible_keys(p, i, m.sq, m.skv);
+  if (p.num_splits > 1) {
+    r.first = max(r.first, static_cast<std::int64_t>(split) * p.keys_per_split);
+    r.last = min(r.last, static_cast<std::int64_t>(split + 1) * p.keys_per_split - 1);
+  }
+  const float slope = p.alibi != nullptr ? p.alibi[h] : 0.0f;
+  const std::int64_t pos = i + m.skv - m.sq;
+  const KV* kb = static_cast<const KV*>(p.k);
+  const KV* vb = static_cast<const KV*>(p.v);
+  float row_max = -INFINITY, row_sum = 0.0f;  // log2 units
+
+  for (std::int64_t c0 = r.first; c0 <= r.last; c0 += 32) {
+    const int n = static_cast<int>(min(std::int64_t{32}, r.last - c0 + 1));
+    float s = -INFINITY;
+    if (lane < n) {
+      const std::int64_t j = c0 + lane;
+      const KV* krow = kb + kv_row(p, m, b, j, false) + hk * p.k_hs;
+      s = score_log2(p, dot_row(qs, krow, p.d, p.k_ds), slope, pos, j);
+    }
+    const float new_max = fmaxf(row_max, warp_max(s));
+    // A row that has seen only -inf so far keeps weights 0 instead of exp(-inf - -inf) = NaN.
+    const float base = new_max == -INFINITY ? 0.0f : new_max;
+    const float alpha = exp2f(row_max - base);
+    const float pj = lane < n ? exp2f(s - base) : 0.0f;
+    row_sum = row_sum * alpha + warp_sum(pj);
+    row_max = new_max;
+    for (int c = lane; c < p.dv; c += 32) os[c] *= alpha;
+    for (int t = 0; t < n; ++t) {
+      const float pt = __shfl_sync(kFullMask, pj, t);
+      const KV* vrow = vb + kv_row(p, m, b, c0 + t, true) + hk * p.v_hs;
+      for (int c = lane; c < p.dv; c += 32) os[c] = fmaf(pt, to_float(vrow[c * p.v_ds]), os[c]);
+    }
+  }
+
+  if (p.num_splits > 1) {
+    const std::int64_t slot = (static_cast<std::int64_t>(split) * p.total_q + m.row0 + i) * p.hq + h;
+    for (int c = lane; c < p.dv; c += 32) p.part_o[slot * p.dv + c] = os[c];
+    if (lane == 0) {
+      p.part_m[slot] = row_max;
+      p.part_l[slot] = row_sum;
+    }
+    return;
+  }
+  const std::int64_t o_off = m.o + i * p.o_rs + h * p.o_hs;
+  for (int c = lane; c < p.dv; c += 32) {
+    store_any(p.o, p.o_dtype, o_off + c * p.o_ds, row_sum == 0.0f ? 0.0f : os[c] / row_sum);
+  }
+  if (p.lse != nullptr && lane == 0) {
+    p.lse[m.lse + h * p.lse_hs + i * p.lse_is] = row_sum == 0.0f ? -INFINITY : (row_max + log2f(row_sum)) * kLn2;
+  }
+}
+
+// Merges the splits of one (query row, head) per warp, with the generic kernel's task layout.
+__global__ void __launch_bounds__(kGenericThreads) flash_combine(FlashParams p) {
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int b = static_cast<int>(blockIdx.z);
+  const SeqMeta m = p.meta[b];
+  const std::int64_t task = static_cast<std::int64_t>(blockIdx.x) * kGenericWarps + warp;
+  const std::int64_t i = task / p.hq;
+  const int h = static_cast<int>(task % p.hq);
+  if (i >= m.sq) return;
+  const std::int64_t split_stride = p.total_q * p.hq;
+  const std::int64_t slot0 = (m.row0 + i) * p.hq + h;
+  float big = -INFINITY;
+  for (int s = 0; s < p.num_splits; ++s) big = fmaxf(big, p.part_m[slot0 + s * split_stride]);
+  const float base = big == -INFINITY ? 0.0f : big;
+  float total = 0.0f;
+  for (int s = 0; s < p.num_splits; ++s) {
+    const std::int64_t slot = slot0 + s * split_stride;
+    total += p.part_l[slot] * exp2f(p.part_m[slot] - base);
+  }
+  const std::int64_t o_off = m.o + i * p.o_rs + h * p.o_hs;
+  for (int c = lane; c < p.dv; c += 32) {
+    float acc = 0.0f;
+    for (int s = 0; s < p.num_splits; ++s) {
+      const std::int64_t slot = slot0 + s * split_stride;
+      acc = fmaf(p.part_o[slot * p.dv + c], exp2f(p.part_m[slot] - base), acc);
+    }
+    store_any(p.o, p.o_dtype, o_off + c * p.o_ds, total == 0.0f ? 0.0f : acc / total);
+  }
+  if (p.lse != nullptr && lane == 0) {
+    p.lse[m.lse + h * p.lse_hs + i * p.lse_is] = total == 0.0f ? -INFINITY : (big + log2f(total)) * kLn2;
+  }
+}
+
+// ---- tensor-core kernel -----------------------------------------------------------------------
+// FlashAttention-2's forward: a block of 4 warps owns 64 query rows of one (sequence, head); each
+// warp owns 16 of them and keeps their scores, running max/sum and output in registers in the
+// mma.m16n8k16 accumulator layout (PTX ISA, "Matrix Fragments for mma.m16n8k16"): lane = 4g + t
+// holds rows g and g + 8, columns 2t and 2t + 1 of each 8-column tile. The score accumulators of
+// two adjacent 8-key tiles are exactly the A operand of P.V for 16 keys, so P never leaves
+// registers. K tiles are staged row-major and V tiles transposed in shared memory, so every
+// operand register is one aligned 32-bit shared load.
+
+template <typename T>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ std::uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);  // .x (lo) in the low 16 bits
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ std::uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                          std::uint32_t b1);
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                                  std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const std::uint32_t (&a)[4],
+                                                         std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ std::uint32_t lds32(const void* p) { return *static_cast<const std::uint32_t*>(p); }
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kTcThreads) flash_tensor_core(FlashParams p) {
+  constexpr int BQ = kTcBlockQ, BK = kTcBlockK;
+  constexpr int QS = D + kTcPad;   // row pitch of the Q and K tiles (elements)
+  constexpr int VS = BK + kTcPad;  // row pitch of the transposed V tile
+  constexpr int CH = D / 8;        // 16-byte chunks per row
+  extern __shared__ __align__(16) unsigned char tc_smem[];
+  T* qs = reinterpret_cast<T*>(tc_smem);
+  T* ks = qs + BQ * QS;
+  T* vt = ks + BK * QS;
+
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  const int b = static_cast<int>(blockIdx.z), h = static_cast<int>(blockIdx.y);
+  const SeqMeta m = p.meta[b];
+  // Causal rows at the bottom see the most keys: schedule them first.
+  const std::int64_t q0 = static_cast<std::int64_t>(gridDim.x - 1 - blockIdx.x) * BQ;
+  if (q0 >= m.sq) return;  // uniform over the block
+  const int hk = h / p.group;
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+
+  for (int idx = tid; idx < BQ * CH; idx += kTcThreads) {
+    const int r = idx / CH, c = idx % CH;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (q0 + r < m.sq) val = *reinterpret_cast<const uint4*>(q + m.q + (q0 + r) * p.q_rs + h * p.q_hs + c * 8);
+    *reinterpret_cast<uint4*>(qs + r * QS + c * 8) = val;
+  }
+  __syncthreads();
+  const int row_a = warp * 16 + g;  // this lane's rows in the tile: row_a and row_a + 8
+  std::uint32_t qf[D / 16][4];
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const T* base = qs + row_a * QS + kk * 16 + t4 * 2;
+    qf[kk][0] = lds32(base);
+    qf[kk][1] = lds32(base + 8 * QS);
+    qf[kk][2] = lds32(base + 8);
+    qf[kk][3] = lds32(base + 8 * QS + 8);
+  }
+
+  const std::int64_t q_last = min(q0 + BQ, std::int64_t{m.sq}) - 1;
+  const std::int64_t k_first = visible_keys(p, q0, m.sq, m.skv).first;  // both bounds grow with i
+  const std::int64_t k_last = visible_keys(p, q_last, m.sq, m.skv).last;
+  std::int64_t row_i[2];
+  KeyRange row_keys[2];
+  std::int64_t row_pos[2];
+  for (int rr = 0; rr < 2; ++rr) {
+    row_i[rr] = q0 + row_a + rr * 8;
+    row_keys[rr] = visible_keys(p, row_i[rr], m.sq, m.skv);
+    row_pos[rr] = row_i[rr] + m.skv - m.sq;
+  }
+  const float slope = p.alibi != nullptr ? p.alibi[h] : 0.0f;
+
+  float acc[D / 8][4];
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // row_sum: this lane's part
+
+  for (std::int64_t k0 = k_first / BK * BK; k0 <= k_last; k0 += BK) {
+    __syncthreads();  // the previous tile's readers are done
+    for (int idx = tid; idx < BK * CH; idx += kTcThreads) {
+      const int r = idx / CH, c = idx % CH;
+      const std::int64_t j = k0 + r;
+      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+      if (j >= k_first && j <= k_last) {
+        kv = *reinterpret_cast<const uint4*>(k + kv_row(p, m, b, j, false) + hk * p.k_hs + c * 8);
+        vv = *reinterpret_cast<const uint4*>(v + kv_row(p, m, b, j, true) + hk * p.v_hs + c * 8);
+      }
+      *reinterpret_cast<uint4*>(ks + r * QS + c * 8) = kv;
+      const T* ve = reinterpret_cast<const T*>(&vv);
+      for (int e = 0; e < 8; ++e) vt[(c * 8 + e) * VS + r] = ve[e];
+    }
+    __syncthreads();
+
+    float s[BK / 8][4];
+    for (int n = 0; n < BK / 8; ++n) {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+      const T* kb = ks + (n * 8 + g) * QS + t4 * 2;
+      for (int kk = 0; kk < D / 16; ++kk) mma_16816<T>(s[n], qf[kk], lds32(kb + kk * 16), lds32(kb + kk * 16 + 8));
+    }
+
+    float tile_max[2] = {-INFINITY, -INFINITY};
+    for (int n = 0; n < BK / 8; ++n) {
+      for (int e = 0; e < 4; ++e) {
+        const int rr = e / 2;
+        const std::int64_t j = k0 + n * 8 + t4 * 2 + (e & 1);
+        const bool seen = j >= row_keys[rr].first && j <= row_keys[rr].last;
+        s[n][e] = seen ? score_log2(p, s[n][e], slope, row_pos[rr], j) : -INFINITY;
+        tile_max[rr] = fmaxf(tile_max[rr], s[n][e]);
+      }
+    }
+    float base[2];
+    for (int rr = 0; rr < 2; ++rr) {
+      // The four lanes of a quad hold one row between them.
+      tile_max[rr] = fmaxf(tile_max[rr], __shfl_xor_sync(kFullMask, tile_max[rr], 1));
+      tile_max[rr] = fmaxf(tile_max[rr], __shfl_xor_sync(kFullMask, tile_max[rr], 2));
+      const float new_max = fmaxf(row_max[rr], tile_max[rr]);
+      base[rr] = new_max == -INFINITY ? 0.0f : new_max;
+      const float alpha = exp2f(row_max[rr] - base[rr]);
+      row_max[rr] = new_max;
+      row_sum[rr] *= alpha;
+      for (int n = 0; n < D / 8; ++n) {
+        acc[n][2 * rr] *= alpha;
+        acc[n][2 * rr + 1] *= alpha;
+      }
+    }
+    for (int n = 0; n < BK / 8; ++n) {
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = exp2f(s[n][e] - base[e / 2]);
+        row_sum[e / 2] += s[n][e];
+      }
+    }
+
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      const std::uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                                  pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                  pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      for (int n = 0; n < D / 8; ++n) {
+        const T* vb = vt + (n * 8 + g) * VS + kk * 16 + t4 * 2;
+        mma_16816<T>(acc[n], a, lds32(vb), lds32(vb + 8));
+      }
+    }
+  }
+
+  T* o = static_cast<T*>(p.o);
+  for (int rr = 0; rr < 2; ++rr) {
+    float total = row_sum[rr];
+    total += __shfl_xor_sync(kFullMask, total, 1);
+    total += __shfl_xor_sync(kFullMask, total, 2);
+    if (row_i[rr] >= m.sq) continue;
+    const std::int64_t o_off = m.o + row_i[rr] * p.o_rs + h * p.o_hs;
+    for (int n = 0; n < D / 8; ++n) {
+      for (int e = 0; e < 2; ++e) {
+        const float val = total == 0.0f ? 0.0f : acc[n][2 * rr + e] / total;
+        o[o_off + n * 8 + t4 * 2 + e] = static_cast<T>(val);
+      }
+    }
+    if (p.lse != nullptr && t4 == 0) {
+      p.lse[m.lse + h * p.lse_hs + row_i[rr] * p.lse_is] =
+          total == 0.0f ? -INFINITY : (row_max[rr] + log2f(total)) * kLn2;
+    }
+  }
+}
+
+template <typename T, int D>
+cudaError_t launch_tc(const FlashParams& p, cudaStream_t stream) {
+  const std::size_t smem = tensor_core_smem_bytes(D);
+  // Above 48 KiB a kernel must opt in; cheap enough to repeat per launch.
+  if (const cudaError_t e = cudaFuncSetAttribute(flash_tensor_core<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem));
+      e != cudaSuccess) {
+    return e;
+  }
+  const LaunchShape s = tensor_core_launch(p);
+  flash_tensor_core<T, D><<<dim3(s.grid[0], s.grid[1], s.grid[2]), dim3(s.block), smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_flash_tensor_core(const FlashParams& p, cudaStream_t stream) {
+  const bool bf16 = p.q_dtype == kBF16;
+  if (p.d == 64) return bf16 ? launch_tc<__nv_bfloat16, 64>(p, stream) : launch_tc<__half, 64>(p, stream);
+  return bf16 ? launch_tc<__nv_bfloat16, 128>(p, stream) : launch_tc<__half, 128>(p, stream);
+}
+
+cudaError_t launch_flash_generic(const FlashParams& p, cudaStream_t stream) {
+  const LaunchShape s = generic_launch(p);
+  const dim3 grid(s.grid[0], s.grid[1], s.grid[2]);
+  if (s.smem_bytes > 48 * 1024) {  // large head dims: opt in to the device's larger limit
+    cudaError_t e = cudaSuccess;
+    switch (p.kv_dtype) {
+      case kF16: e = cudaFuncSetAttribute(flash_generic<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(s.smem_bytes)); break;
+      case kBF16: e = cudaFuncSetAttribute(flash_generic<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(s.smem_bytes)); break;
+      default: e = cudaFuncSetAttribute(flash_generic<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(s.smem_bytes)); break;
+    }
+    if (e != cudaSuccess) return e;
+  }
+  switch (p.kv_dtype) {
+    case kF16:
+      flash_generic<__half><<<grid, dim3(s.block), s.smem_bytes, stream>>>(p);
+      break;
+    case kBF16:
+      flash_generic<__nv_bfloat16><<<grid, dim3(s.block), s.smem_bytes, stream>>>(p);
+      break;
+    default:
+      flash_generic<float><<<grid, dim3(s.block), s.smem_bytes, stream>>>(p);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_flash_combine(const FlashParams& p, cudaStream_t stream) {
+  LaunchShape s = generic_launch(p);
+  s.grid[1] = 1;
+  flash_combine<<<dim3(s.grid[0], s.grid[1], s.grid[2]), dim3(s.block), 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace kallpa::cuda

@@ -1,0 +1,136 @@
+#include "backends/cuda/flash_plan.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace kallpa::cuda {
+namespace {
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) noexcept { return (a + b - 1) / b; }
+
+std::string_view code_name(std::int32_t dtype) noexcept {
+  switch (dtype) {
+    case kF16: return "f16";
+    case kBF16: return "bf16";
+    default: return "f32";
+  }
+}
+
+unsigned clamp_unsigned(std::int64_t v) noexcept {
+  return static_cast<unsigned>(std::clamp<std::int64_t>(v, 1, 0xffffffffLL));
+}
+
+}  // namespace
+
+std::size_t tensor_core_smem_bytes(int head_dim) noexcept {
+  const auto d = static_cast<std::size_t>(head_dim);
+  // Q and K tiles row-major, V transposed; 2-byte elements.
+  return 2 * (static_cast<std::size_t>(kTcBlockQ) * (d + kTcPad) + static_cast<std::size_t>(kTcBlockK) * (d + kTcPad) +
+              d * (kTcBlockK + kTcPad));
+}
+
+std::size_t generic_smem_bytes(int head_dim, int head_dim_v) noexcept {
+  return static_cast<std::size_t>(kGenericWarps) * static_cast<std::size_t>(head_dim + head_dim_v) * sizeof(float);
+}
+
+std::string tensor_core_refusal(const FlashParams& p, const std::vector<SeqMeta>& meta) {
+  if (p.q_dtype != p.kv_dtype || p.q_dtype != p.o_dtype || p.q_dtype == kF32) {
+    return fmt::format("q/kv/o dtypes are {}/{}/{}; the tensor-core kernel takes f16 or bf16 for all of them",
+                       code_name(p.q_dtype), code_name(p.kv_dtype), code_name(p.o_dtype));
+  }
+  if (p.d != p.dv || (p.d != 64 && p.d != 128)) {
+    return fmt::format("head dims {}/{}; the tensor-core kernel has D = Dv = 64 or 128", p.d, p.dv);
+  }
+  if (p.q_ds != 1 || p.k_ds != 1 || p.v_ds != 1 || p.o_ds != 1) {
+    return "a view is strided along the head dim; the tensor-core kernel needs unit stride there";
+  }
+  const auto misaligned_ptr = [](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0; };
+  if (misaligned_ptr(p.q) || misaligned_ptr(p.k) || misaligned_ptr(p.v)) {
+    return "q, k or v does not start on a 16-byte boundary (the tensor-core kernel loads 8 elements at once)";
+  }
+  for (std::int64_t s : {p.q_rs, p.q_hs, p.k_rs, p.k_hs, p.k_bs, p.v_rs, p.v_hs, p.v_bs}) {
+    if (s % 8 != 0) return fmt::format("a q/k/v stride of {} elements is not a multiple of 8 (16 bytes)", s);
+  }
+  for (const SeqMeta& m : meta) {
+    if (m.q % 8 != 0 || m.k % 8 != 0 || m.v % 8 != 0) {
+      return "a sequence's q/k/v rows do not start on a 16-byte boundary";
+    }
+  }
+  if (p.max_sq < kTcMinRows) {
+    return fmt::format("at most {} query rows per sequence; below {} the split-KV generic kernel is used", p.max_sq,
+                       kTcMinRows);
+  }
+  return {};
+}
+
+LaunchShape tensor_core_launch(const FlashParams& p) noexcept {
+  LaunchShape s;
+  s.grid[0] = clamp_unsigned(ceil_div(p.max_sq, kTcBlockQ));
+  s.grid[1] = clamp_unsigned(p.hq);
+  s.grid[2] = clamp_unsigned(p.batch);
+  s.block = kTcThreads;
+  s.smem_bytes = tensor_core_smem_bytes(p.d);
+  return s;
+}
+
+LaunchShape generic_launch(const FlashParams& p) noexcept {
+  LaunchShape s;
+  s.grid[0] = clamp_unsigned(ceil_div(std::int64_t{p.max_sq} * p.hq, kGenericWarps));
+  s.grid[1] = clamp_unsigned(p.num_splits);
+  s.grid[2] = clamp_unsigned(p.batch);
+  s.block = kGenericThreads;
+  s.smem_bytes = generic_smem_bytes(p.d, p.dv);
+  return s;
+}
+
+SplitPlan plan_splits(std::int64_t blocks_without_split, std::int64_t max_seqlen_k, int sm_count,
+                      std::int64_t max_splits) noexcept {
+  SplitPlan plan;
+  const std::int64_t target = kSplitBlocksPerSm * std::int64_t{std::max(sm_count, 1)};
+  if (blocks_without_split <= 0 || blocks_without_split >= target || max_seqlen_k < 2 * kMinKeysPerSplit) {
+    return plan;
+  }
+  std::int64_t splits = std::min({ceil_div(target, blocks_without_split), max_seqlen_k / kMinKeysPerSplit,
+                                  std::min<std::int64_t>(max_splits, kMaxSplits)});
+  if (splits <= 1) return plan;
+  const std::int64_t keys = ceil_div(ceil_div(max_seqlen_k, splits), 32) * 32;
+  splits = ceil_div(max_seqlen_k, keys);  // rounding the chunk up may leave the last split empty
+  if (splits <= 1) return plan;
+  plan.splits = static_cast<int>(splits);
+  plan.keys_per_split = static_cast<int>(keys);
+  return plan;
+}
+
+std::string grid_refusal(const LaunchShape& shape) {
+  if (shape.grid[0] > 0x7fffffffu) return fmt::format("grid x of {} is over CUDA's 2^31 - 1", shape.grid[0]);
+  if (shape.grid[1] > 65535u) return fmt::format("grid y of {} (query heads or KV splits) is over CUDA's 65535", shape.grid[1]);
+  if (shape.grid[2] > 65535u) return fmt::format("a batch of {} sequences is over CUDA's grid limit of 65535", shape.grid[2]);
+  return {};
+}
+
+}  // namespace kallpa::cuda
+
+// ---- supports() ---------------------------------------------------------------------------------
+#include "backends/cuda/flash_support.h"
+
+namespace kallpa::cuda {
+
+Support flash_support(const ProblemSignature& sig, const DeviceFacts* device, std::string_view unavailable) {
+  if (device == nullptr) return Support::no(std::string(unavailable));
+  if (sig.device.kind != DeviceKind::cuda || sig.device.index != device->index) {
+    return Support::no(fmt::format("the tensors are on {}; cuda-flash runs on cuda:{} ('{}'): put them there "
+                                   "through its device_memory()",
+                                   sig.device.to_string(), device->index, device->name));
+  }
+  // Every dtype, layout, mask and head dim has the generic kernel; its only limit is shared memory
+  // for one q row and one output row per warp.
+  const std::size_t need = generic_smem_bytes(sig.head_dim, sig.head_dim_v);
+  if (need > device->smem_per_block_optin) {
+    return Support::no(fmt::format("head dims {}/{} need {} bytes of shared memory per block; '{}' allows {}",
+                                   sig.head_dim, sig.head_dim_v, need, device->name, device->smem_per_block_optin));
+  }
+  return Support::yes();
+}
+
+}  // namespace kallpa::cuda

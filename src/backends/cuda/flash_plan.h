@@ -1,0 +1,84 @@
+// cuda-flash's host-side planning as pure functions (no CUDA calls), shared by the kernels'
+// launchers and the backend and unit-tested on machines without a GPU: which kernel a problem
+// qualifies for, how many KV splits a decode gets, and the launch shapes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/flash_params.h"
+
+namespace kallpa::cuda {
+
+// The tensor-core kernel: 4 warps, 64 query rows x 64 keys per step; rows of its shared-memory
+// tiles are padded by 8 elements so that the quad-strided fragment loads hit distinct banks.
+inline constexpr int kTcThreads = 128;
+inline constexpr int kTcBlockQ = 64;
+inline constexpr int kTcBlockK = 64;
+inline constexpr int kTcPad = 8;
+// Below this many query rows a 64-row tile is mostly empty; the generic kernel with split-KV wins.
+inline constexpr std::int64_t kTcMinRows = 16;
+
+// The generic kernel: one warp per (query row, head), 4 per block.
+inline constexpr int kGenericWarps = 4;
+inline constexpr int kGenericThreads = 32 * kGenericWarps;
+// A split of the KV sequence is worth its partial result and merge only above this many keys.
+inline constexpr std::int64_t kMinKeysPerSplit = 256;
+inline constexpr int kMaxSplits = 128;
+// Decode is bound by memory latency: a multiprocessor needs several 4-warp blocks in flight.
+inline constexpr int kSplitBlocksPerSm = 8;
+
+// What the planner needs to know of the device (cudaDeviceProp, read once).
+struct DeviceFacts {
+  int index = 0;
+  std::string name;
+  int sm_count = 1;
+  int cc_major = 0;
+  int cc_minor = 0;
+  std::size_t smem_per_block_optin = 48 * 1024;  // cudaDevAttrMaxSharedMemoryPerBlockOptin
+};
+
+struct LaunchShape {
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block = 1;
+  std::size_t smem_bytes = 0;
+};
+
+std::size_t tensor_core_smem_bytes(int head_dim) noexcept;
+std::size_t generic_smem_bytes(int head_dim, int head_dim_v) noexcept;
+
+// Empty when p (with its per-sequence geometry) can take the tensor-core kernel, else why not.
+std::string tensor_core_refusal(const FlashParams& p, const std::vector<SeqMeta>& meta);
+
+// x: query tiles (64 rows) of the longest sequence, y: query heads, z: sequences.
+LaunchShape tensor_core_launch(const FlashParams& p) noexcept;
+// x: (query row, head) pairs of the longest sequence / 4, y: KV splits, z: sequences.
+LaunchShape generic_launch(const FlashParams& p) noexcept;
+
+struct SplitPlan {
+  int splits = 1;
+  int keys_per_split = 0;  // multiple of 32; 0 when splits == 1
+};
+// About kSplitBlocksPerSm blocks per multiprocessor: when the query rows alone give fewer, the KV
+// sequence is split (each split at least kMinKeysPerSplit keys).
+// `max_splits` caps the partial results' memory (the caller's budget); at most kMaxSplits.
+SplitPlan plan_splits(std::int64_t blocks_without_split, std::int64_t max_seqlen_k, int sm_count,
+                      std::int64_t max_splits = kMaxSplits) noexcept;
+// Device memory the split partials are allowed (part_o, part_m, part_l together).
+inline constexpr std::size_t kSplitScratchBudget = std::size_t{256} << 20;
+
+// How many times cuda-flash launched each kernel in this process (so tests can tell which path a
+// problem took). Defined beside the backend.
+struct LaunchCounts {
+  std::uint64_t tensor_core = 0;
+  std::uint64_t generic = 0;
+  std::uint64_t split_kv = 0;  // generic launches with num_splits > 1 (each followed by a combine)
+};
+LaunchCounts launch_counts() noexcept;
+
+// Empty when the grid fits CUDA's limits (y and z at most 65535, x below 2^31), else why not.
+std::string grid_refusal(const LaunchShape& shape);
+
+}  // namespace kallpa::cuda

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# One-shot check of kallpa's CUDA path on a machine with an NVIDIA GPU (made for an H200; any sm_80+
+# works): build (Release, CUDA on, for this GPU's architecture), nvidia-smi, the CUDA tests and the
+# conformance matrix for cuda-flash and cudnn, `kallpa bench attention` for both on prefill and
+# decode shapes, PyTorch SDPA (flash and cuDNN backends) on the same shapes when torch imports, and
+# the engine's golden test on the GPU when the engine has a device option. Writes one JSON
+# ($OUT/gpu-check.json, else ./gpu-check-out/) and prints a table with ratios. Every step is under
+# `timeout`; the whole run is sized for 8 minutes. Exit status: 0 when every step that ran passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR=${OUT:-./gpu-check-out}
+mkdir -p "$OUT_DIR"
+BUILD=${KALLPA_GPU_BUILD_DIR:-build-gpu}
+JOBS=$(nproc)
+failures=()
+step() { echo; echo "== $* ($(date -u +%T))"; }
+record() {  # record NAME RC: remember failed steps (rc 77 = skipped)
+  if [[ $2 -ne 0 && $2 -ne 77 ]]; then failures+=("$1 (exit $2)"); fi
+  echo "$1: exit $2" >> "$OUT_DIR/steps.txt"
+}
+: > "$OUT_DIR/steps.txt"
+
+step "nvidia-smi"
+timeout 30 nvidia-smi 2>&1 | tee "$OUT_DIR/nvidia-smi.txt"
+record nvidia-smi "${PIPESTATUS[0]}"
+
+step "configure + build ($BUILD, Release, CUDA for the local GPU, -j$JOBS)"
+NVCC=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+cudnn_args=()
+# No cuDNN headers in the toolkit or the system: use the one PyTorch's wheels bring, if any.
+if [[ ! -e /usr/local/cuda/include/cudnn_graph.h && ! -e /usr/include/cudnn_graph.h ]]; then
+  cudnn_dir=$(timeout 60 python3 -c "import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__) if nvidia.cudnn.__file__ else list(nvidia.cudnn.__path__)[0])" 2>/dev/null)
+  if [[ -n "$cudnn_dir" && -e "$cudnn_dir/include/cudnn_graph.h" && -e "$cudnn_dir/lib/libcudnn.so.9" ]]; then
+    echo "cuDNN from PyTorch's wheel: $cudnn_dir"
+    cudnn_args=(-DKALLPA_CUDNN_INCLUDE_DIR="$cudnn_dir/include" -DKALLPA_CUDNN_LIBRARY="$cudnn_dir/lib/libcudnn.so.9")
+    export LD_LIBRARY_PATH="$cudnn_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+fi
+timeout 90 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKALLPA_WITH_CUDA=ON -DKALLPA_BUILD_BENCH=OFF \
+  -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=native "${cudnn_args[@]}" > "$OUT_DIR/configure.txt" 2>&1
+rc=$?; record configure $rc; grep -E "kallpa:" "$OUT_DIR/configure.txt"
+if [[ $rc -ne 0 ]]; then
+  tail -30 "$OUT_DIR/configure.txt"
+  echo "configure failed. kallpa needs the Debian packages of scripts/setup.sh (KALLPA_APT_PACKAGES: fmt, spdlog,"
+  echo "nlohmann-json, CLI11, GoogleTest, Highway, OpenBLAS, PCRE2, ...); a bare GPU image lacks them."
+  exit 1
+fi
+start=$(date +%s)
+timeout 300 cmake --build "$BUILD" -j"$JOBS" --target kallpa kallpa_tests > "$OUT_DIR/build.txt" 2>&1
+rc=$?; record build $rc
+echo "build: exit $rc in $(( $(date +%s) - start )) s"
+if [[ $rc -ne 0 ]]; then grep -E "error|Error" "$OUT_DIR/build.txt" | head -30; echo "build failed"; exit 1; fi
+KALLPA="$BUILD/tools/kallpa/kallpa"
+
+step "kallpa backends"
+timeout 60 "$KALLPA" backends 2>&1 | tee "$OUT_DIR/backends.txt"
+record backends "${PIPESTATUS[0]}"
+
+step "CUDA tests and the conformance matrix for cuda-flash and cudnn"
+timeout 240 "$BUILD/tests/kallpa_tests" \
+  --gtest_filter='Cuda*:Cudnn*:Conformance/ConformanceBackend.PassesFullMatrix/cuda_flash:Conformance/ConformanceBackend.PassesFullMatrix/cudnn' \
+  > "$OUT_DIR/tests.txt" 2>&1
+rc=$?; record tests $rc
+grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|cuda_flash|cudnn: |Failure|skipped [0-9]+ case" "$OUT_DIR/tests.txt" | head -60
+
+# Prefill: bf16, causal, D=128, Sq=Skv 4k-16k with Llama-3-8B's heads (32 query, 8 KV); the same
+# non-causal (cudnn's single-operation SDPA has no causal mask); decode: one query per sequence,
+# 8 sequences over 32k keys (1 GiB of K/V per call: HBM-bound).
+PREFILL=()
+for n in 4096 8192 16384; do
+  PREFILL+=("b=1,sq=$n,skv=$n,hq=32,hkv=8,d=128,dtype=bf16,causal" "b=1,sq=$n,skv=$n,hq=32,hkv=8,d=128,dtype=bf16")
+done
+DECODE=("b=8,sq=1,skv=32768,hq=32,hkv=8,d=128,dtype=bf16")
+spec_args=()
+for s in "${PREFILL[@]}" "${DECODE[@]}"; do spec_args+=(--spec "$s"); done
+
+step "kallpa bench attention -b cuda-flash,cudnn"
+timeout 150 "$KALLPA" bench attention -b cuda-flash,cudnn "${spec_args[@]}" --min-time 0.2 --json \
+  > "$OUT_DIR/kallpa-bench.json" 2> "$OUT_DIR/kallpa-bench.log"
+rc=$?; record kallpa-bench $rc; tail -5 "$OUT_DIR/kallpa-bench.log"
+
+step "PyTorch SDPA (flash, cuDNN) on the same shapes"
+PY=${KALLPA_PYTHON:-python3}
+if [[ -x .venv/bin/python3 ]] && .venv/bin/python3 -c "import torch" 2>/dev/null; then PY=.venv/bin/python3; fi
+if command -v "$PY" > /dev/null && timeout 60 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  timeout 150 "$PY" tools/torch_sdpa_bench.py --out "$OUT_DIR/torch-sdpa.json" --min-time 0.2 "${PREFILL[@]}" "${DECODE[@]}"
+  record torch-sdpa $?
+else
+  echo "skipped: python3 with a CUDA-enabled torch is not importable"
+  record torch-sdpa 77
+fi
+
+step "engine golden test on the GPU"
+if timeout 30 "$KALLPA" generate --help 2>/dev/null | grep -q -- "--device"; then
+  if ls models/*.gguf > /dev/null 2>&1; then
+    timeout 120 "$KALLPA" generate --device cuda --chat -p "What is the capital of France?" --temp 0 -n 32 \
+      > "$OUT_DIR/golden-gpu.txt" 2>&1
+    rc=$?; record golden-gpu $rc; cat "$OUT_DIR/golden-gpu.txt"
+    timeout 120 "$KALLPA" generate --chat -p "What is the capital of France?" --temp 0 -n 32 > "$OUT_DIR/golden-cpu.txt" 2>&1
+    if cmp -s "$OUT_DIR/golden-gpu.txt" "$OUT_DIR/golden-cpu.txt"; then echo "GPU text == CPU text"; else
+      echo "GPU text differs from CPU text (see $OUT_DIR/golden-*.txt)"; fi
+  else
+    echo "skipped: no model in models/ (scripts/fetch_model.sh fetches it)"; record golden-gpu 77
+  fi
+else
+  echo "skipped: 'kallpa generate' has no --device option yet (the engine runs on the CPU only)"
+  record golden-gpu 77
+fi
+
+step "summary"
+"${PY:-python3}" - "$OUT_DIR" <<'PYEOF'
+import json, os, sys
+out = sys.argv[1]
+def load(name, key=None):
+    try:
+        with open(os.path.join(out, name)) as f:
+            data = json.load(f)
+        return data.get(key, []) if key else data
+    except (OSError, ValueError):
+        return [] if key or name.endswith("bench.json") else {}
+kallpa = load("kallpa-bench.json")
+torch_doc = load("torch-sdpa.json")
+rows = kallpa + (torch_doc.get("rows", []) if isinstance(torch_doc, dict) else [])
+def canonical(shape):  # kallpa prints its canonical spec; compare as sets of key=value items
+    return ",".join(sorted(shape.split(",")))
+table, label = {}, {}
+for r in rows:
+    table.setdefault(canonical(r["shape"]), {})[r["backend"]] = r
+    label.setdefault(canonical(r["shape"]), r["shape"])
+names = ["cuda-flash", "cudnn", "torch-flash", "torch-cudnn"]
+print(f"{'shape':58s} " + " ".join(f"{n:>12s}" for n in names) + "  flash/torch-flash  flash/cudnn")
+for shape, by in table.items():
+    decode = any(r.get("decode") for r in by.values())
+    unit = "GB/s" if decode else "TFLOP/s"
+    def val(n):
+        r = by.get(n)
+        if not r or not r.get("ran"):
+            return None
+        return r["gbps"] if decode else r["gflops"] / 1e3
+    cells = [val(n) for n in names]
+    ratio = lambda a, b: f"{a / b:6.2f}" if a and b else "     -"
+    best_cudnn = max([c for c in (cells[1], cells[3]) if c] or [0]) or None
+    print(f"{label[shape]:58s} " + " ".join(f"{c:12.1f}" if c else f"{'-':>12s}" for c in cells) +
+          f"  {ratio(cells[0], cells[2]):>17s}  {ratio(cells[0], best_cudnn):>11s}  ({unit})")
+notes = [f"{r['backend']} on {r['shape']}: {r.get('note')}" for r in rows if not r.get("ran")]
+for n in notes:
+    print("not run:", n)
+steps = open(os.path.join(out, "steps.txt")).read().split("\n")
+doc = {"steps": [s for s in steps if s], "kallpa_bench": kallpa, "torch_sdpa": torch_doc,
+       "tests_tail": open(os.path.join(out, "tests.txt")).read()[-4000:] if os.path.exists(os.path.join(out, "tests.txt")) else "",
+       "nvidia_smi": open(os.path.join(out, "nvidia-smi.txt")).read() if os.path.exists(os.path.join(out, "nvidia-smi.txt")) else ""}
+with open(os.path.join(out, "gpu-check.json"), "w") as f:
+    json.dump(doc, f, indent=2)
+print(f"wrote {os.path.join(out, 'gpu-check.json')}")
+PYEOF
+record summary $?
+
+echo
+if [[ ${#failures[@]} -gt 0 ]]; then
+  echo "FAILED steps: ${failures[*]}"
+  exit 1
+fi
+echo "every step that ran passed"
