@@ -200,6 +200,8 @@ inline void widen_block(const std::byte* qs, __m256i& w0, __m256i& w1) {
   }
 }
 
+constexpr std::size_t kPrefetchBytes = 16384;
+
 // One tile: NW weight rows x NX activation rows; per block and pair two madds (exact int32 lanes),
 // one convert and one FMA with d_w * d_x; the constant term like tile_q.
 template <GgmlType T, WeightLayout L, int NW, int NX>
@@ -213,6 +215,15 @@ void tile_q16(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const 
     macc[x] = _mm_setzero_ps();
   }
   for (std::int64_t b = 0; b < nb; ++b) {
+    if constexpr (L == WeightLayout::rows4 && NW == 4 && NX == 1) {
+      // Decode streams every weight once per token from DRAM, in tasks of a few KiB that the
+      // hardware prefetcher barely ramps up on. Asking 16 KiB ahead in the group stream (into
+      // the next task, whichever core takes it: it lands in the shared L3 at least) took SmolLM2's
+      // tg128 from 82-102 to 91-122 tok/s in 7 interleaved pairs of runs (4, 8 and 32 KiB: less).
+      _mm_prefetch(reinterpret_cast<const char*>(w + static_cast<std::size_t>(r0) * row_bytes +
+                                                 static_cast<std::size_t>(b) * 4 * block_geom(T).bytes + kPrefetchBytes),
+                   _MM_HINT_T0);
+    }
     alignas(16) float d[4] = {}, m[4] = {};
     load_scales<T, L, NW>(w, row_bytes, r0, b, d, m);
     const __m128 d4 = _mm_load_ps(d);
