@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 
 #include "kallpa/attention.h"
@@ -56,6 +57,10 @@ class DeviceMemory {
   // Waits for everything queued on the device; reports an asynchronous failure, if any.
   virtual Status synchronize() noexcept = 0;
 };
+
+// Byte range [low, high) a view's elements cover, relative to its data pointer (low < 0 with
+// negative strides); {0, 0} for an empty view. What an allocation must hold around the pointer.
+std::pair<std::int64_t, std::int64_t> view_byte_extent(const TensorView& t) noexcept;
 
 // One allocation, freed on destruction.
 class DeviceBuffer {

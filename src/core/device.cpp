@@ -36,26 +36,29 @@ void DeviceBuffer::reset() noexcept {
 
 namespace {
 
-// Byte extent [lowest, highest + element) of a view relative to its data pointer; empty views
-// have none.
 struct Extent {
   std::int64_t low = 0;
   std::int64_t high = 0;  // one past the last byte
 };
 
 Extent extent_of(const TensorView& t) noexcept {
+  const auto [low, high] = view_byte_extent(t);
+  return {low, high};
+}
+
+}  // namespace
+
+std::pair<std::int64_t, std::int64_t> view_byte_extent(const TensorView& t) noexcept {
   std::int64_t low = 0, high = 0;
   for (int d = 0; d < t.rank; ++d) {
     const auto u = static_cast<std::size_t>(d);
-    if (t.shape[u] == 0) return {};
+    if (t.shape[u] == 0) return {0, 0};
     const std::int64_t reach = (t.shape[u] - 1) * t.stride[u];
     (reach < 0 ? low : high) += reach;
   }
   const auto esize = static_cast<std::int64_t>(dtype_size(t.dtype));
   return {low * esize, (high + 1) * esize};
 }
-
-}  // namespace
 
 Result<StagedProblem> StagedProblem::stage(DeviceMemory& memory, const AttentionProblem& host,
                                            std::size_t margin_bytes) noexcept {

@@ -220,16 +220,5 @@ Status CudaMemory::synchronize() noexcept {
   return err == cudaSuccess ? Status{} : cuda_failure("cudaDeviceSynchronize", err);
 }
 
-std::pair<std::int64_t, std::int64_t> view_byte_extent(const TensorView& t) noexcept {
-  std::int64_t low = 0, high = 0;
-  for (int d = 0; d < t.rank; ++d) {
-    const auto u = static_cast<std::size_t>(d);
-    if (t.shape[u] == 0) return {0, 0};
-    const std::int64_t reach = (t.shape[u] - 1) * t.stride[u];
-    (reach < 0 ? low : high) += reach;
-  }
-  const auto esize = static_cast<std::int64_t>(dtype_size(t.dtype));
-  return {low * esize, (high + 1) * esize};
-}
 
 }  // namespace kallpa::cuda

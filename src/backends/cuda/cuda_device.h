@@ -89,7 +89,4 @@ class CudaMemory final : public DeviceMemory {
   std::map<std::uintptr_t, std::size_t> live_;  // base address -> bytes requested
 };
 
-// Byte range [low, high) a view's elements cover, relative to its data pointer.
-std::pair<std::int64_t, std::int64_t> view_byte_extent(const TensorView& t) noexcept;
-
 }  // namespace kallpa::cuda

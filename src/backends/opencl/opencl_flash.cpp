@@ -99,18 +99,6 @@ class Args {
   Status status_;
 };
 
-// Byte range [low, high) of a view's elements relative to its data pointer.
-std::pair<std::int64_t, std::int64_t> byte_extent(const TensorView& t) noexcept {
-  std::int64_t low = 0, high = 0;
-  for (int d = 0; d < t.rank; ++d) {
-    const auto u = static_cast<std::size_t>(d);
-    if (t.shape[u] == 0) return {0, 0};
-    const std::int64_t reach = (t.shape[u] - 1) * t.stride[u];
-    (reach < 0 ? low : high) += reach;
-  }
-  const auto esize = static_cast<std::int64_t>(dtype_size(t.dtype));
-  return {low * esize, (high + 1) * esize};
-}
 
 std::int64_t stride_at(const TensorView& t, int from_end) noexcept {
   return t.stride[static_cast<std::size_t>(t.rank - from_end)];
@@ -197,7 +185,7 @@ class OpenClFlash final : public AttentionBackend {
       std::int64_t elem = 0;
     };
     auto bind = [&](const TensorView& t, const char* what) -> Result<Bound> {
-      const auto [low, high] = byte_extent(t);
+      const auto [low, high] = view_byte_extent(t);
       Result<OpenClMemory::Resolved> r = memory->resolve(t.data, low, high, what);
       if (!r) return r.status();
       const std::size_t esize = dtype_size(t.dtype);
