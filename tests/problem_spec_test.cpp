@@ -46,6 +46,9 @@ struct BadSpec {
   const char* field;
 };
 
+// gtest would otherwise print the struct's raw bytes, padding included (valgrind: uninitialised).
+void PrintTo(const BadSpec& b, std::ostream* os) { *os << '"' << b.text << "\" -> " << b.field; }
+
 class ProblemSpecErrors : public ::testing::TestWithParam<BadSpec> {};
 
 TEST_P(ProblemSpecErrors, NameTheField) {
