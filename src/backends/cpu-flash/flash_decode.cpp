@@ -587,25 +587,12 @@ HWY_INLINE void StreamPv(Ctx& c, std::int64_t kvh, std::int64_t first_row, const
   Pv<RB>(v, c.Dv, p, a, e, o);
 }
 
+// The P.V half of a streamed block (v5 and v6): 4 value rows across every KV head at a time, in
+// memory order, V prefetched `ahead` keys in front, a slice of a step's rows per head.
 template <typename T>
-void StreamBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i, const std::int64_t* e_i,
-                 const std::int64_t* koff, const std::int64_t* voff, StreamPrefetcher& kpf, StreamPrefetcher& vpf) {
-  const T* kb = static_cast<const T*>(c.p->k.data);
+void StreamPvPass(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i, const std::int64_t* e_i,
+                  const std::int64_t* voff, StreamPrefetcher& vpf, std::int64_t ahead) {
   const T* vb = static_cast<const T*>(c.p->v.data);
-  const std::int64_t ahead = StreamPrefetchKeys();
-  for (std::int64_t u0 = 0; u0 < nb; u0 += 4) {
-    const std::int64_t nk = std::min<std::int64_t>(4, nb - u0);
-    kpf.until(j0 + u0 + nk + ahead);
-    for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
-      const T* k[4];
-      for (std::int64_t u = 0; u < nk; ++u) k[u] = kb + koff[u0 + u] + kvh * c.khs;
-      float* s_rows = c.s_all + kvh * c.R * kDecodeBlock;
-      ForRowGroups(c, a_i, e_i, [&](std::int64_t, std::int64_t row, auto rb) {
-        StreamDots<decltype(rb)::value>(c, kvh, row, k, nk, u0, s_rows);
-      });
-    }
-  }
-  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) SoftmaxRows(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * c.R * kDecodeBlock);
   for (std::int64_t u0 = 0; u0 < nb; u0 += 4) {
     const std::int64_t nk = std::min<std::int64_t>(4, nb - u0);
     for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
@@ -620,6 +607,27 @@ void StreamBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a
       });
     }
   }
+}
+
+template <typename T>
+void StreamBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i, const std::int64_t* e_i,
+                 const std::int64_t* koff, const std::int64_t* voff, StreamPrefetcher& kpf, StreamPrefetcher& vpf) {
+  const T* kb = static_cast<const T*>(c.p->k.data);
+  const std::int64_t ahead = StreamPrefetchKeys();
+  for (std::int64_t u0 = 0; u0 < nb; u0 += 4) {
+    const std::int64_t nk = std::min<std::int64_t>(4, nb - u0);
+    kpf.until(j0 + u0 + nk + ahead);
+    for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
+      const T* k[4];
+      for (std::int64_t u = 0; u < nk; ++u) k[u] = kb + koff[u0 + u] + kvh * c.khs;
+      float* s_rows = c.s_all + kvh * c.R * kDecodeBlock;
+      ForRowGroups(c, a_i, e_i, [&](std::int64_t, std::int64_t row, auto rb) {
+        StreamDots<decltype(rb)::value>(c, kvh, row, k, nk, u0, s_rows);
+      });
+    }
+  }
+  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) SoftmaxRows(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * c.R * kDecodeBlock);
+  StreamPvPass<T>(c, j0, nb, a_i, e_i, voff, vpf, ahead);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -680,14 +688,13 @@ HWY_INLINE void FusedScores(const float* const* q, const T* const* k, std::int64
 }
 
 // One block in memory order: kDecodeFusedStep key rows across every KV head at a time for the
-// scores, the softmax of every row, then the same walk for P·V; K and V each prefetched `ahead`
+// scores, the softmax of every row, then StreamPvPass (as v5); K and V each prefetched `ahead`
 // keys in front of the walk, a slice of a step's rows per head.
 template <typename T>
 void FusedBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i, const std::int64_t* e_i,
                 const std::int64_t* koff, const std::int64_t* voff, StreamPrefetcher& kpf, StreamPrefetcher& vpf,
                 std::int64_t ahead) {
   const T* kb = static_cast<const T*>(c.p->k.data);
-  const T* vb = static_cast<const T*>(c.p->v.data);
   constexpr std::int64_t kStep = kDecodeFusedStep;
   for (std::int64_t u0 = 0; u0 < nb; u0 += kStep) {
     const std::int64_t nk = std::min(kStep, nb - u0);
@@ -709,28 +716,7 @@ void FusedBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_
     }
   }
   for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) SoftmaxRows(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * c.R * kDecodeBlock);
-  for (std::int64_t u0 = 0; u0 < nb; u0 += kStep) {
-    const std::int64_t nk = std::min(kStep, nb - u0);
-    for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
-      vpf.until(j0 + u0 + ahead + (kvh + 1) * nk / c.hkv);
-      const T* v[kDecodeBlock];
-      for (std::int64_t u = u0; u < u0 + nk; ++u) v[u] = vb + voff[u] + kvh * c.vhs;
-      const float* s_rows = c.s_all + kvh * c.R * kDecodeBlock;
-      ForRowGroups(c, a_i, e_i, [&](std::int64_t i, std::int64_t r, auto rb) {
-        constexpr int RB = decltype(rb)::value;
-        // Only the row's visible keys: a masked value may be NaN and must not be read.
-        const std::int64_t a = std::max(a_i[i], u0), e = std::min(e_i[i], u0 + nk - 1);
-        if (a > e) return;
-        const float* pr[RB];
-        float* o[RB];
-        for (int u = 0; u < RB; ++u) {
-          pr[u] = s_rows + (r + u) * kDecodeBlock;
-          o[u] = c.acc + (kvh * c.R + r + u) * c.Dvp;
-        }
-        Pv<RB>(v, c.Dv, pr, a, e, o);
-      });
-    }
-  }
+  StreamPvPass<T>(c, j0, nb, a_i, e_i, voff, vpf, ahead);
 }
 
 // Writes o/lse for every row of the sequence from merged (m, l, o) values.
