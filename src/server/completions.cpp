@@ -60,6 +60,8 @@ runtime::RequestCallbacks callbacks_for(const std::shared_ptr<Generation>& g, Se
 }
 
 // A request that ended without an answer: why, in OpenAI's error shape.
+Usage usage_of(const runtime::Completion& c) { return {c.prompt_tokens, c.generated_tokens, c.cached_prompt_tokens}; }
+
 ApiError failure(const runtime::Completion& c) {
   if (c.finish_reason == "cancelled") {
     ApiError e;
@@ -169,7 +171,7 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
     }
     std::lock_guard lock(g->mu);
     res.status = 200;
-    res.set_content(dump_json(completion_body(meta, g->text, c.finish_reason, {c.prompt_tokens, c.generated_tokens, c.cached_prompt_tokens})),
+    res.set_content(dump_json(completion_body(meta, g->text, c.finish_reason, usage_of(c))),
                     "application/json");
     return;
   }
@@ -204,7 +206,7 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
           } else {
             out += sse_event(failure(c).to_json());
           }
-          if (include_usage) out += sse_event(usage_chunk(meta, {c.prompt_tokens, c.generated_tokens, c.cached_prompt_tokens}));
+          if (include_usage) out += sse_event(usage_chunk(meta, usage_of(c)));
           out += kSseDone;
         }
         if (out.empty()) out = kSseKeepAlive;
