@@ -3,6 +3,7 @@
 // bounded queue, KV admission, and chunked prefill that never stalls running streams.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 
@@ -262,18 +263,27 @@ TEST(Scheduler, KvAdmissionWaitsForRoomAndRefusesWhatCanNeverFit) {
   }
 
   // Each request's worst case is 5 blocks (10 + 70 positions): the second waits for the first.
+  // Checked where it happens, not by polling (a loaded machine can finish the first request
+  // before a poll runs): when the second emits its first token, the first must be done.
   Collector first, second;
   auto a = sched.submit(request(prompt_of(10), 1, 70), first.callbacks());
   ASSERT_TRUE(a.is_ok());
   first.wait_tokens(1);
-  ASSERT_TRUE(sched.submit(request(prompt_of(10, 1), 2, 70), second.callbacks()).is_ok());
-  first.wait_tokens(5);
-  EXPECT_EQ(sched.stats().queued, 1);
-  EXPECT_EQ(second.token_count(), 0);
+  std::atomic<int> tokens_before_first_done{0};
+  RequestCallbacks cb = second.callbacks();
+  cb.on_token = [&, inner = cb.on_token](std::string_view t, std::int32_t n) {
+    {
+      std::lock_guard lock(first.mu);
+      if (!first.done) ++tokens_before_first_done;
+    }
+    inner(t, n);
+  };
+  ASSERT_TRUE(sched.submit(request(prompt_of(10, 1), 2, 70), cb).is_ok());
   first.wait_done();
   second.wait_done();
   EXPECT_EQ(first.completion.generated_tokens, 70);
   EXPECT_EQ(second.completion.generated_tokens, 70);
+  EXPECT_EQ(tokens_before_first_done.load(), 0) << "the second request ran while the first held its blocks";
   EXPECT_EQ(e->cache().used_blocks(), 0);
 }
 
