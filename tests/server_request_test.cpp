@@ -45,6 +45,7 @@ TEST(ServerRequest, ChatWithDefaults) {
   EXPECT_EQ(r.sampling.top_k, 0);
   EXPECT_EQ(r.sampling.min_p, 0.0f);
   EXPECT_FALSE(r.seed_given);
+  EXPECT_FALSE(r.ignore_eos);
   EXPECT_FALSE(r.stream);
 }
 
@@ -54,7 +55,8 @@ TEST(ServerRequest, ChatWithEveryOption) {
                       {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}}}}};
   body.update({{"model", "m"}, {"max_completion_tokens", 7}, {"temperature", 0}, {"top_p", 0.5}, {"seed", -3},
                {"stop", "END"}, {"stream", true}, {"stream_options", {{"include_usage", true}}}, {"n", 1},
-               {"presence_penalty", 0}, {"top_k", 5}, {"user", "ignored"}, {"unknown_field", 1}});
+               {"presence_penalty", 0}, {"top_k", 5}, {"ignore_eos", true}, {"user", "ignored"},
+               {"unknown_field", 1}});
   const CompletionRequest r = ok(parse(body));
   EXPECT_EQ(r.model, "m");
   EXPECT_EQ(r.messages[0].role, "system");
@@ -66,6 +68,7 @@ TEST(ServerRequest, ChatWithEveryOption) {
   EXPECT_TRUE(r.seed_given);
   EXPECT_EQ(r.sampling.seed, static_cast<std::uint64_t>(-3));
   EXPECT_EQ(r.stop, std::vector<std::string>{"END"});
+  EXPECT_TRUE(r.ignore_eos);
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.include_usage);
 }
@@ -115,6 +118,7 @@ TEST(ServerRequest, BadInputsNameTheFieldAndKind) {
       {with("stop", json::array({"a", "b", "c", "d", "e"})), Endpoint::chat, "stop", "invalid_value"},
       {with("stop", ""), Endpoint::chat, "stop", "invalid_value"},
       {with("stream", 1), Endpoint::chat, "stream", "invalid_type"},
+      {with("ignore_eos", "yes"), Endpoint::chat, "ignore_eos", "invalid_type"},
       {with("stream_options", {{"include_usage", true}}), Endpoint::chat, "stream_options", "invalid_value"},
       {with("n", 3), Endpoint::chat, "n", "invalid_value"},
       {with("presence_penalty", 0.5), Endpoint::chat, "presence_penalty", "unsupported_value"},

@@ -124,6 +124,7 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
   ro.sampling = r.sampling;
   ro.max_tokens = r.max_tokens;
   ro.stop = r.stop;
+  ro.stop_at_eos = !r.ignore_eos;
   auto g = std::make_shared<Generation>();
   g->arrival = arrival;
   auto handle = scheduler->submit(std::move(ro), callbacks_for(g, metrics, r.stream));

@@ -200,6 +200,7 @@ CompletionRequest parse(const json& body, Endpoint endpoint, const RequestLimits
     unsupported("logit_bias", "logit_bias");
   }
   parse_stop(body, r);
+  r.ignore_eos = boolean(body, "ignore_eos").value_or(false);
 
   r.stream = boolean(body, "stream").value_or(false);
   if (const json* so = field(body, "stream_options")) {

@@ -33,6 +33,7 @@ struct CompletionRequest {
   runtime::SamplingParams sampling;
   bool seed_given = false;                         // false: the caller picks a random seed
   std::vector<std::string> stop;
+  bool ignore_eos = false;                         // vLLM's extension: run to max_tokens or a stop string
   bool stream = false;
   bool include_usage = false;                      // stream_options.include_usage
 };
