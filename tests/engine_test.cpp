@@ -94,7 +94,7 @@ TEST(Engine, BatchedForwardMatchesSeparateSequences) {
   const SeqId s1 = cache.add_sequence(), s2 = cache.add_sequence();
   model::ForwardItem items[2] = {{s1, a, 0, true}, {s2, b, 0, true}};
   std::vector<float> both(2 * e->config().vocab_size);
-  ASSERT_TRUE(e->model().forward(items, cache, e->ops(), e->dispatcher(), both.data()));
+  ASSERT_TRUE(e->model().forward(items, cache, e->dispatcher(), both.data()));
   const std::span<const float> all(both);
   EXPECT_LT(max_diff(all.first(alone_a.size()), alone_a), 1e-3);
   EXPECT_LT(max_diff(all.subspan(alone_a.size()), alone_b), 1e-3);

@@ -31,7 +31,7 @@ void fill(KvCache& c, SeqId seq, std::int64_t from, std::int64_t to, float tag) 
   for (std::int32_t l = 0; l < kLayers; ++l) {
     for (std::int64_t p = from; p < to; ++p) {
       std::vector<float> row(kHeads * kDim, tag * 1000 + static_cast<float>(l * 100 + p));
-      c.write(l, blocks, p, row.data(), row.data(), 1);
+      ASSERT_TRUE(c.write(l, blocks, p, row.data(), row.data(), 1));
     }
   }
 }

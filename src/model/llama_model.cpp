@@ -2,13 +2,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
+#include <utility>
 
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 
-#include "model/repack.h"
 
 namespace kallpa::model {
 
@@ -40,19 +41,15 @@ Result<WeightMatrix> matrix(const TensorView* t) {
   return as_weight_matrix(*t);
 }
 
-template <typename T>
-void grow(std::vector<T>& v, std::int64_t n) {
-  if (static_cast<std::int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
-}
-
 }  // namespace
 
-Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufFile> file) {
+Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufFile> file, runtime::Ops& ops) {
   LlamaWeights w;
   auto config = load_llama_config(*file, &w);
   if (!config) return config.status();
   std::unique_ptr<LlamaModel> m(new LlamaModel());
   m->file_ = std::move(file);
+  m->ops_ = &ops;
   m->config_ = *config;
 
   auto take = [](const TensorView* t, WeightMatrix* out) -> Status {
@@ -62,46 +59,73 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufF
     return {};
   };
   Status s;
-  if (!(s = take(w.token_embd, &m->token_embd_)) || !(s = take(w.output, &m->output_))) return s;
-  m->output_norm_ = static_cast<const float*>(w.output_norm->data);
+  if (!(s = take(w.token_embd, &m->token_embd_)) || !(s = take(w.output, &m->output_)) ||
+      !(s = take(w.output_norm, &m->output_norm_))) {
+    return s;
+  }
   for (const LlamaLayerWeights& lw : w.layers) {
     Layer l{};
-    l.attn_norm = static_cast<const float*>(lw.attn_norm->data);
-    l.ffn_norm = static_cast<const float*>(lw.ffn_norm->data);
-    if (!(s = take(lw.attn_q, &l.wq)) || !(s = take(lw.attn_k, &l.wk)) || !(s = take(lw.attn_v, &l.wv)) ||
+    if (!(s = take(lw.attn_norm, &l.attn_norm)) || !(s = take(lw.ffn_norm, &l.ffn_norm)) ||
+        !(s = take(lw.attn_q, &l.wq)) || !(s = take(lw.attn_k, &l.wk)) || !(s = take(lw.attn_v, &l.wv)) ||
         !(s = take(lw.attn_output, &l.wo)) || !(s = take(lw.ffn_gate, &l.gate)) || !(s = take(lw.ffn_up, &l.up)) ||
         !(s = take(lw.ffn_down, &l.down))) {
       return s;
     }
     m->layers_.push_back(l);
   }
-  auto packed = std::make_shared<RepackedWeights>();
-  std::vector<WeightMatrix*> mats{&m->output_};
+  std::vector<WeightMatrix*> products{&m->output_}, lookups{&m->token_embd_, &m->output_norm_};
   for (Layer& l : m->layers_) {
-    for (WeightMatrix* p : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) mats.push_back(p);
+    for (WeightMatrix* p : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) products.push_back(p);
+    lookups.push_back(&l.attn_norm);
+    lookups.push_back(&l.ffn_norm);
   }
+  std::vector<WeightMatrix*> all = products;
+  all.insert(all.end(), lookups.begin(), lookups.end());
   std::vector<WeightMatrix> originals;
-  for (const WeightMatrix* mat : mats) originals.push_back(*mat);
-  const std::vector<WeightMatrix*> targets = mats;
-  if (!(s = packed->repack(std::move(mats)))) return s;
-  m->repacked_ = std::move(packed);
+  for (const WeightMatrix* mat : all) originals.push_back(*mat);
+  for (auto [mats, use] : {std::pair{&products, runtime::Ops::WeightUse::matmul},
+                           std::pair{&lookups, runtime::Ops::WeightUse::lookup}}) {
+    auto placed = ops.place_weights(*mats, use);
+    if (!placed) return placed.status();
+    m->placed_.push_back(std::move(*placed));
+  }
   if (m->file_->file_backed()) {
     std::vector<WeightMatrix> replaced;
-    for (std::size_t i = 0; i < targets.size(); ++i) {
-      if (targets[i]->data != originals[i].data) replaced.push_back(originals[i]);
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (all[i]->data != originals[i].data) replaced.push_back(originals[i]);
     }
     release_file_pages(replaced, m->token_embd_);
   }
   return m;
 }
 
-Result<std::unique_ptr<runtime::KvCache>> LlamaModel::make_cache(runtime::KvCacheOptions options) const {
-  return runtime::KvCache::create(static_cast<std::int32_t>(config_.n_layer), static_cast<std::int32_t>(config_.n_head_kv),
-                                  static_cast<std::int32_t>(config_.head_dim), options);
+LlamaModel::~LlamaModel() = default;
+
+Status LlamaModel::Scratch::reserve(runtime::Ops& ops, std::int64_t floats, const char* what) {
+  if (floats <= size_ && ops_ == &ops) return {};
+  reset();
+  auto p = ops.allocate(static_cast<std::size_t>(floats) * sizeof(float), what);
+  if (!p) return p.status();
+  ops_ = &ops;
+  data_ = static_cast<float*>(*p);
+  size_ = floats;
+  return {};
 }
 
-Status LlamaModel::forward(std::span<const ForwardItem> given, runtime::KvCache& cache, runtime::Ops& ops,
-                           Dispatcher& dispatcher, float* logits) {
+void LlamaModel::Scratch::reset() noexcept {
+  if (ops_ != nullptr) ops_->free(data_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+Result<std::unique_ptr<runtime::KvCache>> LlamaModel::make_cache(runtime::KvCacheOptions options) const {
+  return runtime::KvCache::create(static_cast<std::int32_t>(config_.n_layer), static_cast<std::int32_t>(config_.n_head_kv),
+                                  static_cast<std::int32_t>(config_.head_dim), options, ops_);
+}
+
+Status LlamaModel::forward(std::span<const ForwardItem> given, runtime::KvCache& cache, Dispatcher& dispatcher,
+                           float* logits) {
+  runtime::Ops& ops = *ops_;
   // Prompt chunks first, then single-token decode steps, so that the decode rows form the tail the
   // ops may compute with cheaper activations (runtime/ops.h). A row's kind depends only on its own
   // item, so a sequence gets the same numbers alone or batched.
@@ -130,15 +154,13 @@ Status LlamaModel::forward(std::span<const ForwardItem> given, runtime::KvCache&
   }
   if (total == 0) return {};
 
-  grow(x_, total * embd);
-  grow(h_, total * embd);
-  grow(q_, total * qd);
-  grow(k_, total * kvd);
-  grow(v_, total * kvd);
-  grow(att_, total * qd);
-  grow(gate_, total * ff);
-  grow(up_, total * ff);
-  grow(tmp_, total * std::max(embd, qd));
+  const std::int64_t vocab = config_.vocab_size;
+  for (auto [buffer, floats, what] :
+       {std::tuple{&x_, total * embd, "x"}, {&h_, total * embd, "h"}, {&q_, total * qd, "q"},
+        {&k_, total * kvd, "k"}, {&v_, total * kvd, "v"}, {&att_, total * qd, "att"}, {&gate_, total * ff, "gate"},
+        {&up_, total * ff, "up"}, {&tmp_, total * std::max(embd, qd), "tmp"}}) {
+    if (Status s = buffer->reserve(ops, floats, what); !s) return s;
+  }
   tokens_.clear();
   positions_.clear();
   for (const ForwardItem& it : items) {
@@ -149,55 +171,60 @@ Status LlamaModel::forward(std::span<const ForwardItem> given, runtime::KvCache&
   }
   plan_attention(items, cache);
 
-  Status s = ops.embedding(token_embd_, tokens_, x_.data());
+  float *x = x_.get(), *h = h_.get(), *q = q_.get(), *k = k_.get(), *v = v_.get(), *gate = gate_.get(),
+        *up = up_.get(), *tmp = tmp_.get();
+  Status s = ops.embedding(token_embd_, tokens_, x);
   if (!s) return s;
+  const float eps = config_.rms_norm_eps;
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     // Attention block.
-    ops.rmsnorm(x_.data(), L.attn_norm, config_.rms_norm_eps, h_.data(), total, embd);
-    const MatmulJob qkv[] = {{&L.wq, q_.data(), qd}, {&L.wk, k_.data(), kvd}, {&L.wv, v_.data(), kvd}};
-    if (!(s = ops.matmul_group(qkv, h_.data(), total, decode_rows))) return s;
-    ops.rope(q_.data(), positions_, config_.n_head, config_.head_dim, config_.n_rot, config_.rope_freq_base);
-    ops.rope(k_.data(), positions_, config_.n_head_kv, config_.head_dim, config_.n_rot, config_.rope_freq_base);
-    for (std::size_t b = 0; b < items.size(); ++b) {
-      const ForwardItem& it = items[b];
-      const std::int64_t row = cu_q_[b];
-      const std::span<const std::int32_t> blocks(block_table_.data() + b * static_cast<std::size_t>(max_blocks_),
-                                                 static_cast<std::size_t>(max_blocks_));
-      cache.write(static_cast<std::int32_t>(l), blocks, it.start_pos, k_.data() + row * kvd, v_.data() + row * kvd,
-                  static_cast<std::int64_t>(it.tokens.size()));
+    if (!(s = ops.rmsnorm(x, static_cast<const float*>(L.attn_norm.data), eps, h, total, embd))) return s;
+    const MatmulJob qkv[] = {{&L.wq, q, qd}, {&L.wk, k, kvd}, {&L.wv, v, kvd}};
+    if (!(s = ops.matmul_group(qkv, h, total, decode_rows))) return s;
+    if (!(s = ops.rope(q, positions_, config_.n_head, config_.head_dim, config_.n_rot, config_.rope_freq_base)) ||
+        !(s = ops.rope(k, positions_, config_.n_head_kv, config_.head_dim, config_.n_rot, config_.rope_freq_base)) ||
+        !(s = cache.write_rows(static_cast<std::int32_t>(l), kv_slots_, k, v)) ||
+        !(s = attention(static_cast<std::int32_t>(l), cache, dispatcher)) ||
+        !(s = ops.matmul(L.wo, att_.get(), total, tmp, decode_rows)) || !(s = ops.add(x, tmp, total * embd))) {
+      return s;
     }
-    if (!(s = attention(static_cast<std::int32_t>(l), cache, dispatcher))) return s;
-    if (!(s = ops.matmul(L.wo, att_.data(), total, tmp_.data(), decode_rows))) return s;
-    ops.add(x_.data(), tmp_.data(), total * embd);
     // Feed-forward block (SwiGLU).
-    ops.rmsnorm(x_.data(), L.ffn_norm, config_.rms_norm_eps, h_.data(), total, embd);
-    const MatmulJob gate_up[] = {{&L.gate, gate_.data(), ff}, {&L.up, up_.data(), ff}};
-    if (!(s = ops.matmul_group(gate_up, h_.data(), total, decode_rows))) return s;
-    ops.swiglu(gate_.data(), up_.data(), gate_.data(), total * ff);
-    if (!(s = ops.matmul(L.down, gate_.data(), total, tmp_.data(), decode_rows))) return s;
-    ops.add(x_.data(), tmp_.data(), total * embd);
+    if (!(s = ops.rmsnorm(x, static_cast<const float*>(L.ffn_norm.data), eps, h, total, embd))) return s;
+    const MatmulJob gate_up[] = {{&L.gate, gate, ff}, {&L.up, up, ff}};
+    if (!(s = ops.matmul_group(gate_up, h, total, decode_rows)) || !(s = ops.swiglu(gate, up, gate, total * ff)) ||
+        !(s = ops.matmul(L.down, gate, total, tmp, decode_rows)) || !(s = ops.add(x, tmp, total * embd))) {
+      return s;
+    }
   }
 
   // Output head, only for the rows whose logits are wanted, written back in the caller's item order.
-  std::int64_t row = 0, wanted = 0, wanted_decode = 0;
+  std::int64_t row = 0, wanted_decode = 0;
   bool reordered = false;
+  wanted_rows_.clear();
   for (std::size_t i = 0; i < items.size(); ++i) {
     const ForwardItem& it = items[i];
     row += static_cast<std::int64_t>(it.tokens.size());
     if (it.want_logits) {
-      std::copy_n(x_.data() + (row - 1) * embd, embd, h_.data() + wanted * embd);
-      ++wanted;
+      wanted_rows_.push_back(row - 1);
       wanted_decode += it.tokens.size() == 1 ? 1 : 0;
     }
     reordered = reordered || order_[i] != i;
   }
+  const auto wanted = static_cast<std::int64_t>(wanted_rows_.size());
   if (wanted == 0) return {};
-  ops.rmsnorm(h_.data(), output_norm_, config_.rms_norm_eps, h_.data(), wanted, embd);
-  const std::int64_t vocab = config_.vocab_size;
-  if (!reordered) return ops.matmul(output_, h_.data(), wanted, logits, wanted_decode);
-  grow(logits_, wanted * vocab);
-  if (!(s = ops.matmul(output_, h_.data(), wanted, logits_.data(), wanted_decode))) return s;
+  if (!(s = ops.gather_rows(x, wanted_rows_, embd, h)) ||
+      !(s = ops.rmsnorm(h, static_cast<const float*>(output_norm_.data), eps, h, wanted, embd))) {
+    return s;
+  }
+  if (!reordered && ops.host_addressable()) return ops.matmul(output_, h, wanted, logits, wanted_decode);
+  if (!(s = logits_.reserve(ops, wanted * vocab, "logits")) ||
+      !(s = ops.matmul(output_, h, wanted, logits_.get(), wanted_decode))) {
+    return s;
+  }
+  if (!reordered) return ops.download(logits, logits_.get(), static_cast<std::size_t>(wanted * vocab) * sizeof(float));
+  host_logits_.resize(static_cast<std::size_t>(wanted * vocab));
+  if (!(s = ops.download(host_logits_.data(), logits_.get(), host_logits_.size() * sizeof(float)))) return s;
   // The caller's rank of each wanted item: its slot in `logits`.
   std::vector<std::int64_t> slot(given.size(), -1);
   for (std::size_t i = 0, n = 0; i < given.size(); ++i) {
@@ -205,7 +232,7 @@ Status LlamaModel::forward(std::span<const ForwardItem> given, runtime::KvCache&
   }
   for (std::size_t i = 0, w = 0; i < items.size(); ++i) {
     if (!items[i].want_logits) continue;
-    std::copy_n(logits_.data() + static_cast<std::int64_t>(w++) * vocab, vocab, logits + slot[order_[i]] * vocab);
+    std::copy_n(host_logits_.data() + static_cast<std::int64_t>(w++) * vocab, vocab, logits + slot[order_[i]] * vocab);
   }
   return {};
 }
@@ -222,9 +249,14 @@ void LlamaModel::plan_attention(std::span<const ForwardItem> items, const runtim
     max_blocks_ = std::max(max_blocks_, static_cast<std::int32_t>(tables.back().size()));
   }
   block_table_.assign(items.size() * static_cast<std::size_t>(max_blocks_), 0);
+  kv_slots_.clear();
   for (std::size_t b = 0; b < items.size(); ++b) {
     std::copy(tables[b].begin(), tables[b].end(),
               block_table_.begin() + static_cast<std::ptrdiff_t>(b) * max_blocks_);
+    const ForwardItem& it = items[b];
+    for (std::size_t t = 0; t < it.tokens.size(); ++t) {
+      kv_slots_.push_back(cache.slot(tables[b], it.start_pos + static_cast<std::int64_t>(t)));
+    }
   }
 }
 
@@ -234,8 +266,8 @@ Status LlamaModel::attention(std::int32_t layer, const runtime::KvCache& cache, 
   AttentionProblem p;
   p.q_layout = QLayout::packed;
   p.kv_layout = KvLayout::paged;
-  p.q = make_contiguous_view(q_.data(), DType::f32, {total, config_.n_head, config_.head_dim});
-  p.o = make_contiguous_view(att_.data(), DType::f32, {total, config_.n_head, config_.head_dim});
+  p.q = make_contiguous_view(q_.get(), DType::f32, {total, config_.n_head, config_.head_dim}, ops_->device());
+  p.o = make_contiguous_view(att_.get(), DType::f32, {total, config_.n_head, config_.head_dim}, ops_->device());
   p.k = cache.k_view(layer);
   p.v = cache.v_view(layer);
   p.batch = batch;

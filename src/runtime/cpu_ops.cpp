@@ -9,8 +9,15 @@
 #define KALLPA_X86 1
 #endif
 
+#include <cstring>
+#include <new>
+
+#include <fmt/format.h>
+
 #include "core/parallel.h"
+#include "kallpa/half.h"
 #include "kallpa/runtime/ops.h"
+#include "model/repack.h"
 #include "runtime/vector_exp.h"
 
 namespace kallpa::runtime {
@@ -48,6 +55,40 @@ __attribute__((target("avx2,fma"))) std::int64_t swiglu_avx2(const float* gate, 
 class CpuOps final : public Ops {
  public:
   std::string_view device_name() const noexcept override { return "cpu"; }
+  Device device() const noexcept override { return Device::cpu(); }
+  bool host_addressable() const noexcept override { return true; }
+
+  Result<void*> allocate(std::size_t bytes, std::string_view what) override {
+    void* p = ::operator new(std::max<std::size_t>(bytes, 1), std::align_val_t{256}, std::nothrow);
+    if (p == nullptr) {
+      return Status(ErrorCode::out_of_memory, std::string(what), fmt::format("cannot allocate {} bytes", bytes));
+    }
+    return p;
+  }
+  void free(void* address) noexcept override {
+    if (address != nullptr) ::operator delete(address, std::align_val_t{256});
+  }
+  Status upload(void* dst, const void* host_src, std::size_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, host_src, bytes);
+    return {};
+  }
+  Status download(void* host_dst, const void* src, std::size_t bytes) override {
+    if (bytes > 0) std::memcpy(host_dst, src, bytes);
+    return {};
+  }
+  Status copy(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes > 0) std::memmove(dst, src, bytes);
+    return {};
+  }
+  // Matrix products read the weights repacked for the SIMD kernels (model/repack.h); lookups read
+  // them where they are (the model file's mapping), so nothing is copied for them.
+  Result<std::shared_ptr<const void>> place_weights(std::span<model::WeightMatrix* const> matrices,
+                                                    WeightUse use) override {
+    if (use == WeightUse::lookup) return std::shared_ptr<const void>();
+    auto packed = std::make_shared<model::RepackedWeights>();
+    if (Status s = packed->repack({matrices.begin(), matrices.end()}); !s) return s;
+    return std::shared_ptr<const void>(std::move(packed));
+  }
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   // Activations of quantised matrix products (kallpa/model/quant.h). By default prompt rows are
   // exact (f32) and decode rows use 16-bit blocks, which is where the f32 path is bound by
@@ -73,8 +114,8 @@ class CpuOps final : public Ops {
     return {};
   }
 
-  void rmsnorm(const float* x, const float* weight, float eps, float* y, std::int64_t rows,
-               std::int64_t dim) override {
+  Status rmsnorm(const float* x, const float* weight, float eps, float* y, std::int64_t rows,
+                 std::int64_t dim) override {
     for_rows(rows, dim, [&](std::int64_t r) {
       const float* xr = x + r * dim;
       float* yr = y + r * dim;
@@ -83,6 +124,7 @@ class CpuOps final : public Ops {
       const float inv = 1.0f / std::sqrt(static_cast<float>(sum / double(dim)) + eps);
       for (std::int64_t i = 0; i < dim; ++i) yr[i] = xr[i] * inv * weight[i];
     });
+    return {};
   }
 
   Status matmul(const model::WeightMatrix& w, const float* x, std::int64_t rows, float* y,
@@ -114,7 +156,7 @@ class CpuOps final : public Ops {
   }
 
 
-  void rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
+  Status rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
             std::int64_t n_rot, float theta) override {
     const std::int64_t half = n_rot / 2;
     std::vector<float> inv_freq(static_cast<std::size_t>(half));
@@ -138,9 +180,10 @@ class CpuOps final : public Ops {
         }
       }
     });
+    return {};
   }
 
-  void swiglu(const float* gate, const float* up, float* out, std::int64_t n) override {
+  Status swiglu(const float* gate, const float* up, float* out, std::int64_t n) override {
     std::int64_t i = 0;
 #if KALLPA_X86
     if (avx2) i = swiglu_avx2(gate, up, out, n);
@@ -149,10 +192,40 @@ class CpuOps final : public Ops {
       const float g = gate[i];
       out[i] = g / (1.0f + std::exp(-g)) * up[i];
     }
+    return {};
   }
 
-  void add(float* x, const float* y, std::int64_t n) override {
+  Status add(float* x, const float* y, std::int64_t n) override {
     for (std::int64_t i = 0; i < n; ++i) x[i] += y[i];
+    return {};
+  }
+
+  Status gather_rows(const float* x, std::span<const std::int64_t> rows, std::int64_t dim, float* out) override {
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      std::memcpy(out + static_cast<std::int64_t>(i) * dim, x + rows[i] * dim, static_cast<std::size_t>(dim) * 4);
+    }
+    return {};
+  }
+
+  Status scatter_rows(const float* src, std::int64_t dim, void* dst, DType dst_type,
+                      std::span<const std::int64_t> rows) override {
+    const std::size_t esize = dtype_size(dst_type);
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const float* s = src + static_cast<std::int64_t>(i) * dim;
+      std::byte* d = static_cast<std::byte*>(dst) + static_cast<std::size_t>(rows[i] * dim) * esize;
+      switch (dst_type) {
+        case DType::f32:
+          std::memcpy(d, s, static_cast<std::size_t>(dim) * 4);
+          break;
+        case DType::f16:
+          for (std::int64_t e = 0; e < dim; ++e) reinterpret_cast<std::uint16_t*>(d)[e] = f32_to_f16(s[e]);
+          break;
+        case DType::bf16:
+          for (std::int64_t e = 0; e < dim; ++e) reinterpret_cast<std::uint16_t*>(d)[e] = f32_to_bf16(s[e]);
+          break;
+      }
+    }
+    return {};
   }
 };
 

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "kallpa/model/gguf_tokenizer.h"
+#include "runtime/fallback_ops.h"
 
 namespace kallpa::runtime {
 
@@ -50,7 +51,14 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
 Result<std::unique_ptr<Engine>> Engine::load(std::shared_ptr<const model::GgufFile> file, const EngineOptions& options) {
   std::unique_ptr<Engine> e(new Engine());
   e->options_ = options;
-  auto model = model::LlamaModel::load(file);
+  auto ops = make_ops(options.device);
+  if (!ops) return ops.status();
+  if ((*ops)->host_addressable()) {
+    e->ops_ = std::move(*ops);
+  } else {
+    e->ops_ = std::make_unique<FallbackOps>(std::move(*ops), options.strict_device);
+  }
+  auto model = model::LlamaModel::load(file, *e->ops_);
   if (!model) return model.status();
   e->model_ = std::move(*model);
   auto tok = model::tokenizer_from_gguf(*file);
@@ -66,11 +74,15 @@ Result<std::unique_ptr<Engine>> Engine::load(std::shared_ptr<const model::GgufFi
   auto kv = e->model_->make_cache(options.cache);
   if (!kv) return kv.status();
   e->cache_ = std::move(*kv);
-  e->ops_ = make_cpu_ops();
   e->dispatcher_ = std::make_unique<Dispatcher>(options.attention);
   e->stats_ = std::make_shared<StatsObserver>();
   e->dispatcher_->add_observer(e->stats_);
   return e;
+}
+
+std::map<std::string, std::uint64_t> Engine::op_fallbacks() const {
+  const auto* fallback = dynamic_cast<const FallbackOps*>(ops_.get());
+  return fallback != nullptr ? fallback->fallbacks() : std::map<std::string, std::uint64_t>{};
 }
 
 Session::Session(Engine& engine, SamplingParams sampling)
@@ -103,8 +115,7 @@ Status Session::feed(std::span<const std::int32_t> tokens) {
     item.start_pos = position();
     item.want_logits = done + n == tokens.size();
     logits_.resize(static_cast<std::size_t>(vocab));
-    Status s = engine_->model().forward({&item, 1}, engine_->cache(), engine_->ops(), engine_->dispatcher(),
-                                        logits_.data());
+    Status s = engine_->model().forward({&item, 1}, engine_->cache(), engine_->dispatcher(), logits_.data());
     if (!s) {
       engine_->cache().truncate(seq_, position());  // the failed chunk never happened
       return s;

@@ -5,6 +5,7 @@
 #include <new>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "kallpa/half.h"
 #include "model/huge_buffer.h"
@@ -12,7 +13,7 @@
 namespace kallpa::runtime {
 
 Result<std::unique_ptr<KvCache>> KvCache::create(std::int32_t n_layer, std::int32_t n_head_kv, std::int32_t head_dim,
-                                                 KvCacheOptions options) {
+                                                 KvCacheOptions options, Ops* memory) {
   if (n_layer < 1 || n_head_kv < 1 || head_dim < 1) return Status::invalid("kv_cache", "layers, heads and head dim must be >= 1");
   if (options.page_size < 1) return Status::invalid("page_size", fmt::format("is {}, must be >= 1", options.page_size));
   if (options.max_tokens < 1) return Status::invalid("max_tokens", fmt::format("is {}, must be >= 1", options.max_tokens));
@@ -24,16 +25,26 @@ Result<std::unique_ptr<KvCache>> KvCache::create(std::int32_t n_layer, std::int3
   cache->n_blocks_ = (options.max_tokens + options.page_size - 1) / options.page_size;
   const auto bytes = static_cast<std::size_t>(cache->n_blocks_) * static_cast<std::size_t>(options.page_size) *
                      static_cast<std::size_t>(n_head_kv) * static_cast<std::size_t>(head_dim) * dtype_size(options.dtype);
-  // One mapping for every layer's K and V, on huge pages, committed as blocks are first written.
-  cache->layer_bytes_ = (bytes + 63) / 64 * 64;
-  auto buffer = model::HugeBuffer::allocate(cache->layer_bytes_ * 2 * static_cast<std::size_t>(n_layer), "kv_cache");
-  if (!buffer) {
-    return Status(ErrorCode::out_of_memory, "kv_cache",
-                  fmt::format("cannot allocate {} MiB for {} tokens", 2.0 * double(bytes) * n_layer / double(1 << 20),
-                              options.max_tokens));
+  // One allocation for every layer's K and V.
+  cache->layer_bytes_ = (bytes + 255) / 256 * 256;
+  const std::size_t total = cache->layer_bytes_ * 2 * static_cast<std::size_t>(n_layer);
+  if (memory != nullptr && !memory->host_addressable()) {
+    auto device = memory->allocate(total, "kv_cache");
+    if (!device) return device.status();
+    cache->device_ = memory;
+    cache->storage_ =
+        std::shared_ptr<std::byte>(static_cast<std::byte*>(*device), [memory](std::byte* p) { memory->free(p); });
+  } else {
+    // On huge pages, committed as blocks are first written.
+    auto buffer = model::HugeBuffer::allocate(total, "kv_cache");
+    if (!buffer) {
+      return Status(ErrorCode::out_of_memory, "kv_cache",
+                    fmt::format("cannot allocate {} MiB for {} tokens", double(total) / double(1 << 20),
+                                options.max_tokens));
+    }
+    auto holder = std::make_shared<model::HugeBuffer>(std::move(*buffer));
+    cache->storage_ = std::shared_ptr<std::byte>(holder, holder->data());
   }
-  auto holder = std::make_shared<model::HugeBuffer>(std::move(*buffer));
-  cache->storage_ = std::shared_ptr<std::byte>(holder, holder->data());
   // Hand out low block ids first: a fresh cache then looks like a dense one, which helps caches.
   for (std::int64_t b = cache->n_blocks_ - 1; b >= 0; --b) cache->free_.push_back(static_cast<std::int32_t>(b));
   cache->refs_.assign(static_cast<std::size_t>(cache->n_blocks_), 0);
@@ -102,7 +113,14 @@ void KvCache::copy_block(std::int32_t from, std::int32_t to) {
                             static_cast<std::size_t>(head_dim_) * dtype_size(options_.dtype);
   for (std::int32_t l = 0; l < n_layer_; ++l) {
     for (std::byte* base : {k_data(l), v_data(l)}) {
-      std::memcpy(base + static_cast<std::size_t>(to) * bytes, base + static_cast<std::size_t>(from) * bytes, bytes);
+      std::byte* dst = base + static_cast<std::size_t>(to) * bytes;
+      const std::byte* src = base + static_cast<std::size_t>(from) * bytes;
+      if (device_ == nullptr) {
+        std::memcpy(dst, src, bytes);
+      } else if (Status s = device_->copy(dst, src, bytes); !s) {
+        // Only reached by truncate() into a shared block; the sequence then reads what the device has.
+        spdlog::error("kv_cache: block copy on {} failed: {}", device_->device_name(), s.to_string());
+      }
     }
   }
 }
@@ -243,20 +261,27 @@ std::vector<std::int32_t> KvCache::blocks(SeqId seq) const {
   return s ? s->blocks : std::vector<std::int32_t>{};
 }
 
-void KvCache::write(std::int32_t layer, std::span<const std::int32_t> table, std::int64_t pos, const float* k,
-                    const float* v, std::int64_t n) {
+Status KvCache::write(std::int32_t layer, std::span<const std::int32_t> table, std::int64_t pos, const float* k,
+                      const float* v, std::int64_t n) {
+  std::vector<std::int64_t> slots(static_cast<std::size_t>(n));
+  for (std::int64_t t = 0; t < n; ++t) slots[static_cast<std::size_t>(t)] = slot(table, pos + t);
+  return write_rows(layer, slots, k, v);
+}
+
+Status KvCache::write_rows(std::int32_t layer, std::span<const std::int64_t> slots, const float* k, const float* v) {
   const std::int64_t row = std::int64_t{n_head_kv_} * head_dim_;
+  if (device_ != nullptr) {
+    Status s = device_->scatter_rows(k, row, k_data(layer), options_.dtype, slots);
+    return s ? device_->scatter_rows(v, row, v_data(layer), options_.dtype, slots) : s;
+  }
   const std::size_t esize = dtype_size(options_.dtype);
   std::byte* kbase = k_data(layer);
   std::byte* vbase = v_data(layer);
-  for (std::int64_t t = 0; t < n; ++t) {
-    const std::int64_t p = pos + t;
-    const std::int64_t slot = std::int64_t{table[static_cast<std::size_t>(p / options_.page_size)]} * options_.page_size +
-                              p % options_.page_size;
-    std::byte* kd = kbase + static_cast<std::size_t>(slot * row) * esize;
-    std::byte* vd = vbase + static_cast<std::size_t>(slot * row) * esize;
-    const float* ks = k + t * row;
-    const float* vs = v + t * row;
+  for (std::size_t t = 0; t < slots.size(); ++t) {
+    std::byte* kd = kbase + static_cast<std::size_t>(slots[t] * row) * esize;
+    std::byte* vd = vbase + static_cast<std::size_t>(slots[t] * row) * esize;
+    const float* ks = k + static_cast<std::int64_t>(t) * row;
+    const float* vs = v + static_cast<std::int64_t>(t) * row;
     switch (options_.dtype) {
       case DType::f32:
         std::memcpy(kd, ks, static_cast<std::size_t>(row) * 4);
@@ -276,16 +301,17 @@ void KvCache::write(std::int32_t layer, std::span<const std::int32_t> table, std
         break;
     }
   }
+  return {};
 }
 
 TensorView KvCache::k_view(std::int32_t layer) const {
-  return make_contiguous_view(k_data(layer), options_.dtype,
-                              {n_blocks_, options_.page_size, n_head_kv_, head_dim_});
+  return make_contiguous_view(k_data(layer), options_.dtype, {n_blocks_, options_.page_size, n_head_kv_, head_dim_},
+                              device_ != nullptr ? device_->device() : Device::cpu());
 }
 
 TensorView KvCache::v_view(std::int32_t layer) const {
-  return make_contiguous_view(v_data(layer), options_.dtype,
-                              {n_blocks_, options_.page_size, n_head_kv_, head_dim_});
+  return make_contiguous_view(v_data(layer), options_.dtype, {n_blocks_, options_.page_size, n_head_kv_, head_dim_},
+                              device_ != nullptr ? device_->device() : Device::cpu());
 }
 
 }  // namespace kallpa::runtime

@@ -331,7 +331,7 @@ bool Scheduler::step() {
     owners = std::move(sorted_owners);
   }
   logits_.resize(static_cast<std::size_t>(with_logits * engine_.config().vocab_size));
-  Status s = engine_.model().forward(items, engine_.cache(), engine_.ops(), engine_.dispatcher(), logits_.data());
+  Status s = engine_.model().forward(items, engine_.cache(), engine_.dispatcher(), logits_.data());
   steps_.fetch_add(1);
   batch_tokens_.fetch_add(static_cast<std::uint64_t>(tokens));
   batch_sequences_.fetch_add(items.size());

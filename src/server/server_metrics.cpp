@@ -51,6 +51,9 @@ ServerMetrics::ServerMetrics() {
                           {"backend"});
   att_seconds_ = &r.add("kallpa_attention_duration_seconds", "Attention call latency, by backend.", T::histogram,
                         {"backend"}, attention_bounds());
+  op_fallbacks_ = &r.add("kallpa_op_fallbacks_total",
+                         "Engine ops the device lacked that ran on the CPU with copies, by op (0 on the CPU).",
+                         T::counter, {"op"});
   // Series without labels exist from the start, so that a scrape before any traffic shows zeros.
   for (MetricFamily* f : {prompt_tokens_, generation_tokens_, queued_, running_, inflight_, kv_used_, kv_free_,
                           kv_cached_, prompt_cached_, kv_committed_, steps_, batch_tokens_, batch_sequences_}) {
@@ -69,7 +72,9 @@ void ServerMetrics::generation_finished(const runtime::Completion& c) {
   finish_->inc({c.finish_reason});
 }
 
-std::string ServerMetrics::render(const runtime::SchedulerStats& s, const StatsObserver& attention) {
+std::string ServerMetrics::render(const runtime::SchedulerStats& s, const StatsObserver& attention,
+                                  const std::map<std::string, std::uint64_t>& op_fallbacks) {
+  for (const auto& [op, n] : op_fallbacks) op_fallbacks_->set({op}, static_cast<double>(n));
   queued_->set({}, static_cast<double>(s.queued));
   running_->set({}, static_cast<double>(s.running));
   kv_used_->set({}, static_cast<double>(s.kv_blocks_used));

@@ -3,6 +3,7 @@
 // whichever backend runs underneath.
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "kallpa/observer.h"
@@ -22,7 +23,9 @@ class ServerMetrics {
   void set_inflight(std::int64_t n) { inflight_->set({}, static_cast<double>(n)); }
 
   // Refreshes the gauges and mirrored counters, then renders everything.
-  std::string render(const runtime::SchedulerStats& scheduler, const StatsObserver& attention);
+  // `op_fallbacks`: device ops run on the CPU, by op (runtime::Engine::op_fallbacks()).
+  std::string render(const runtime::SchedulerStats& scheduler, const StatsObserver& attention,
+                     const std::map<std::string, std::uint64_t>& op_fallbacks);
 
  private:
   MetricsRegistry registry_;
@@ -30,6 +33,7 @@ class ServerMetrics {
   MetricFamily *queued_, *running_, *inflight_, *kv_used_, *kv_free_, *kv_committed_, *kv_cached_, *prompt_cached_;
   MetricFamily *steps_, *batch_tokens_, *batch_sequences_;
   MetricFamily *att_calls_, *att_failures_, *att_fallbacks_, *att_seconds_;
+  MetricFamily* op_fallbacks_;
 };
 
 }  // namespace kallpa::server

@@ -20,7 +20,7 @@ void add_global_options(CLI::App& app, GlobalOptions& options) {
       ->type_name("LIST");
   app.add_flag("--strict", options.strict,
                "An explicit --attention choice that cannot run a problem is an error, never a "
-               "fallback (also KALLPA_ATTENTION_STRICT=1)");
+               "fallback (also KALLPA_ATTENTION_STRICT=1); so is a --device op that would run on the CPU");
   app.add_option("--log-level", options.log_level, "Log level (logs go to stderr)")
       ->envname("KALLPA_LOG_LEVEL")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))

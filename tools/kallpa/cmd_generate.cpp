@@ -63,13 +63,16 @@ std::unique_ptr<runtime::Engine> load_for_sampling(const EngineCliOptions& e, co
   return load_engine(e, global, code);
 }
 
-void print_summary(const runtime::Engine& engine, const runtime::GenerateResult& r) {
+void print_summary(runtime::Engine& engine, const runtime::GenerateResult& r) {
+  std::string fallbacks;
+  for (const auto& [op, n] : engine.op_fallbacks()) fallbacks += fmt::format("{}{} {}x", fallbacks.empty() ? "" : ", ", op, n);
   fmt::print(stderr, "\n[{} prompt tokens in {:.2f} s ({:.1f} tok/s); {} generated in {:.2f} s ({:.1f} tok/s); "
-                     "finish: {}; attention: {}]\n",
+                     "finish: {}; device: {}; attention: {}{}]\n",
              r.prompt_tokens, r.prefill_seconds, r.prefill_seconds > 0 ? double(r.prompt_tokens) / r.prefill_seconds : 0.0,
              r.generated_tokens, r.decode_seconds,
              r.decode_seconds > 0 ? double(r.generated_tokens) / r.decode_seconds : 0.0, r.finish_reason,
-             main_attention_backend(engine));
+             engine.ops().device_name(), main_attention_backend(engine),
+             fallbacks.empty() ? "" : "; on the CPU: " + fallbacks);
 }
 
 struct GenerateCliOptions {

@@ -90,6 +90,10 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
   sub->add_option("--threads,-t", o.threads, "CPU threads (default: all cores; env KALLPA_THREADS)")
       ->check(CLI::Range(1, 1024));
   sub->add_option("--context", o.context, "KV cache capacity in tokens")->check(CLI::Range(16, 1 << 20));
+  sub->add_option("--device", o.device,
+                  "Where the model runs: cpu, opencl[:N] or cuda[:N] (env KALLPA_DEVICE). An op the device lacks "
+                  "runs on the CPU with copies, counted and logged once; --strict refuses that instead")
+      ->envname("KALLPA_DEVICE");
 }
 
 std::unique_ptr<runtime::Engine> load_engine(const EngineCliOptions& o, const GlobalOptions& global, int* code) {
@@ -112,13 +116,17 @@ std::unique_ptr<runtime::Engine> load_engine(const EngineCliOptions& o, const Gl
   }
   options.attention = *dispatch;
   options.cache.max_tokens = o.context;
+  options.device = o.device;
+  options.strict_device = global.strict;
   LoadIndicator indicator(std::filesystem::path(options.model_path).filename().string());
   options.on_progress = [&indicator](const runtime::LoadProgress& p) { indicator.update(p); };
   auto engine = runtime::Engine::load(options);
   indicator.finish();
   if (!engine) {
     print_error(fmt::format("cannot load {}", options.model_path), engine.status());
-    *code = engine.status().code() == ErrorCode::not_found ? kExitUsage : kExitFailure;
+    const ErrorCode c = engine.status().code();
+    const bool bad_device = engine.status().field() == "device" && c == ErrorCode::invalid_argument;
+    *code = c == ErrorCode::not_found || bad_device ? kExitUsage : kExitFailure;
     return nullptr;
   }
   return std::move(*engine);

@@ -18,6 +18,7 @@ struct EngineCliOptions {
   std::string model;
   int threads = 0;
   std::int64_t context = 4096;  // KV cache capacity in tokens
+  std::string device = "cpu";   // --device; --strict also refuses CPU fallbacks of device ops
 };
 
 void add_engine_options(CLI::App* sub, EngineCliOptions& options);

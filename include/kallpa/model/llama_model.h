@@ -30,27 +30,45 @@ struct ForwardItem {
 
 class LlamaModel {
  public:
-  // Validates the file's config and weights (typed errors naming the key or tensor).
-  static Result<std::unique_ptr<LlamaModel>> load(std::shared_ptr<const GgufFile> file);
+  // Validates the file's config and weights (typed errors naming the key or tensor) and places the
+  // weights on the ops' device. `ops` runs every forward pass and must outlive the model.
+  static Result<std::unique_ptr<LlamaModel>> load(std::shared_ptr<const GgufFile> file, runtime::Ops& ops);
+  ~LlamaModel();
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
 
   const ModelConfig& config() const noexcept { return config_; }
   const GgufFile& file() const noexcept { return *file_; }
 
-  // A KV cache shaped for this model.
+  // A KV cache shaped for this model, in the memory of its ops' device.
   Result<std::unique_ptr<runtime::KvCache>> make_cache(runtime::KvCacheOptions options) const;
+  runtime::Ops& ops() const noexcept { return *ops_; }
 
   // Runs the items; writes their K/V into `cache` and, for each item with want_logits, the last
   // token's logits (vocab_size floats) into `logits`, in item order. Not reentrant: one forward()
   // at a time per model (it reuses its activation buffers).
-  Status forward(std::span<const ForwardItem> items, runtime::KvCache& cache, runtime::Ops& ops,
-                 Dispatcher& attention, float* logits);
+  // `logits` is host memory whatever the device.
+  Status forward(std::span<const ForwardItem> items, runtime::KvCache& cache, Dispatcher& attention, float* logits);
 
  private:
   struct Layer {
-    const float* attn_norm;
+    WeightMatrix attn_norm;  // 1 x n_embd f32
     WeightMatrix wq, wk, wv, wo;
-    const float* ffn_norm;
+    WeightMatrix ffn_norm;
     WeightMatrix gate, up, down;
+  };
+  // f32 activations in the ops' memory, grown on demand (the contents do not survive growth).
+  class Scratch {
+   public:
+    ~Scratch() { reset(); }
+    Status reserve(runtime::Ops& ops, std::int64_t floats, const char* what);
+    float* get() const noexcept { return data_; }
+    void reset() noexcept;
+
+   private:
+    runtime::Ops* ops_ = nullptr;
+    float* data_ = nullptr;
+    std::int64_t size_ = 0;
   };
 
   LlamaModel() = default;
@@ -60,19 +78,21 @@ class LlamaModel {
   Status attention(std::int32_t layer, const runtime::KvCache& cache, Dispatcher& dispatcher);
 
   std::shared_ptr<const GgufFile> file_;
+  runtime::Ops* ops_ = nullptr;
   ModelConfig config_;
-  WeightMatrix token_embd_, output_;
-  // The matrix products' weights repacked at load for the SIMD kernels (model/repack.h); the
-  // embedding lookup keeps reading the file. Held by pointer so this header needs no src/ include.
-  std::shared_ptr<const void> repacked_;
-  const float* output_norm_ = nullptr;
+  // Every weight below is in the ops' memory, as their place_weights() left it (on the CPU: the
+  // matrix products' weights repacked for the SIMD kernels, the lookups reading the file).
+  WeightMatrix token_embd_, output_, output_norm_;
   std::vector<Layer> layers_;
+  std::vector<std::shared_ptr<const void>> placed_;  // keeps the device's copies alive
 
-  // Activations, grown on demand: x (residual), h (normed), q/k/v, att, ffn gate/up, tmp.
-  std::vector<float> x_, h_, q_, k_, v_, att_, gate_, up_, tmp_, logits_;
+  // Activations: x (residual), h (normed), q/k/v, att, ffn gate/up, tmp, logits of the wanted rows.
+  Scratch x_, h_, q_, k_, v_, att_, gate_, up_, tmp_, logits_;
+  std::vector<float> host_logits_;
   std::vector<std::size_t> order_;  // forward()'s item order: prompt chunks, then decode steps
   std::vector<ForwardItem> ordered_;
   std::vector<std::int32_t> tokens_, positions_, cu_q_, block_table_, seqlens_k_;
+  std::vector<std::int64_t> kv_slots_, wanted_rows_;  // cache slot of each row; rows whose logits are wanted
   std::int32_t max_blocks_ = 0;
 };
 

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -34,6 +35,10 @@ struct EngineOptions {
   std::string model_path;
   // Called from the loading thread as weights are paged in (never after load returns).
   std::function<void(const LoadProgress&)> on_progress;
+  // Where the model runs: "cpu", "opencl[:N]", "cuda[:N]" (runtime/ops.h). On a device, an op it
+  // lacks runs on the CPU with copies (counted: Engine::op_fallbacks()) unless strict_device.
+  std::string device = "cpu";
+  bool strict_device = false;
   DispatchOptions attention;     // which attention backends; default: automatic
   KvCacheOptions cache;          // capacity over all sessions
   std::int64_t prefill_chunk = 256;  // prompt tokens per forward pass
@@ -56,13 +61,16 @@ class Engine {
   const tokenizer::ChatMlOptions& chat_options() const noexcept { return chat_; }
   // Per-backend attention calls and latency since load.
   const StatsObserver& attention_stats() const noexcept { return *stats_; }
+  // Ops the device lacked that ran on the CPU since load, by op name (empty on the CPU).
+  std::map<std::string, std::uint64_t> op_fallbacks() const;
 
  private:
   Engine() = default;
   EngineOptions options_;
+  // Declared first, destroyed last: the model's weights and the cache live in its memory.
+  std::unique_ptr<Ops> ops_;
   std::unique_ptr<model::LlamaModel> model_;
   std::unique_ptr<KvCache> cache_;
-  std::unique_ptr<Ops> ops_;
   std::unique_ptr<Dispatcher> dispatcher_;
   std::shared_ptr<StatsObserver> stats_;
   std::optional<tokenizer::Tokenizer> tokenizer_;

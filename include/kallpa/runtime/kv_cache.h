@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kallpa/attention.h"
+#include "kallpa/runtime/ops.h"
 #include "kallpa/status.h"
 
 namespace kallpa::runtime {
@@ -36,8 +37,11 @@ using SeqId = std::int32_t;
 
 class KvCache {
  public:
+  // `memory`: the device the blocks live on (its ops write and copy them; it must outlive the
+  // cache); nullptr or a host-addressable one: host memory on huge pages.
   static Result<std::unique_ptr<KvCache>> create(std::int32_t n_layer, std::int32_t n_head_kv,
-                                                 std::int32_t head_dim, KvCacheOptions options);
+                                                 std::int32_t head_dim, KvCacheOptions options,
+                                                 Ops* memory = nullptr);
 
   const KvCacheOptions& options() const noexcept { return options_; }
   std::int64_t total_blocks() const noexcept { return n_blocks_; }
@@ -71,8 +75,15 @@ class KvCache {
   // Stores rows [pos, pos + n) of one layer; k and v are n x (n_head_kv * head_dim) f32 rows.
   // `blocks` is the sequence's block list (blocks(seq), taken once per forward pass rather than
   // per layer); the positions must have been reserved.
-  void write(std::int32_t layer, std::span<const std::int32_t> blocks, std::int64_t pos, const float* k,
-             const float* v, std::int64_t n);
+  Status write(std::int32_t layer, std::span<const std::int32_t> blocks, std::int64_t pos, const float* k,
+               const float* v, std::int64_t n);
+  // The same for a batch: row i of k and v goes to cache slot slots[i] (block * page_size + offset,
+  // see slot()); k and v are in the cache's memory (device addresses on a device).
+  Status write_rows(std::int32_t layer, std::span<const std::int64_t> slots, const float* k, const float* v);
+  std::int64_t slot(std::span<const std::int32_t> blocks, std::int64_t pos) const noexcept {
+    return std::int64_t{blocks[static_cast<std::size_t>(pos / options_.page_size)]} * options_.page_size +
+           pos % options_.page_size;
+  }
 
   TensorView k_view(std::int32_t layer) const;
   TensorView v_view(std::int32_t layer) const;
@@ -104,6 +115,7 @@ class KvCache {
   std::uint64_t chain_hash(std::uint64_t parent, std::span<const std::int32_t> tokens) const;
 
   KvCacheOptions options_;
+  Ops* device_ = nullptr;  // set when the blocks are in a device's memory
   std::int32_t n_layer_ = 0, n_head_kv_ = 0, head_dim_ = 0;
   std::int64_t n_blocks_ = 0;
   // Layer l's K at storage_ + 2l * layer_bytes_, its V right after: [blocks, page, hkv, hd] each.
