@@ -3,7 +3,7 @@
 # works): build (Release, CUDA on, for this GPU's architecture), nvidia-smi, the CUDA tests and the
 # conformance matrix for cuda-flash and cudnn, `kallpa bench attention` for both on prefill and
 # decode shapes, PyTorch SDPA (flash and cuDNN backends) on the same shapes when torch imports, and
-# the engine's golden test on the GPU when the engine has a device option. Writes one JSON
+# the engine on the GPU (--device cuda --strict: golden text, NumPy logits check, bench model). Writes one JSON
 # ($OUT/gpu-check.json, else ./gpu-check-out/) and prints a table with ratios. Every step is under
 # `timeout`; the whole run is sized for 8 minutes. Exit status: 0 when every step that ran passed.
 set -uo pipefail
@@ -46,7 +46,7 @@ if [[ $rc -ne 0 ]]; then
   exit 1
 fi
 start=$(date +%s)
-timeout 300 cmake --build "$BUILD" -j"$JOBS" --target kallpa kallpa_tests > "$OUT_DIR/build.txt" 2>&1
+timeout 300 cmake --build "$BUILD" -j"$JOBS" --target kallpa kallpa_tests kallpa_logits_tool > "$OUT_DIR/build.txt" 2>&1
 rc=$?; record build $rc
 echo "build: exit $rc in $(( $(date +%s) - start )) s"
 if [[ $rc -ne 0 ]]; then grep -E "error|Error" "$OUT_DIR/build.txt" | head -30; echo "build failed"; exit 1; fi
@@ -90,21 +90,30 @@ else
   record torch-sdpa 77
 fi
 
-step "engine golden test on the GPU"
-if timeout 30 "$KALLPA" generate --help 2>/dev/null | grep -q -- "--device"; then
-  if ls models/*.gguf > /dev/null 2>&1; then
-    timeout 120 "$KALLPA" generate --device cuda --chat -p "What is the capital of France?" --temp 0 -n 32 \
-      > "$OUT_DIR/golden-gpu.txt" 2>&1
-    rc=$?; record golden-gpu $rc; cat "$OUT_DIR/golden-gpu.txt"
-    timeout 120 "$KALLPA" generate --chat -p "What is the capital of France?" --temp 0 -n 32 > "$OUT_DIR/golden-cpu.txt" 2>&1
-    if cmp -s "$OUT_DIR/golden-gpu.txt" "$OUT_DIR/golden-cpu.txt"; then echo "GPU text == CPU text"; else
-      echo "GPU text differs from CPU text (see $OUT_DIR/golden-*.txt)"; fi
-  else
-    echo "skipped: no model in models/ (scripts/fetch_model.sh fetches it)"; record golden-gpu 77
-  fi
+step "engine golden test on the GPU, and SmolLM2 tokens/s there"
+if ls models/*.gguf > /dev/null 2>&1; then
+  # Text on stdout, the summary line (timings, device, fallbacks) on stderr.
+  timeout 120 "$KALLPA" generate --device cuda --strict --chat -p "What is the capital of France?" --temp 0 -n 32 \
+    > "$OUT_DIR/golden-gpu.txt" 2> "$OUT_DIR/golden-gpu.log"
+  rc=$?; record golden-gpu $rc; cat "$OUT_DIR/golden-gpu.txt"; tail -2 "$OUT_DIR/golden-gpu.log"
+  timeout 120 "$KALLPA" generate --chat -p "What is the capital of France?" --temp 0 -n 32 > "$OUT_DIR/golden-cpu.txt" 2>/dev/null
+  if cmp -s "$OUT_DIR/golden-gpu.txt" "$OUT_DIR/golden-cpu.txt"; then echo "GPU text == CPU text"; else
+    echo "GPU text differs from CPU text (see $OUT_DIR/golden-*.txt)"; fi
+  grep -q Paris "$OUT_DIR/golden-gpu.txt" || record golden-gpu-paris 1
+  timeout 120 "$KALLPA" bench model --device cuda -r 3 --json > "$OUT_DIR/bench-model-gpu.json" 2> "$OUT_DIR/bench-model-gpu.log"
+  record bench-model-gpu $?; cat "$OUT_DIR/bench-model-gpu.json"
 else
-  echo "skipped: 'kallpa generate' has no --device option yet (the engine runs on the CPU only)"
-  record golden-gpu 77
+  echo "skipped: no model in models/ (scripts/fetch_model.sh fetches it)"; record golden-gpu 77
+fi
+# The engine's device tests and its NumPy golden check with every op on the GPU (--strict).
+timeout 120 "$BUILD/tests/kallpa_tests" --gtest_filter='DeviceOps*' > "$OUT_DIR/device-ops-tests.txt" 2>&1
+record device-ops-tests $?; tail -3 "$OUT_DIR/device-ops-tests.txt"
+if "${PY:-python3}" -c "import numpy, gguf" 2>/dev/null; then
+  KALLPA_DEVICE=cuda timeout 180 "${PY:-python3}" tests/engine/crosscheck_logits.py "$BUILD/tests/engine/kallpa_logits_tool" \
+    > "$OUT_DIR/golden-numpy-gpu.txt" 2>&1
+  record golden-numpy-gpu $?; cat "$OUT_DIR/golden-numpy-gpu.txt"
+else
+  echo "skipped: numpy/gguf not importable for the NumPy golden check"; record golden-numpy-gpu 77
 fi
 
 step "summary"

@@ -184,7 +184,7 @@ Status LlamaModel::forward(std::span<const ForwardItem> given, runtime::KvCache&
     if (!(s = ops.matmul_group(qkv, h, total, decode_rows))) return s;
     if (!(s = ops.rope(q, positions_, config_.n_head, config_.head_dim, config_.n_rot, config_.rope_freq_base)) ||
         !(s = ops.rope(k, positions_, config_.n_head_kv, config_.head_dim, config_.n_rot, config_.rope_freq_base)) ||
-        !(s = cache.write_rows(static_cast<std::int32_t>(l), kv_slots_, k, v)) ||
+        !(s = cache.write_rows(static_cast<std::int32_t>(l), kv_slots_, k, v)) || !(s = ops.finish()) ||
         !(s = attention(static_cast<std::int32_t>(l), cache, dispatcher)) ||
         !(s = ops.matmul(L.wo, att_.get(), total, tmp, decode_rows)) || !(s = ops.add(x, tmp, total * embd))) {
       return s;

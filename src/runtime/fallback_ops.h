@@ -40,6 +40,7 @@ class FallbackOps final : public Ops {
     return device_->download(host_dst, src, bytes);
   }
   Status copy(void* dst, const void* src, std::size_t bytes) override { return device_->copy(dst, src, bytes); }
+  Status finish() override { return device_->finish(); }
   Result<std::shared_ptr<const void>> place_weights(std::span<model::WeightMatrix* const> matrices,
                                                     WeightUse use) override;
 

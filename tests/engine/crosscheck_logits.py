@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """kallpa's forward pass against an independent NumPy one (tools/reference/llama_numpy.py) on the
-synthetic fixture for several weight types, and on the real model when it is present.
+synthetic fixture for several weight types, and on the real model when it is present. With
+KALLPA_DEVICE set (opencl, cuda), the same checks run with the model entirely on that device.
 
 Exit codes: 0 pass, 1 mismatch, 77 skipped (numpy or gguf not installed).
 """
@@ -26,7 +27,12 @@ TOOL = sys.argv[1]
 
 
 def kallpa_logits(model, ids):
-    out = subprocess.run([TOOL, model] + [str(i) for i in ids], check=True, capture_output=True, text=True)
+    out = subprocess.run([TOOL, model] + [str(i) for i in ids], capture_output=True, text=True)
+    if out.returncode == 77:
+        print(f"SKIP: {out.stderr.strip()}")
+        sys.exit(77)
+    if out.returncode != 0:
+        raise RuntimeError(f"{TOOL} failed ({out.returncode}): {out.stderr.strip()}")
     return np.array(json.loads(out.stdout))
 
 

@@ -4,6 +4,7 @@
 //   kallpa_logits_tool --write-synthetic OUT.gguf [--matrix-type q4_1|q8_0|q4_0|f16|f32]
 //   kallpa_logits_tool MODEL.gguf ID [ID ...]
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -34,10 +35,16 @@ int main(int argc, char** argv) {
   runtime::EngineOptions options;
   options.model_path = argv[1];
   options.cache.max_tokens = 1024;
+  // KALLPA_DEVICE runs the model on a device, strictly: every op there, none on the CPU.
+  if (const char* device = std::getenv("KALLPA_DEVICE"); device != nullptr && *device != '\0') {
+    options.device = device;
+    options.strict_device = true;
+  }
   auto engine = runtime::Engine::load(options);
   if (!engine) {
     std::fprintf(stderr, "%s\n", engine.status().to_string().c_str());
-    return 1;
+    const bool absent = engine.status().code() == ErrorCode::unsupported && engine.status().field() == "device";
+    return absent ? 77 : 1;
   }
   std::vector<std::int32_t> ids;
   for (int i = 2; i < argc; ++i) ids.push_back(std::atoi(argv[i]));

@@ -534,6 +534,30 @@ def test_real_model_paris():
         check(text2 == text, f"streamed {text2!r} != {text!r}")
 
 
+def test_device_opencl():
+    # The same server with the model on the OpenCL device, strictly: every engine op and attention
+    # there, none on the CPU (a fallback would be refused, not counted).
+    real = Path(ARGS.model_dir) / REAL_MODEL
+    model = real if real.exists() else None
+    try:
+        s = Server("device_opencl", "--device", "opencl", "--strict", model=model)
+    except Failure as e:
+        if "device" in str(e) and "unsupported" in str(e):
+            raise Skip(f"no OpenCL device: {str(e)[-300:]}")
+        raise
+    with s:
+        text, r = chat_text(s.client(), seed=0, max_tokens=24, temperature=0)
+        check(r.usage.completion_tokens > 0, "no tokens from the OpenCL device")
+        if model is not None:
+            check("Paris" in text, f"answer without Paris on OpenCL: {text!r}")
+        text2, _, _, _ = stream_chat(s.client(), seed=0, max_tokens=24, temperature=0)
+        check(text2 == text, f"streamed {text2!r} != {text!r}")
+        m = parse_metrics(s.request("GET", "/metrics")[2])
+        calls = {dict(k)["backend"]: v for k, v in m.get("kallpa_attention_calls_total", {}).items()}
+        check(calls.get("opencl-flash", 0) > 0 and set(calls) == {"opencl-flash"}, f"attention calls {calls}")
+        check(not m.get("kallpa_op_fallbacks_total"), f"ops ran on the CPU: {m.get('kallpa_op_fallbacks_total')}")
+
+
 def main():
     global ARGS
     p = argparse.ArgumentParser()

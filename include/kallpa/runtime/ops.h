@@ -47,6 +47,11 @@ class Ops {
   virtual Status upload(void* dst, const void* host_src, std::size_t bytes) = 0;
   virtual Status download(void* host_dst, const void* src, std::size_t bytes) = 0;
   virtual Status copy(void* dst, const void* src, std::size_t bytes) = 0;  // within this memory
+  // Returns when the ops queued so far have run, for readers outside these ops: the attention
+  // backend reads q and the KV cache, perhaps on a queue of its own (CUDA streams), and writes its
+  // output before its run() returns. A device whose attention shares the ops' in-order queue
+  // (OpenCL here) need not wait.
+  virtual Status finish() { return {}; }
   // Makes this device's copies of weight matrices given in the host's GGUF layout: rewrites each
   // matrix (data, and layout if the device prefers another for `use`) in place. The returned holder
   // keeps the copies alive; the host matrices are not needed afterwards (the CPU may keep reading

@@ -4,6 +4,11 @@
 
 namespace kallpa::opencl {
 
+OpenClMemory* shared_memory() noexcept {
+  static OpenClMemory* const m = Runtime::get() != nullptr ? new OpenClMemory(*Runtime::get()) : nullptr;
+  return m;
+}
+
 OpenClMemory::~OpenClMemory() {
   for (auto& [base, a] : live_) clReleaseMemObject(a.buffer);
 }

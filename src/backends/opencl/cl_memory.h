@@ -47,4 +47,10 @@ class OpenClMemory final : public DeviceMemory {
   std::uintptr_t next_ = kBase;
 };
 
+// The one OpenClMemory of this process (on Runtime::get()'s device), shared by opencl-flash and
+// the engine's OpenCL ops so that addresses either hands out are valid for the other; nullptr when
+// there is no OpenCL device. Never destroyed: buffers must not be released from static
+// destructors, after the OpenCL driver may have torn itself down.
+OpenClMemory* shared_memory() noexcept;
+
 }  // namespace kallpa::opencl

@@ -185,31 +185,41 @@ const std::string& Runtime::unavailable_reason() noexcept {
   return found().why;
 }
 
+Result<cl_program> build_program(cl_context context, cl_device_id device, const char* source, const char* options,
+                                 std::string_view what) noexcept {
+  try {
+    cl_int err = CL_SUCCESS;
+    cl_program program = clCreateProgramWithSource(context, 1, &source, nullptr, &err);
+    if (err != CL_SUCCESS) return cl_failure("clCreateProgramWithSource", err, what);
+    err = clBuildProgram(program, 1, &device, options, nullptr, nullptr);
+    if (err == CL_SUCCESS) return program;
+    std::string log;
+    std::size_t size = 0;
+    if (clGetProgramBuildInfo(program, device, CL_PROGRAM_BUILD_LOG, 0, nullptr, &size) == CL_SUCCESS && size > 0) {
+      log.resize(size);
+      clGetProgramBuildInfo(program, device, CL_PROGRAM_BUILD_LOG, size, log.data(), nullptr);
+      while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
+      if (log.size() > 2000) log = log.substr(0, 2000) + " ...";
+    }
+    clReleaseProgram(program);
+    return cl_failure("clBuildProgram", err,
+                      fmt::format("{} program: {}", what, log.empty() ? "no build log" : "build log: " + log));
+  } catch (const std::exception& e) {
+    return Status(ErrorCode::internal, "clBuildProgram", e.what());
+  }
+}
+
 Result<cl_program> Runtime::program() noexcept {
   std::call_once(build_once_, [this] {
     const auto start = std::chrono::steady_clock::now();
-    const char* source = kFlashAttentionSource;
-    cl_int err = CL_SUCCESS;
-    program_ = clCreateProgramWithSource(context_, 1, &source, nullptr, &err);
-    if (err != CL_SUCCESS) {
-      build_status_ = cl_failure("clCreateProgramWithSource", err);
-      return;
-    }
     // No fast-math options: the conformance suite holds f32 results to 1e-5.
-    err = clBuildProgram(program_, 1, &device_, "-cl-std=CL1.2", nullptr, nullptr);
+    Result<cl_program> built = build_program(context_, device_, kFlashAttentionSource, "-cl-std=CL1.2", "attention");
     build_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (err != CL_SUCCESS) {
-      std::string log;
-      std::size_t size = 0;
-      if (clGetProgramBuildInfo(program_, device_, CL_PROGRAM_BUILD_LOG, 0, nullptr, &size) == CL_SUCCESS && size > 0) {
-        log.resize(size);
-        clGetProgramBuildInfo(program_, device_, CL_PROGRAM_BUILD_LOG, size, log.data(), nullptr);
-        while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
-        if (log.size() > 2000) log = log.substr(0, 2000) + " ...";
-      }
-      build_status_ = cl_failure("clBuildProgram", err, log.empty() ? "no build log" : "build log: " + log);
+    if (!built) {
+      build_status_ = built.status();
       return;
     }
+    program_ = *built;
     spdlog::debug("kallpa: opencl-flash program built for '{}' in {:.2f} s", limits_.name, build_seconds_);
   });
   if (!build_status_) return build_status_;

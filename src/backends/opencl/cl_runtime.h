@@ -21,6 +21,11 @@ std::string_view cl_error_name(cl_int code) noexcept;
 // The Status for a failed OpenCL call: backend_failure, field = the call, message names the code.
 Status cl_failure(std::string_view call, cl_int code, std::string_view context = {});
 
+// Compiles an OpenCL C program for one device. A failure is backend_failure naming `what`, with
+// the compiler's build log (its first 2000 characters).
+Result<cl_program> build_program(cl_context context, cl_device_id device, const char* source, const char* options,
+                                 std::string_view what) noexcept;
+
 struct DeviceLimits {
   std::string name;      // "pthread-haswell-AMD EPYC"
   std::string platform;  // "Portable Computing Language"

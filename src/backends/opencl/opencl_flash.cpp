@@ -308,12 +308,8 @@ class OpenClFlash final : public AttentionBackend {
     return {};
   }
 
-  // One per process, like the device, and never destroyed: buffers must not be released from
-  // static destructors, after the OpenCL driver may have torn itself down.
-  static OpenClMemory* memory() noexcept {
-    static OpenClMemory* const m = Runtime::get() != nullptr ? new OpenClMemory(*Runtime::get()) : nullptr;
-    return m;
-  }
+  // The process's one OpenCL memory, which the engine's OpenCL ops allocate from too.
+  static OpenClMemory* memory() noexcept { return shared_memory(); }
 
   std::mutex kernel_mu_;
   cl_kernel kernel_ = nullptr;  // kept for the process's life, like the program
