@@ -5,9 +5,9 @@
     python3 bench/serve_load.py --kallpa build/tools/kallpa/kallpa [-m MODEL] [--concurrency 1,4,16]
     python3 bench/serve_load.py --url http://127.0.0.1:8080 ...     # a server already running
 
-Every request asks for exactly --max-tokens tokens (distinct prompts, seeded sampling at
-temperature 0.8 and EOS ignored by asking for a long answer; requests that stop early count the
-tokens they produced). Each level sends concurrency * --rounds requests, `concurrency` at a time.
+Every request gets exactly --max-tokens tokens (distinct prompts, seeded sampling at temperature
+0.8, and `ignore_eos`, the vLLM extension kallpa accepts, so that no request ends early).
+Each level sends concurrency * --rounds requests, `concurrency` at a time.
 Standard library only.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 
 def stream_one(host, port, i, max_tokens):
     body = {"messages": [{"role": "user", "content": f"Write a long story about a robot number {i}."}],
-            "max_tokens": max_tokens, "temperature": 0.8, "seed": i, "stream": True,
+            "max_tokens": max_tokens, "temperature": 0.8, "seed": i, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     conn = http.client.HTTPConnection(host, port, timeout=600)

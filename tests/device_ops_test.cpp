@@ -185,5 +185,41 @@ TEST(DeviceOps, EngineLoadsOnADeviceByNameOrSaysWhyNot) {
   }
 }
 
+// Every device this build has engine ops for, against the CPU on the same batches (prompt chunks
+// and batched decode steps): within f32 reordering and the CPU's 16-bit decode activations, and
+// the same argmax. Skipped, with the reason, where the device is absent.
+class DeviceMatchesCpu : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DeviceMatchesCpu, LogitsOfPromptAndDecodeSteps) {
+  auto ops = make_ops(GetParam());
+  if (!ops) GTEST_SKIP() << ops.status().to_string();
+  FallbackOps device(std::move(*ops), /*strict=*/true);
+  auto cpu = make_cpu_ops();
+  const auto want = run(*cpu);
+  const auto got = run(device);
+  ASSERT_EQ(got.size(), want.size());
+  auto model = model::LlamaModel::load(synthetic_file(), *cpu);
+  ASSERT_TRUE(model.is_ok());
+  const auto vocab = static_cast<std::size_t>((*model)->config().vocab_size);
+  for (std::size_t row = 0; row * vocab < want.size(); ++row) {
+    const float* w = want.data() + row * vocab;
+    const float* g = got.data() + row * vocab;
+    double scale = 1.0, diff = 0.0;
+    std::size_t arg_w = 0, arg_g = 0;
+    for (std::size_t i = 0; i < vocab; ++i) {
+      scale = std::max(scale, double(std::fabs(w[i])));
+      diff = std::max(diff, double(std::fabs(w[i] - g[i])));
+      if (w[i] > w[arg_w]) arg_w = i;
+      if (g[i] > g[arg_g]) arg_g = i;
+    }
+    EXPECT_LE(diff, 2e-3 * scale) << GetParam() << " logits row " << row;
+    EXPECT_EQ(arg_g, arg_w) << GetParam() << " logits row " << row;
+  }
+  EXPECT_TRUE(device.fallbacks().empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, DeviceMatchesCpu, ::testing::Values("opencl", "cuda"),
+                         [](const ::testing::TestParamInfo<const char*>& p) { return std::string(p.param); });
+
 }  // namespace
 }  // namespace kallpa::runtime
