@@ -25,7 +25,11 @@
 //   v6 fused:   v5 with the prefetches of each four-key step spread over its heads (not one burst).
 //               Tried and dropped: four rows per pass, eight-key steps, head-by-head order, a 3 x 2
 //               dot kernel for groups of 3 (all slower; see flash_decode.cpp).
-//   decode_dram/*: K/V of 256 MiB (far beyond L3) on huge pages, v5 and v6 side by side with
+//   v7 grouped: v6's memory-order walk in steps of eight keys across every head (blocks of 64),
+//               up to four rows of a GQA group per dot and P·V kernel, so each K/V vector is
+//               converted once for them all; P·V accumulators in registers over a step; prefetch
+//               8 keys ahead; prefill v3's cheaper exp. The default beyond 1 MiB of K/V.
+//   decode_dram/*: K/V of 256 MiB (far beyond L3) on huge pages, v5, v6 and v7 side by side with
 //               stream_read, a plain sum of the same bytes on the same threads: the practical ceiling.
 //               Compare with --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true;
 //               KALLPA_BENCH_HUGE_PAGES=0 puts the buffers on 4 KiB pages.
@@ -201,8 +205,11 @@ void register_decode_versions(const std::string& name, const Shape& s) {
   static cpu_flash::CpuFlashBackend v5_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::stream});
   static cpu_flash::CpuFlashBackend v6(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::fused});
   static cpu_flash::CpuFlashBackend v6_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::fused});
+  static cpu_flash::CpuFlashBackend v7(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::grouped});
+  static cpu_flash::CpuFlashBackend v7_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::grouped});
   if (name.rfind("decode_dram", 0) == 0) {  // only the DRAM contenders and the ceiling
-    for (const auto& [suffix, be] : {std::pair{"/v5_stream", &v5}, std::pair{"/v6_fused", &v6}})
+    for (const auto& [suffix, be] :
+         {std::pair{"/v5_stream", &v5}, std::pair{"/v6_fused", &v6}, std::pair{"/v7_grouped", &v7}})
       benchmark::RegisterBenchmark((name + suffix).c_str(), [s, be = be](benchmark::State& st) { run_backend(st, *be, s); })
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
@@ -215,9 +222,11 @@ void register_decode_versions(const std::string& name, const Shape& s) {
                                                                      {"/v3_staged_t1", &v3_1},
                                                                      {"/v4_direct_t1", &v4_1},
                                                                      {"/v5_stream_t1", &v5_1},
-                                                                     {"/v6_fused_t1", &v6_1}};
+                                                                     {"/v6_fused_t1", &v6_1},
+                                                                     {"/v7_grouped_t1", &v7_1}};
   const std::pair<const char*, cpu_flash::CpuFlashBackend*> all[] = {
-      {"/v2_tiled", &v2}, {"/v3_staged", &v3}, {"/v4_direct", &v4}, {"/v5_stream", &v5}, {"/v6_fused", &v6}};
+      {"/v2_tiled", &v2}, {"/v3_staged", &v3}, {"/v4_direct", &v4},
+      {"/v5_stream", &v5}, {"/v6_fused", &v6}, {"/v7_grouped", &v7}};
   for (const auto& [suffix, be] : one)
     benchmark::RegisterBenchmark((name + suffix).c_str(), [s, be = be](benchmark::State& st) { run_backend(st, *be, s); })
         ->Unit(benchmark::kMillisecond);

@@ -234,7 +234,7 @@ std::string describe(const Spec& s) {
 }
 
 // The automatic choice, the previous prefill generation (v2 rows kernel), the streaming decode
-// kernels (v5, which the automatic choice takes only for K/V beyond the caches, and v6) and the
+// kernels (v5, v6 and v7, which the automatic choice takes for K/V beyond the caches) and the
 // generic path.
 void check_all_paths(const Spec& s) {
   SCOPED_TRACE(describe(s));
@@ -244,12 +244,14 @@ void check_all_paths(const Spec& s) {
   CpuFlashBackend rows_v2(Options{0, Path::fast, DecodeKernel::automatic, PrefillKernel::rows});
   CpuFlashBackend stream_v5(Options{0, Path::fast, DecodeKernel::stream});
   CpuFlashBackend fused_v6(Options{0, Path::fast, DecodeKernel::fused});
+  CpuFlashBackend grouped_v7(Options{0, Path::fast, DecodeKernel::grouped});
   CpuFlashBackend generic(Options{0, Path::generic});
   const auto want = ref(s);
   expect_close(run(fast, s), want, s, "fast");
   expect_close(run(rows_v2, s), want, s, "fast, prefill v2");
   expect_close(run(stream_v5, s), want, s, "fast, decode v5");
   expect_close(run(fused_v6, s), want, s, "fast, decode v6");
+  expect_close(run(grouped_v7, s), want, s, "fast, decode v7");
   expect_close(run(generic, s), want, s, "generic");
 }
 
@@ -349,7 +351,7 @@ TEST(CpuFlash, DecodeSplitKv) {
   }
 }
 
-// Every decode kernel generation (tiled, staged, direct, stream, fused) against the reference on decode-shaped
+// Every decode kernel generation (tiled, staged, direct, stream, fused, grouped) against the reference on decode-shaped
 // problems: GQA groups, paged caches (the engine's page 16, 3 KV heads), ragged batches, several
 // query rows per sequence (speculative / chunked decode), masks, softcap, ALiBi, lse, padded
 // strides (which force the staged kernel) and chunk splits with the merge.
@@ -414,6 +416,24 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
     s.lse = true;
     specs.push_back(s);
   }
+  {
+    Spec s;  // the in-place kernels (unit strides, whole vectors) with every option: v7's group of 4
+    s.dt = DType::f16;
+    s.d = s.dv = 64;
+    s.hq = 8;
+    s.hkv = 2;
+    s.kvl = KvLayout::paged;
+    s.ql = QLayout::packed;
+    s.page = 7;
+    s.sq = {3, 1};
+    s.skv = {530, 61};
+    s.causal = true;
+    s.wl = 200;
+    s.alibi = true;
+    s.softcap = 8.0f;
+    s.lse = true;
+    specs.push_back(s);
+  }
   for (std::int32_t hq : {5, 6, 7}) {
     Spec s;  // GQA groups of 5, 6, 7: row groups of 2 and 3 plus a single row
     s.dt = hq == 6 ? DType::bf16 : DType::f16;
@@ -431,7 +451,7 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
     SCOPED_TRACE(describe(s));
     const auto want = ref(s);
     for (DecodeKernel k : {DecodeKernel::tiled, DecodeKernel::staged, DecodeKernel::direct, DecodeKernel::stream,
-                           DecodeKernel::fused}) {
+                           DecodeKernel::fused, DecodeKernel::grouped}) {
       SCOPED_TRACE(static_cast<int>(k));
       CpuFlashBackend be(Options{0, Path::fast, k});
       expect_close(run(be, s), want, s, "decode kernel");
@@ -444,7 +464,8 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
 // and through scratch: only the rows of that query are NaN.
 TEST(CpuFlash, DecodeNanOnlyWhereVisible) {
   using cpu_flash::DecodeKernel;
-  for (DecodeKernel k : {DecodeKernel::staged, DecodeKernel::direct, DecodeKernel::stream, DecodeKernel::fused}) {
+  for (DecodeKernel k : {DecodeKernel::staged, DecodeKernel::direct, DecodeKernel::stream, DecodeKernel::fused,
+                        DecodeKernel::grouped}) {
     Spec s;
     s.sq = {2};
     s.skv = {600};
@@ -712,6 +733,13 @@ TEST(CpuFlash, EverySimdTarget) {
       s.wl = 200;
       CpuFlashBackend fast(Options{0, Path::fast});
       expect_close(run(fast, s), ref(s), s, "fast");
+      if (sq > 5) continue;
+      // Decode v7 reads K/V in place when the head dims are whole vectors of the target (64 is,
+      // for every target; 72 and 40 are not for AVX-512 and go to v6).
+      CpuFlashBackend grouped(Options{0, Path::fast, cpu_flash::DecodeKernel::grouped});
+      expect_close(run(grouped, s), ref(s), s, "decode v7");
+      s.d = s.dv = 64;
+      expect_close(run(grouped, s), ref(s), s, "decode v7, D 64");
     }
   }
   ASSERT_TRUE(cpu_flash::CpuFlashBackend::force_simd_target(""));

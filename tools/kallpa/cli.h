@@ -54,6 +54,7 @@ struct Command {
 
 Command add_demo_command(CLI::App& app);
 Command add_backends_command(CLI::App& app);
+Command add_devices_command(CLI::App& app);
 Command add_conformance_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
     GlobalOptions global;
     add_global_options(app, global);
     const std::vector<Command> commands = {add_demo_command(app), add_backends_command(app),
+                                           add_devices_command(app),
                                            add_conformance_command(app), add_bench_command(app),
                                            add_generate_command(app),    add_chat_command(app),
                                            add_tokenize_command(app),    add_serve_command(app)};

@@ -342,7 +342,7 @@ Options options_from_env() {
     return end != env + 1 && *end == '\0' ? static_cast<int>(v) : 0;
   };
   const int decode = version("KALLPA_CPU_FLASH_DECODE");
-  if (decode >= 2 && decode <= 6) o.decode = static_cast<DecodeKernel>(decode);
+  if (decode >= 2 && decode <= 7) o.decode = static_cast<DecodeKernel>(decode);
   const int prefill = version("KALLPA_CPU_FLASH_PREFILL");
   if (prefill >= 2 && prefill <= 3) o.prefill = static_cast<PrefillKernel>(prefill);
   return o;
@@ -434,8 +434,10 @@ Status CpuFlashBackend::run_decode(const ValidatedProblem& vp, Workspace workspa
   pool.parallel_for(
       static_cast<std::int64_t>(plan.tasks.size()),
       [&](std::int64_t t, int worker) {
-        run_decode_task(vp, plan, plan.tasks[static_cast<std::size_t>(t)],
-                        base + static_cast<std::size_t>(worker) * plan.worker_bytes, slots, counters, kernel);
+        void* const mine = base + static_cast<std::size_t>(worker) * plan.worker_bytes;
+        const DecodeTask& task = plan.tasks[static_cast<std::size_t>(t)];
+        if (kernel == DecodeKernel::grouped) run_decode_task_v7(vp, plan, task, mine, slots, counters);
+        else run_decode_task(vp, plan, task, mine, slots, counters, kernel);
       },
       threads);
   return Status::ok();

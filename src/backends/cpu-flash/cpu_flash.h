@@ -24,7 +24,7 @@ enum class Path : int {
 // Kernel generation for decode-shaped problems (Sq * group <= 16 rows per KV head); the older ones
 // stay selectable so that benchmarks compare them side by side.
 enum class DecodeKernel : int {
-  automatic = 0,  // direct while the K/V of the call fit in cache, else stream
+  automatic = 0,  // direct while the K/V of the call fit in cache, else grouped
   tiled = 2,      // v2: the general tiled path (per-head tasks, split-KV)
   staged = 3,     // v3: key-chunk tasks over all heads, each block converted to f32 scratch first
   direct = 4,     // v4: like staged, but K/V rows read in place (F16C / bf16 promote in registers)
@@ -32,6 +32,8 @@ enum class DecodeKernel : int {
                   //     and prefetched a fixed distance ahead as one sequential stream
   fused = 6,      // v6: stream with its prefetches spread over the heads of each step instead of
                   //     one burst per step
+  grouped = 7,    // v7: v6's walk in steps of eight keys, up to four query rows of a GQA group served
+                  //     from each K/V vector converted once, P·V accumulators in registers per step
 };
 
 // Kernel generation of the tiled (prefill) path; the older one stays selectable for benchmarks.
@@ -50,7 +52,7 @@ struct Options {
 };
 
 // The registered backend's options: the defaults, with the kernel generations taken from
-// KALLPA_CPU_FLASH_DECODE (v2..v6) and KALLPA_CPU_FLASH_PREFILL (v2, v3) when set, so that
+// KALLPA_CPU_FLASH_DECODE (v2..v7) and KALLPA_CPU_FLASH_PREFILL (v2, v3) when set, so that
 // `kallpa bench attention` can time one generation against another.
 Options options_from_env();
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -138,16 +139,25 @@ inline constexpr std::int64_t kDecodeChunksTarget = 16;  // chunks for the whole
 // benchmark repeating one call on hot 4 MiB favours v4 (0.33 vs 0.43 ms, 32/8 D64).
 inline constexpr double kDecodeDirectMaxBytes = 1.0 * 1024 * 1024;
 inline constexpr DecodeKernel kDecodeAutoInCache = DecodeKernel::direct;
-// Beyond that, still v5. v6 (v5 with its prefetches spread over the heads of each step) was
-// 1.06-1.29x v5 side by side from DRAM for 32/8 D64 (256 MiB, 2 threads, five runs, a busy machine)
-// and 0.91-1.23x for 8/8 D128; SmolLM2's tg64 at 2048 tokens moved +-25% between side-by-side
-// pairs (kallpa bench model -d 2048). Not the default until measured on a quiet machine.
-inline constexpr DecodeKernel kDecodeAutoStreamed = DecodeKernel::stream;
+// Beyond that, v7. Side by side (bench/cpu_flash_bench.cpp, 2 threads, interleaved repetitions,
+// a busy machine): v7 took 0.54-1.00x v5's time on 25 of 26 decode cases of 4096 and 32768 keys
+// (f16/bf16, D64/D128, 8/8, 32/8 and 9/3 heads; 1.07x once), and from DRAM (256/512 MiB of K/V)
+// 0.81-0.90x v6's for 32/8 D64 and 0.95-1.06x for 8/8 D128 in two runs. Up to 1 MiB v4 stays:
+// there the two are within the noise of each other (v7/v4 0.66-1.18, median about 0.9) and v4
+// needs fewer instructions for groups of 1 and 3 (callgrind, 512 keys: 324k vs 421k for 8/8
+// D128, 168k vs 204k for 9/3 D64). v5 and v6 stay selectable.
+inline constexpr DecodeKernel kDecodeAutoStreamed = DecodeKernel::grouped;
 // v5: keys each stream (K, V) is prefetched ahead of its reader, into L2.
 inline constexpr std::int64_t kDecodeStreamPrefetchKeys = 16;
 // v6: keys per step of the walk over a block (across every KV head); eight measured slower. Its
 // prefetch distance is v5's.
 inline constexpr std::int64_t kDecodeFusedStep = 4;
+// v7: keys per block (the softmax's per-row work is paid once a block) and the prefetch distance
+// of its K and V streams in keys. Eight against 16: 1.89-2.01x against 2.25-2.29x the time of a
+// plain read of the same bytes (32/8 D64 from DRAM, alternating runs; no difference for 8/8 D128;
+// no prefetch: 3.8x).
+inline constexpr std::int64_t kDecodeGroupedBlock = 64;
+inline constexpr std::int64_t kDecodeGroupedPrefetchKeys = 8;
 
 struct DecodeTask {
   std::int32_t b = 0;
@@ -180,12 +190,16 @@ struct DecodeLayout {
   std::size_t acc = 0;   // f32 [rows][Dvp]
   std::size_t m = 0, l = 0;  // f32 [rows]
   std::size_t s = 0;     // f32 [kDecodeMaxRows][kDecodeBlock]
-  std::size_t s_all = 0; // f32 [rows][kDecodeBlock] (v5: the scores of every head of a block)
+  std::size_t s_all = 0; // f32 [rows][kDecodeBlock] (v5, v6: the scores of every head of a block;
+                         // v7: [rows][kDecodeGroupedBlock])
   std::size_t k = 0;     // f32 [kDecodeBlock][Dp]
   std::size_t v = 0;     // f32 [kDecodeBlock][Dvp]
   std::size_t koff = 0, voff = 0;  // int64 [2][kDecodeBlock]: row offsets of this and the next block
+                                   // (v7: [kDecodeGroupedBlock] of this block)
   std::size_t total = 0;
 };
+
+static_assert(2 * kDecodeBlock >= kDecodeGroupedBlock, "v7's row offsets fit in the offset tables");
 
 inline DecodeLayout decode_layout(std::int64_t rows_max, std::int64_t d, std::int64_t dv) {
   DecodeLayout L;
@@ -203,7 +217,7 @@ inline DecodeLayout decode_layout(std::int64_t rows_max, std::int64_t d, std::in
   L.m = take(rows * 4);
   L.l = take(rows * 4);
   L.s = take(kDecodeMaxRows * kDecodeBlock * 4);
-  L.s_all = take(rows * kDecodeBlock * 4);
+  L.s_all = take(rows * std::max(kDecodeBlock, kDecodeGroupedBlock) * 4);
   L.k = take(kDecodeBlock * L.dp * 4);
   L.v = take(kDecodeBlock * L.dvp * 4);
   L.koff = take(2 * kDecodeBlock * 8);
@@ -220,6 +234,9 @@ DecodePlan make_decode_plan(const ValidatedProblem& problem);
 // else they convert each block to f32 first, as staged does).
 void run_decode_task(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
                      void* scratch, std::byte* slots, std::int32_t* counters, DecodeKernel kernel);
+// The same for decode v7 (decode_v7.cpp); layouts it cannot read in place run v6.
+void run_decode_task_v7(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
+                        void* scratch, std::byte* slots, std::int32_t* counters);
 
 // The prefill v3 softmax exp on n values (for tests).
 void fast_exp(const float* x, float* y, std::size_t n);

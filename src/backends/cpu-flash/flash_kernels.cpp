@@ -20,6 +20,7 @@
 #include "hwy/highway.h"
 #include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "backends/cpu-flash/fast_exp-inl.h"
 
 #include <algorithm>
 #include <cmath>
@@ -283,32 +284,6 @@ HWY_INLINE VF Transform(const TaskCtx& c, DF d, VF s, std::int64_t r0, float jf)
     s = hn::NegMulAdd(hn::Load(d, c.slope + r0), dist, s);
   }
   return s;
-}
-
-// exp for the online softmax (arguments <= 0, -inf for masked keys, NaN kept): Cody-Waite
-// reduction by ln 2 and a degree-6 Taylor polynomial on |r| <= ln(2)/2 (truncation error
-// 0.347^7/7! ~ 1.2e-7 relative, about one ulp; checked against std::exp in
-// CpuFlash.FastExpMatchesStdExp). About 17 operations against hn::Exp's 25 plus the NaN blend.
-HWY_INLINE VF FastExp(DF d, VF x) {
-  const DI di;
-  // Below e^-86 (~4e-38, a weight no softmax row can notice) the result is 0, which keeps the
-  // exponent arithmetic clear of subnormals.
-  const VF lo = hn::Set(d, -86.0f);
-  const VF xc = hn::Min(hn::Max(x, lo), hn::Set(d, 88.0f));
-  const VF n = hn::Round(hn::Mul(xc, hn::Set(d, 1.44269504088896341f)));
-  VF r = hn::MulAdd(n, hn::Set(d, -0.693145751953125f), xc);
-  r = hn::MulAdd(n, hn::Set(d, -1.428606765330187045e-6f), r);
-  VF y = hn::Set(d, 1.0f / 720.0f);
-  y = hn::MulAdd(y, r, hn::Set(d, 1.0f / 120.0f));
-  y = hn::MulAdd(y, r, hn::Set(d, 1.0f / 24.0f));
-  y = hn::MulAdd(y, r, hn::Set(d, 1.0f / 6.0f));
-  y = hn::MulAdd(y, r, hn::Set(d, 0.5f));
-  y = hn::MulAdd(y, r, hn::Set(d, 1.0f));
-  y = hn::MulAdd(y, r, hn::Set(d, 1.0f));
-  const auto e = hn::ShiftLeft<23>(hn::ConvertTo(di, n));
-  y = hn::BitCast(d, hn::Add(hn::BitCast(di, y), e));
-  y = hn::IfThenZeroElse(hn::Lt(x, lo), y);
-  return hn::IfThenElse(hn::IsNaN(x), x, y);
 }
 
 // ---------------------------------------------------------------------------------------------
