@@ -151,6 +151,7 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
   const std::string backend = main_attention_backend(*engine);
   const int threads = parallel::ThreadPool::global().num_threads();
   const std::string model = engine->options().model_path;
+  const std::string device(engine->ops().device_name());
   if (o.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const Measurement& m : results) {
@@ -160,6 +161,7 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
                      {"depth", m.depth},
                      {"tokens", m.tokens},
                      {"threads", threads},
+                     {"device", device},
                      {"attention", backend},
                      {"seconds", m.seconds},
                      {"tokens_per_second", rate},
@@ -168,10 +170,11 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
     fmt::print("{}\n", out.dump(2));
     return kExitOk;
   }
-  Table table({{"model"}, {"threads", Table::Align::right}, {"attention"}, {"test"}, {"tok/s", Table::Align::right}});
+  Table table({{"model"}, {"threads", Table::Align::right}, {"device"}, {"attention"}, {"test"},
+               {"tok/s", Table::Align::right}});
   for (const Measurement& m : results) {
     const auto [rate, sd] = rate_stats(m);
-    table.add_row({std::filesystem::path(model).filename().string(), std::to_string(threads), backend,
+    table.add_row({std::filesystem::path(model).filename().string(), std::to_string(threads), device, backend,
                    m.depth > 0 ? fmt::format("{} @ d{}", m.test, m.depth) : m.test,
                    fmt::format("{:.1f} ± {:.1f}", rate, sd)});
   }
