@@ -196,6 +196,37 @@ HWY_INLINE void ForRowGroups(const Ctx& c, const std::int64_t* a_i, const std::i
   }
 }
 
+// One row's scores s[x_begin, x_end) (whole vectors) of a block starting at key j0: softcap and
+// ALiBi applied, keys outside the row's visible range [a, e] set to -inf, in place. Returns the
+// row's new running max from m_old (NaN when a visible score is NaN, so the row turns NaN).
+inline float MaskScoresAndMax(const Ctx& c, float* s, std::int64_t x_begin, std::int64_t x_end, std::int32_t h,
+                              std::int64_t i, std::int64_t j0, std::int64_t a, std::int64_t e, float m_old) {
+  const DF d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  const VF neg_inf = hn::Set(d, kNegInf);
+  const VF posv = hn::Set(d, c.posf[i]);
+  const VF slope = hn::Set(d, c.slopes ? c.slopes[h] : 0.0f);
+  const VF av = hn::Set(d, static_cast<float>(a)), ev = hn::Set(d, static_cast<float>(e));
+  VF mt = neg_inf;
+  auto nan = hn::Lt(mt, mt);  // all false
+  for (std::int64_t x = x_begin; x < x_end; x += N) {
+    VF sv = hn::Load(d, s + x);
+    if (c.softcap > 0.0f) {
+      const VF cap = hn::Set(d, c.softcap);
+      const VF tv = hn::Mul(cap, hn::Tanh(d, hn::Div(sv, cap)));
+      sv = hn::IfThenElse(hn::IsNaN(sv), sv, tv);
+    }
+    const VF jv = hn::Iota(d, static_cast<float>(x));
+    if (c.slopes) sv = hn::NegMulAdd(slope, hn::Abs(hn::Sub(posv, hn::Add(jv, hn::Set(d, static_cast<float>(j0))))), sv);
+    if (x < a || x + N > e + 1) sv = hn::IfThenElse(hn::And(hn::Ge(jv, av), hn::Le(jv, ev)), sv, neg_inf);
+    nan = hn::Or(nan, hn::IsNaN(sv));
+    hn::Store(sv, d, s + x);
+    mt = hn::Max(mt, sv);
+  }
+  return !hn::AllFalse(d, nan) ? std::numeric_limits<float>::quiet_NaN()
+                               : std::max(m_old, hn::GetLane(hn::MaxOfLanes(d, mt)));
+}
+
 // Online softmax of the rows of KV head kvh over the block's keys [j0, j0 + nb), vectorised over the
 // keys: s_rows [R][kDecodeBlock] holds the scores and receives the probabilities; m, l and the
 // accumulators of the rows are updated.
@@ -203,7 +234,6 @@ inline void SoftmaxRows(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t 
                  const std::int64_t* e_i, float* s_rows) {
   const DF d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
-  const VF neg_inf = hn::Set(d, kNegInf);
   const std::int64_t G = c.G;
   const std::int64_t nbp = round_up(nb, N);
   for (std::int64_t r = 0; r < c.R; ++r) {
@@ -213,28 +243,8 @@ inline void SoftmaxRows(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t 
     const std::int64_t row = kvh * c.R + r;
     float* s = s_rows + r * kDecodeBlock;
     const std::int32_t h = static_cast<std::int32_t>(kvh * G + r % G);
-    const VF posv = hn::Set(d, c.posf[i]);
-    const VF slope = hn::Set(d, c.slopes ? c.slopes[h] : 0.0f);
-    const VF av = hn::Set(d, static_cast<float>(a)), ev = hn::Set(d, static_cast<float>(e));
-    VF mt = neg_inf;
-    auto nan = hn::Lt(mt, mt);  // all false
-    for (std::int64_t x = 0; x < nbp; x += N) {
-      VF sv = hn::Load(d, s + x);
-      if (c.softcap > 0.0f) {
-        const VF cap = hn::Set(d, c.softcap);
-        const VF tv = hn::Mul(cap, hn::Tanh(d, hn::Div(sv, cap)));
-        sv = hn::IfThenElse(hn::IsNaN(sv), sv, tv);
-      }
-      const VF jv = hn::Iota(d, static_cast<float>(x));
-      if (c.slopes) sv = hn::NegMulAdd(slope, hn::Abs(hn::Sub(posv, hn::Add(jv, hn::Set(d, static_cast<float>(j0))))), sv);
-      if (x < a || x + N > e + 1) sv = hn::IfThenElse(hn::And(hn::Ge(jv, av), hn::Le(jv, ev)), sv, neg_inf);
-      nan = hn::Or(nan, hn::IsNaN(sv));
-      hn::Store(sv, d, s + x);
-      mt = hn::Max(mt, sv);
-    }
+    const float m_new = MaskScoresAndMax(c, s, 0, nbp, h, i, j0, a, e, c.m[row]);
     const float m_old = c.m[row];
-    const float m_new = !hn::AllFalse(d, nan) ? std::numeric_limits<float>::quiet_NaN()
-                                              : std::max(m_old, hn::GetLane(hn::MaxOfLanes(d, mt)));
     const float m_use = m_new == kNegInf ? 0.0f : m_new;
     const float alpha = std::exp(m_old - m_use);
     const VF mu = hn::Set(d, m_use);

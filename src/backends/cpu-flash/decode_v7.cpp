@@ -180,7 +180,6 @@ void GroupSoftmax(Ctx& c, std::int64_t kvh, std::int64_t j0, const std::int64_t*
                   float* s_rows) {
   const DF d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
-  const VF neg_inf = hn::Set(d, kNegInf);
   const std::int64_t G = c.G;
   for (std::int64_t r = 0; r < c.R; ++r) {
     const std::int64_t i = r / G;
@@ -189,29 +188,9 @@ void GroupSoftmax(Ctx& c, std::int64_t kvh, std::int64_t j0, const std::int64_t*
     const std::int64_t row = kvh * c.R + r;
     float* s = s_rows + r * kB7;
     const std::int32_t h = static_cast<std::int32_t>(kvh * G + r % G);
-    const VF posv = hn::Set(d, c.posf[i]);
-    const VF slope = hn::Set(d, c.slopes ? c.slopes[h] : 0.0f);
-    const VF av = hn::Set(d, static_cast<float>(a)), ev = hn::Set(d, static_cast<float>(e));
     const std::int64_t x0 = a / N * N;
-    VF mt = neg_inf;
-    auto nan = hn::Lt(mt, mt);  // all false
-    for (std::int64_t x = x0; x <= e; x += N) {
-      VF sv = hn::Load(d, s + x);
-      if (c.softcap > 0.0f) {
-        const VF cap = hn::Set(d, c.softcap);
-        const VF tv = hn::Mul(cap, hn::Tanh(d, hn::Div(sv, cap)));
-        sv = hn::IfThenElse(hn::IsNaN(sv), sv, tv);
-      }
-      const VF jv = hn::Iota(d, static_cast<float>(x));
-      if (c.slopes) sv = hn::NegMulAdd(slope, hn::Abs(hn::Sub(posv, hn::Add(jv, hn::Set(d, static_cast<float>(j0))))), sv);
-      if (x < a || x + N > e + 1) sv = hn::IfThenElse(hn::And(hn::Ge(jv, av), hn::Le(jv, ev)), sv, neg_inf);
-      nan = hn::Or(nan, hn::IsNaN(sv));
-      hn::Store(sv, d, s + x);
-      mt = hn::Max(mt, sv);
-    }
+    const float m_new = MaskScoresAndMax(c, s, x0, e + 1, h, i, j0, a, e, c.m[row]);
     const float m_old = c.m[row];
-    const float m_new = !hn::AllFalse(d, nan) ? std::numeric_limits<float>::quiet_NaN()
-                                              : std::max(m_old, hn::GetLane(hn::MaxOfLanes(d, mt)));
     const float m_use = m_new == kNegInf ? 0.0f : m_new;
     const float alpha = std::exp(m_old - m_use);
     const VF mu = hn::Set(d, m_use);
