@@ -465,6 +465,7 @@ def test_metrics_parse():
             "kallpa_kv_cache_cached_blocks": "gauge", "kallpa_prompt_tokens_cached": "counter",
             "kallpa_attention_calls": "counter", "kallpa_attention_failures": "counter",
             "kallpa_attention_fallbacks": "counter", "kallpa_attention_duration_seconds": "histogram",
+            "kallpa_op_fallbacks": "counter",
         }
         for name, kind in expected.items():
             check(name in families, f"metric family {name} missing")
@@ -481,6 +482,7 @@ def test_metrics_parse():
         check(metric(m, "kallpa_kv_cache_free_blocks") > 0, "free blocks")
         check(metric(m, "kallpa_prompt_tokens_cached_total") == sum(cached), "cached prompt tokens == sum of usage")
         check(metric(m, "kallpa_kv_cache_cached_blocks") > 0, "the prompt's blocks stay cached")
+        check(not m.get("kallpa_op_fallbacks_total"), "no engine op runs on the CPU on the CPU device")
 
 
 def test_sigterm_drains():
