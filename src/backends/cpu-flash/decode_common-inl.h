@@ -227,6 +227,20 @@ inline float MaskScoresAndMax(const Ctx& c, float* s, std::int64_t x_begin, std:
                                : std::max(m_old, hn::GetLane(hn::MaxOfLanes(d, mt)));
 }
 
+// A row's state after a block: l = l * alpha + the block's probability sum, m = m_new, and the
+// output accumulator rescaled by alpha (skipped when alpha is exactly 1).
+inline void UpdateRow(Ctx& c, std::int64_t row, float m_new, float alpha, float block_sum) {
+  const DF d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  c.l[row] = c.l[row] * alpha + block_sum;
+  c.m[row] = m_new;
+  if (!(alpha == 1.0f)) {
+    float* o = c.acc + row * c.Dvp;
+    const VF al = hn::Set(d, alpha);
+    for (std::int64_t x = 0; x < c.Dvp; x += N) hn::Store(hn::Mul(hn::Load(d, o + x), al), d, o + x);
+  }
+}
+
 // Online softmax of the rows of KV head kvh over the block's keys [j0, j0 + nb), vectorised over the
 // keys: s_rows [R][kDecodeBlock] holds the scores and receives the probabilities; m, l and the
 // accumulators of the rows are updated.
@@ -255,13 +269,7 @@ inline void SoftmaxRows(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t 
       hn::Store(pj, d, s + x);
       sum = hn::Add(sum, pj);
     }
-    c.l[row] = c.l[row] * alpha + SumLanes(d, sum);
-    c.m[row] = m_new;
-    if (!(alpha == 1.0f)) {
-      float* o = c.acc + row * c.Dvp;
-      const VF al = hn::Set(d, alpha);
-      for (std::int64_t x = 0; x < c.Dvp; x += N) hn::Store(hn::Mul(hn::Load(d, o + x), al), d, o + x);
-    }
+    UpdateRow(c, row, m_new, alpha, SumLanes(d, sum));
   }
 }
 

@@ -200,13 +200,7 @@ void GroupSoftmax(Ctx& c, std::int64_t kvh, std::int64_t j0, const std::int64_t*
       hn::Store(pj, d, s + x);
       sum = hn::Add(sum, pj);
     }
-    c.l[row] = c.l[row] * alpha + SumLanes(d, sum);
-    c.m[row] = m_new;
-    if (!(alpha == 1.0f)) {
-      float* o = c.acc + row * c.Dvp;
-      const VF al = hn::Set(d, alpha);
-      for (std::int64_t x = 0; x < c.Dvp; x += N) hn::Store(hn::Mul(hn::Load(d, o + x), al), d, o + x);
-    }
+    UpdateRow(c, row, m_new, alpha, SumLanes(d, sum));
   }
 }
 
