@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "kallpa/status.h"
+
 namespace kallpa {
 
 enum class DType : std::uint8_t { f32 = 0, f16 = 1, bf16 = 2 };
@@ -29,6 +31,10 @@ struct Device {
   friend constexpr bool operator==(const Device&, const Device&) = default;
   std::string to_string() const;  // "cpu", "cuda:1"
 };
+
+// Parses "cpu", "cuda", "opencl:1", "plugin:0" (index 0 when absent). parse_error (field "device")
+// for an unknown kind or a malformed index, invalid_argument for an index out of [0, 2^20].
+Status parse_device(std::string_view text, Device* out);
 
 inline constexpr int kMaxRank = 4;
 

@@ -56,23 +56,6 @@ Status parse_flag(std::string_view key, std::string_view text, bool has_value, b
   return {};
 }
 
-Status parse_device(std::string_view text, Device* out) {
-  const auto colon = text.find(':');
-  const std::string_view kind = text.substr(0, colon);
-  Device dev;
-  if (kind == "cpu") dev.kind = DeviceKind::cpu;
-  else if (kind == "cuda") dev.kind = DeviceKind::cuda;
-  else if (kind == "opencl") dev.kind = DeviceKind::opencl;
-  else if (kind == "plugin") dev.kind = DeviceKind::plugin;
-  else return parse_err("device", fmt::format("unknown device '{}'", text));
-  if (colon != std::string_view::npos) {
-    Status s = parse_int<int>("device", text.substr(colon + 1), 0, 1 << 20, &dev.index);
-    if (!s) return s;
-  }
-  *out = dev;
-  return {};
-}
-
 constexpr std::int64_t kMaxLen = std::numeric_limits<std::int32_t>::max();
 constexpr std::int32_t kMaxI32 = std::numeric_limits<std::int32_t>::max();
 

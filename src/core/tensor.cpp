@@ -1,6 +1,9 @@
 #include "kallpa/tensor.h"
 
+#include <charconv>
 #include <string>
+
+#include <fmt/format.h>
 
 namespace kallpa {
 
@@ -90,6 +93,33 @@ TensorView make_contiguous_view(void* data, DType dtype, std::initializer_list<s
     stride *= t.shape[static_cast<std::size_t>(d)];
   }
   return t;
+}
+
+Status parse_device(std::string_view text, Device* out) {
+  const auto colon = text.find(':');
+  const std::string_view kind = text.substr(0, colon);
+  Device dev;
+  if (kind == "cpu") dev.kind = DeviceKind::cpu;
+  else if (kind == "cuda") dev.kind = DeviceKind::cuda;
+  else if (kind == "opencl") dev.kind = DeviceKind::opencl;
+  else if (kind == "plugin") dev.kind = DeviceKind::plugin;
+  else return Status(ErrorCode::parse_error, "device", fmt::format("unknown device '{}'", text));
+  if (colon != std::string_view::npos) {
+    const std::string_view digits = text.substr(colon + 1);
+    std::int64_t v = 0;
+    const auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+    if (ec == std::errc::result_out_of_range) return Status::invalid("device", fmt::format("'{}' is out of range", digits));
+    if (ec != std::errc() || ptr != digits.data() + digits.size() || digits.empty()) {
+      return Status(ErrorCode::parse_error, "device", fmt::format("'{}' is not an integer", digits));
+    }
+    constexpr std::int64_t kMaxIndex = 1 << 20;
+    if (v < 0 || v > kMaxIndex) {
+      return Status::invalid("device", fmt::format("{} is out of range [0, {}]", v, kMaxIndex));
+    }
+    dev.index = static_cast<int>(v);
+  }
+  *out = dev;
+  return {};
 }
 
 }  // namespace kallpa

@@ -1,6 +1,5 @@
 #include "kallpa/runtime/ops.h"
 
-#include <charconv>
 #include <map>
 #include <mutex>
 
@@ -37,37 +36,26 @@ void register_ops(DeviceKind kind, OpsFactory factory) {
 }
 
 Result<std::unique_ptr<Ops>> make_ops(std::string_view device) {
-  const std::string_view kind_text = device.substr(0, device.find(':'));
-  int index = 0;
-  if (kind_text.size() < device.size()) {
-    const std::string_view digits = device.substr(kind_text.size() + 1);
-    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
-    if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || index < 0) {
-      return Status::invalid("device", fmt::format("'{}': the index after ':' must be a number >= 0", device));
-    }
+  Device dev;
+  if (Status s = parse_device(device, &dev); !s || dev.kind == DeviceKind::plugin) {
+    return Status::invalid("device", fmt::format("'{}' is not an engine device: cpu, opencl[:N] or cuda[:N]{}", device,
+                                                 s ? "" : " (" + s.message() + ")"));
   }
-  DeviceKind kind;
-  if (kind_text == "cpu") {
-    if (index != 0) return Status(ErrorCode::unsupported, "device", "there is one CPU device, cpu (cpu:0)");
+  if (dev.kind == DeviceKind::cpu) {
+    if (dev.index != 0) return Status(ErrorCode::unsupported, "device", "there is one CPU device, cpu (cpu:0)");
     return make_cpu_ops();
-  } else if (kind_text == "opencl") {
-    kind = DeviceKind::opencl;
-  } else if (kind_text == "cuda") {
-    kind = DeviceKind::cuda;
-  } else {
-    return Status::invalid("device", fmt::format("'{}' is not a device: cpu, opencl[:N] or cuda[:N]", device));
   }
   OpsFactory factory;
   {
     OpsRegistry& r = OpsRegistry::get();
     std::lock_guard lock(r.mu);
-    if (auto it = r.factories.find(kind); it != r.factories.end()) factory = it->second;
+    if (auto it = r.factories.find(dev.kind); it != r.factories.end()) factory = it->second;
   }
   if (!factory) {
     return Status(ErrorCode::unsupported, "device",
-                  fmt::format("{}: this build has no engine ops for {} devices", device, kind_text));
+                  fmt::format("{}: this build has no engine ops for {} devices", device, device_kind_name(dev.kind)));
   }
-  return factory(index);
+  return factory(dev.index);
 }
 
 }  // namespace kallpa::runtime

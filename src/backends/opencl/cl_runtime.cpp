@@ -226,4 +226,13 @@ Result<cl_program> Runtime::program() noexcept {
   return program_;
 }
 
+KernelArgs& KernelArgs::set(std::size_t size, const void* value) {
+  if (status_) {
+    const cl_int err = clSetKernelArg(kernel_, index_, size, value);
+    if (err != CL_SUCCESS) status_ = cl_failure("clSetKernelArg", err, fmt::format("{} argument {}", name_, index_));
+  }
+  ++index_;
+  return *this;
+}
+
 }  // namespace kallpa::opencl

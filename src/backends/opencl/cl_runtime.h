@@ -8,6 +8,7 @@
 #include <CL/cl.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -25,6 +26,37 @@ Status cl_failure(std::string_view call, cl_int code, std::string_view context =
 // the compiler's build log (its first 2000 characters).
 Result<cl_program> build_program(cl_context context, cl_device_id device, const char* source, const char* options,
                                  std::string_view what) noexcept;
+
+// Sets a kernel's arguments in order (a.mem(b).i64(n).f32(x)...); keeps the first failure, naming
+// the kernel and the argument's index, for status().
+class KernelArgs {
+ public:
+  explicit KernelArgs(cl_kernel kernel, std::string_view name = "kernel") : kernel_(kernel), name_(name) {}
+  KernelArgs& mem(cl_mem m) { return set(sizeof m, &m); }
+  KernelArgs& i32(std::int64_t v) {
+    const cl_int x = static_cast<cl_int>(v);
+    return set(sizeof x, &x);
+  }
+  KernelArgs& i64(std::int64_t v) {
+    const cl_long x = v;
+    return set(sizeof x, &x);
+  }
+  KernelArgs& u64(std::uint64_t v) {
+    const cl_ulong x = v;
+    return set(sizeof x, &x);
+  }
+  KernelArgs& f32(float v) { return set(sizeof v, &v); }
+  // A __local buffer of `bytes` (at least 4: a zero-sized local argument is an error).
+  KernelArgs& local(std::size_t bytes) { return set(bytes < 4 ? 4 : bytes, nullptr); }
+  const Status& status() const noexcept { return status_; }
+
+ private:
+  KernelArgs& set(std::size_t size, const void* value);
+  cl_kernel kernel_;
+  std::string_view name_;
+  cl_uint index_ = 0;
+  Status status_;
+};
 
 struct DeviceLimits {
   std::string name;      // "pthread-haswell-AMD EPYC"

@@ -68,38 +68,6 @@ struct EventRelease {
 };
 using EventPtr = std::unique_ptr<std::remove_pointer_t<cl_event>, EventRelease>;
 
-// Sets kernel arguments in order; keeps the first failure with its argument index.
-class Args {
- public:
-  explicit Args(cl_kernel k) : kernel_(k) {}
-  Args& mem(cl_mem m) { return set(sizeof(cl_mem), &m); }
-  Args& i32(std::int64_t v) {
-    const cl_int x = static_cast<cl_int>(v);
-    return set(sizeof x, &x);
-  }
-  Args& i64(std::int64_t v) {
-    const cl_long x = v;
-    return set(sizeof x, &x);
-  }
-  Args& f32(float v) { return set(sizeof v, &v); }
-  Args& local(std::size_t bytes) { return set(std::max<std::size_t>(bytes, 4), nullptr); }
-  Status status() const { return status_; }
-
- private:
-  Args& set(std::size_t size, const void* value) {
-    if (status_) {
-      const cl_int err = clSetKernelArg(kernel_, index_, size, value);
-      if (err != CL_SUCCESS) status_ = cl_failure("clSetKernelArg", err, fmt::format("argument {}", index_));
-    }
-    ++index_;
-    return *this;
-  }
-  cl_kernel kernel_;
-  cl_uint index_ = 0;
-  Status status_;
-};
-
-
 std::int64_t stride_at(const TensorView& t, int from_end) noexcept {
   return t.stride[static_cast<std::size_t>(t.rank - from_end)];
 }
@@ -270,7 +238,7 @@ class OpenClFlash final : public AttentionBackend {
     {
       // clSetKernelArg on one kernel object is not thread-safe; enqueueing is.
       std::lock_guard lock(kernel_mu_);
-      Args a(*k);
+      KernelArgs a(*k, "flash_attention");
       a.mem(q->buffer).mem(kk->buffer).mem(v->buffer).mem(o->buffer).mem(lse.buffer).mem(meta_buf->get())
           .mem(table_buf.get()).mem(alibi_buf.get());
       a.i32(dtype_code(tq.dtype)).i32(dtype_code(tk.dtype)).i32(dtype_code(to.dtype)).i32(d).i32(dv).i32(group)

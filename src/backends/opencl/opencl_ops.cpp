@@ -48,41 +48,6 @@ Result<cl_program> engine_program(Runtime& rt) {
   return built->program;
 }
 
-// Sets kernel arguments in order; keeps the first failure with its index.
-class Args {
- public:
-  Args(cl_kernel k, const char* name) : kernel_(k), name_(name) {}
-  Args& mem(cl_mem m) { return set(sizeof m, &m); }
-  Args& u64(std::uint64_t v) {
-    const cl_ulong x = v;
-    return set(sizeof x, &x);
-  }
-  Args& i64(std::int64_t v) {
-    const cl_long x = v;
-    return set(sizeof x, &x);
-  }
-  Args& i32(int v) {
-    const cl_int x = v;
-    return set(sizeof x, &x);
-  }
-  Args& f32(float v) { return set(sizeof v, &v); }
-  const Status& status() const { return status_; }
-
- private:
-  Args& set(std::size_t size, const void* value) {
-    if (status_) {
-      const cl_int err = clSetKernelArg(kernel_, index_, size, value);
-      if (err != CL_SUCCESS) status_ = cl_failure("clSetKernelArg", err, fmt::format("{} argument {}", name_, index_));
-    }
-    ++index_;
-    return *this;
-  }
-  cl_kernel kernel_;
-  const char* name_;
-  cl_uint index_ = 0;
-  Status status_;
-};
-
 // A kernel of the engine program and the largest work-group it may run with.
 struct Kernel {
   cl_kernel k = nullptr;
@@ -269,7 +234,7 @@ class OpenClOps final : public runtime::Ops {
     std::uint64_t at = 0;
     Result<cl_mem> sb = stage({Piece{ids.data(), ids.size_bytes()}}, &at);
     if (!sb) return sb.status();
-    Args a(embedding_.k, embedding_.name);
+    KernelArgs a(embedding_.k, embedding_.name);
     a.mem(tb->buffer).u64(tb->offset * weight_alignment(table.type)).u64(table.row_bytes)
         .i32(static_cast<int>(table.type)).mem(*sb).u64(at / 4).i64(table.cols).mem(ob->buffer).u64(ob->offset);
     return launch(embedding_, a, {static_cast<std::size_t>(table.cols), static_cast<std::size_t>(n)},
@@ -285,7 +250,7 @@ class OpenClOps final : public runtime::Ops {
     if (!wb) return wb.status();
     Result<Bound> yb = bind(y, floats(rows * dim), 4, "y");
     if (!yb) return yb.status();
-    Args a(rmsnorm_.k, rmsnorm_.name);
+    KernelArgs a(rmsnorm_.k, rmsnorm_.name);
     a.mem(xb->buffer).u64(xb->offset).mem(wb->buffer).u64(wb->offset).f32(eps).mem(yb->buffer).u64(yb->offset)
         .i64(dim);
     const std::size_t lanes = std::min(kNormLanes, pow2_floor(rmsnorm_.max_group));
@@ -314,7 +279,7 @@ class OpenClOps final : public runtime::Ops {
                                 k.max_group));
     }
     const std::int64_t tile_rows = tiled ? kPromptTileRows : 1;
-    Args a(k.k, k.name);
+    KernelArgs a(k.k, k.name);
     a.mem(wb->buffer).u64(wb->offset * align).u64(w.row_bytes).i64(w.rows).i64(w.cols).mem(xb->buffer)
         .u64(xb->offset).i64(rows).mem(yb->buffer).u64(yb->offset).i64(w.rows);
     return launch(k, a,
@@ -344,7 +309,7 @@ class OpenClOps final : public runtime::Ops {
         stage({Piece{positions.data(), positions.size_bytes()}, Piece{inv_freq_.data(), inv_freq_.size() * 4}}, at);
     if (!sb) return sb.status();
     const Kernel& k = rope_f64_.k != nullptr && use_fp64_ ? rope_f64_ : rope_f32_;
-    Args a(k.k, k.name);
+    KernelArgs a(k.k, k.name);
     a.mem(xb->buffer).u64(xb->offset).mem(*sb).u64(at[0] / 4).mem(*sb).u64(at[1] / 4).i64(heads).i64(head_dim)
         .i64(half);
     return launch(k, a, {static_cast<std::size_t>(half), static_cast<std::size_t>(rows)}, {row_group(k), 1});
@@ -358,7 +323,7 @@ class OpenClOps final : public runtime::Ops {
     if (!ub) return ub.status();
     Result<Bound> ob = bind(out, floats(n), 4, "out");
     if (!ob) return ob.status();
-    Args a(swiglu_.k, swiglu_.name);
+    KernelArgs a(swiglu_.k, swiglu_.name);
     a.mem(gb->buffer).u64(gb->offset).mem(ub->buffer).u64(ub->offset).mem(ob->buffer).u64(ob->offset).i64(n);
     return launch(swiglu_, a, {static_cast<std::size_t>(n)}, {row_group(swiglu_)});
   }
@@ -369,7 +334,7 @@ class OpenClOps final : public runtime::Ops {
     if (!xb) return xb.status();
     Result<Bound> yb = bind(y, floats(n), 4, "y");
     if (!yb) return yb.status();
-    Args a(add_.k, add_.name);
+    KernelArgs a(add_.k, add_.name);
     a.mem(xb->buffer).u64(xb->offset).mem(yb->buffer).u64(yb->offset).i64(n);
     return launch(add_, a, {static_cast<std::size_t>(n)}, {row_group(add_)});
   }
@@ -386,7 +351,7 @@ class OpenClOps final : public runtime::Ops {
     std::uint64_t at = 0;
     Result<cl_mem> sb = stage({Piece{rows.data(), rows.size_bytes()}}, &at);
     if (!sb) return sb.status();
-    Args a(gather_.k, gather_.name);
+    KernelArgs a(gather_.k, gather_.name);
     a.mem(xb->buffer).u64(xb->offset).mem(*sb).u64(at / 8).i64(dim).mem(ob->buffer).u64(ob->offset);
     return launch(gather_, a, {static_cast<std::size_t>(dim), static_cast<std::size_t>(n)}, {row_group(gather_), 1});
   }
@@ -406,7 +371,7 @@ class OpenClOps final : public runtime::Ops {
     Result<cl_mem> rb = stage({Piece{rows.data(), rows.size_bytes()}}, &at);
     if (!rb) return rb.status();
     const int code = dst_type == DType::f32 ? 0 : dst_type == DType::f16 ? 1 : 2;
-    Args a(scatter_.k, scatter_.name);
+    KernelArgs a(scatter_.k, scatter_.name);
     a.mem(sb->buffer).u64(sb->offset).i64(dim).mem(db->buffer).u64(db->offset).i32(code).mem(*rb).u64(at / 8);
     return launch(scatter_, a, {static_cast<std::size_t>(dim), static_cast<std::size_t>(n)}, {row_group(scatter_), 1});
   }
@@ -499,7 +464,7 @@ class OpenClOps final : public runtime::Ops {
   }
 
   // Runs a kernel over `global` (rounded up to whole work-groups when `local` is given).
-  Status launch(const Kernel& k, const Args& args, std::initializer_list<std::size_t> global,
+  Status launch(const Kernel& k, const KernelArgs& args, std::initializer_list<std::size_t> global,
                 std::initializer_list<std::size_t> local = {}) {
     if (!args.status()) return args.status();
     std::array<std::size_t, 3> g{}, l{};
