@@ -216,6 +216,18 @@ def test_generate_errors():
     expect_usage_error(["generate"], ["prompt"])
 
 
+def test_bench_model_batch():
+    model = model_or_skip()
+    r = run("bench", "model", "-m", model, "-p", "8", "-n", "4", "-d", "0", "-B", "1,3", "-r", "1", "--threads", "1", "--json")
+    check(r.returncode == 0, "bench model --batch exits 0", r)
+    rows = {row["test"]: row for row in json.loads(r.stdout)}
+    check(set(rows) == {"pp8", "tg4", "tg4 x3"}, f"one row per test: {sorted(rows)}", r)
+    check(rows["tg4"]["tokens"] == 4 and rows["tg4 x3"]["tokens"] == 12, "a batch counts every sequence's tokens", r)
+    check(all(row["tokens_per_second"] > 0 and len(row["seconds"]) == 1 for row in rows.values()),
+          "every row has a rate and one timed run", r)
+    expect_usage_error(["bench", "model", "-m", model, "-B", "0"], ["--batch"])
+
+
 def test_tokenize_json():
     model = model_or_skip()
     r = run("tokenize", "-m", model, "--json", "Hello world 123")

@@ -1,6 +1,9 @@
 // `kallpa bench model`: how fast the engine reads a prompt (pp) and generates (tg), at an empty
 // context and after `depth` tokens of context, the way llama-bench reports it so that the two can
 // be compared: pp512 and tg128, at depth 0 and 2048, mean and spread over repetitions.
+// --batch B adds "tg128 xB": B sequences decoding in lockstep, one forward pass per step over all of
+// them (a server's continuous batch at steady state, as llama-batched-bench measures it), so the
+// aggregate rate can be set against one sequence's without HTTP, scheduling or sampling in the way.
 //
 // Prompts are real text (a paragraph tiled to length) rather than random ids, so the tokens are
 // ones the model meets; generation is greedy and never stops early, so every run does the same work.
@@ -9,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <memory>
 #include <cmath>
 #include <numeric>
 #include <string>
@@ -29,6 +33,7 @@ struct BenchModelOptions {
   std::int64_t prompt_tokens = 512;
   std::int64_t gen_tokens = 128;
   std::vector<std::int64_t> depths = {0, 2048};
+  std::vector<std::int64_t> batches = {1};
   int repetitions = 3;
   bool json = false;
 };
@@ -44,9 +49,9 @@ constexpr const char* kText =
     "do exactly that for every shape it accepts. ";
 
 struct Measurement {
-  std::string test;  // "pp512", "tg128"
+  std::string test;  // "pp512", "tg128", "tg128 x16"
   std::int64_t depth = 0;
-  std::int64_t tokens = 0;
+  std::int64_t tokens = 0;  // over all sequences of a batch
   std::vector<double> seconds;  // one per repetition
 };
 
@@ -103,9 +108,52 @@ Status run_once(runtime::Engine& engine, const BenchModelOptions& o, std::int64_
   return {};
 }
 
+// `batch` sequences, each the first depth - 1 context tokens and then a token of its own (a
+// different one per sequence, so that their generations differ), decoding greedily in lockstep.
+Status run_batched(runtime::Engine& engine, const BenchModelOptions& o, std::int64_t depth,
+                   std::span<const std::int32_t> context, std::span<const std::int32_t> prompt, std::int64_t batch,
+                   double* tg_seconds) {
+  using clock = std::chrono::steady_clock;
+  const auto n = static_cast<std::size_t>(batch);
+  std::vector<std::unique_ptr<runtime::Session>> sessions;
+  std::vector<std::int32_t> next(n);
+  std::vector<std::int64_t> position(n);
+  for (std::size_t b = 0; b < n; ++b) {
+    auto& session = *sessions.emplace_back(std::make_unique<runtime::Session>(engine, runtime::SamplingParams{.temperature = 0}));
+    if (depth > 1) {
+      if (Status s = session.feed(context.first(static_cast<std::size_t>(depth - 1))); !s) return s;
+    }
+    const std::int32_t own = prompt[b % prompt.size()];
+    if (Status s = session.feed({&own, 1}); !s) return s;
+    auto first = session.sample();
+    if (!first) return first.status();
+    next[b] = *first;
+    position[b] = session.position();
+  }
+  const auto vocab = static_cast<std::size_t>(engine.config().vocab_size);
+  std::vector<float> logits(n * vocab);
+  std::vector<model::ForwardItem> items(n);
+  const auto t0 = clock::now();
+  for (std::int64_t i = 0; i < o.gen_tokens; ++i) {
+    for (std::size_t b = 0; b < n; ++b) {
+      items[b] = {sessions[b]->seq(), std::span<const std::int32_t>(&next[b], 1), position[b], true};
+    }
+    if (Status s = engine.model().forward(items, engine.cache(), engine.dispatcher(), logits.data()); !s) return s;
+    for (std::size_t b = 0; b < n; ++b) {
+      const float* row = logits.data() + b * vocab;
+      next[b] = static_cast<std::int32_t>(std::max_element(row, row + vocab) - row);  // greedy: lowest id on ties
+      ++position[b];
+    }
+  }
+  *tg_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  return {};
+}
+
 int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
   const std::int64_t max_depth = *std::max_element(o.depths.begin(), o.depths.end());
-  o.engine.context = std::max(o.engine.context, max_depth + std::max(o.prompt_tokens, o.gen_tokens + 1));
+  const std::int64_t max_batch = *std::max_element(o.batches.begin(), o.batches.end());
+  o.engine.context = std::max({o.engine.context, max_depth + std::max(o.prompt_tokens, o.gen_tokens + 1),
+                               max_batch * (max_depth + o.gen_tokens + 1)});
   int code = kExitOk;
   auto engine = load_engine(o.engine, global, &code);
   if (!engine) return code;
@@ -146,6 +194,21 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
     }
     results.push_back(std::move(pp));
     results.push_back(std::move(tg));
+    for (std::int64_t batch : o.batches) {
+      if (batch == 1) continue;
+      Measurement btg{fmt::format("tg{} x{}", o.gen_tokens, batch), depth, o.gen_tokens * batch, {}};
+      for (int rep = -1; rep < o.repetitions; ++rep) {
+        double tg_s = 0;
+        if (Status s = run_batched(*engine, o, depth, *context, *prompt, batch, &tg_s); !s) {
+          print_error("benchmark run failed", s);
+          return kExitFailure;
+        }
+        if (rep < 0) continue;
+        btg.seconds.push_back(tg_s);
+        if (!o.json) fmt::print(stderr, "  depth {}: {} {:.1f} tok/s\n", depth, btg.test, double(btg.tokens) / tg_s);
+      }
+      results.push_back(std::move(btg));
+    }
   }
 
   const std::string backend = main_attention_backend(*engine);
@@ -197,6 +260,11 @@ std::function<int(const GlobalOptions&)> add_bench_model_subcommand(CLI::App* be
       ->capture_default_str();
   sub->add_option("-d,--depth", o->depths, "Context already present (repeatable)")
       ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  sub->add_option("-B,--batch", o->batches,
+                  "Also generate with B sequences at once, one forward pass per step (a list: 1,4,16; 1: tg alone)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   sub->add_option("-r,--repetitions", o->repetitions, "Timed runs per test (after one warm-up)")
       ->check(CLI::Range(1, 1000))

@@ -101,6 +101,9 @@ class Session {
   const std::vector<std::int32_t>& tokens() const noexcept { return tokens_; }
   std::span<const float> logits() const noexcept { return logits_; }
   Engine& engine() noexcept { return *engine_; }
+  // The session's sequence in the engine's KV cache, for callers that batch several sessions'
+  // tokens into one LlamaModel::forward themselves (feed() and sample() then no longer apply).
+  SeqId seq() const noexcept { return seq_; }
 
  private:
   Engine* engine_;
