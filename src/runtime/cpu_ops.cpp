@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "kallpa/half.h"
 #include "kallpa/runtime/ops.h"
 #include "model/repack.h"
+#include "runtime/rope_table.h"
 #include "runtime/vector_exp.h"
 
 namespace kallpa::runtime {
@@ -96,6 +98,7 @@ class CpuOps final : public Ops {
   // every row through Q8 blocks (llama.cpp's choice; measurably changes greedy answers).
   enum class Scheme { mixed, f32, q8 };
   std::vector<model::MatmulJob> tail_jobs_;
+  RopeTable rope_table_;
   const Scheme scheme_ = [] {
     const char* e = std::getenv("KALLPA_MATMUL_ACTIVATIONS");
     const std::string_view v = e != nullptr ? e : "";
@@ -159,19 +162,23 @@ class CpuOps final : public Ops {
   Status rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
             std::int64_t n_rot, float theta) override {
     const std::int64_t half = n_rot / 2;
-    std::vector<float> inv_freq(static_cast<std::size_t>(half));
-    for (std::int64_t i = 0; i < half; ++i) {
-      inv_freq[static_cast<std::size_t>(i)] =
-          static_cast<float>(std::pow(double(theta), -2.0 * double(i) / double(n_rot)));
-    }
+    std::int64_t end = 0;
+    for (std::int32_t p : positions) end = std::max<std::int64_t>(end, std::int64_t{p} + 1);
+    std::lock_guard<std::mutex> lock(rope_table_.lock());
+    const std::vector<float>& inv_freq = rope_table_.prepare(n_rot, theta, end);
     const auto rows = static_cast<std::int64_t>(positions.size());
     for_rows(rows, heads * head_dim, [&](std::int64_t r) {
-      const double pos = positions[static_cast<std::size_t>(r)];
+      const std::int32_t pos = positions[static_cast<std::size_t>(r)];
+      const float* cs = rope_table_.row(pos);
+      thread_local std::vector<float> direct;  // positions beyond the table
+      if (cs == nullptr) {
+        direct.resize(static_cast<std::size_t>(2 * half));
+        RopeTable::cos_sin(double(pos), inv_freq, direct.data());
+        cs = direct.data();
+      }
       float* row = x + r * heads * head_dim;
       for (std::int64_t i = 0; i < half; ++i) {
-        // Angle in double: positions reach tens of thousands, where f32 angles lose digits.
-        const double angle = pos * double(inv_freq[static_cast<std::size_t>(i)]);
-        const auto c = static_cast<float>(std::cos(angle)), s = static_cast<float>(std::sin(angle));
+        const float c = cs[2 * i], s = cs[2 * i + 1];
         for (std::int64_t h = 0; h < heads; ++h) {
           float* p = row + h * head_dim + 2 * i;
           const float x0 = p[0], x1 = p[1];
