@@ -28,8 +28,12 @@
 //   v7 grouped: v6's memory-order walk in steps of eight keys across every head (blocks of 64),
 //               up to four rows of a GQA group per dot and P·V kernel, so each K/V vector is
 //               converted once for them all; P·V accumulators in registers over a step; prefetch
-//               8 keys ahead; prefill v3's cheaper exp. The default beyond 1 MiB of K/V.
-//   decode_dram/*: K/V of 256 MiB (far beyond L3) on huge pages, v5, v6 and v7 side by side with
+//               8 keys ahead; prefill v3's cheaper exp.
+//   v8 grouped8: v7's walk with the eight dots of a step reduced in one tree (RB x KU = 8
+//               accumulators), whole steps of P·V unrolled over their eight keys, the row groups
+//               planned once per task, and the softmax's masking pass skipped for fully visible rows.
+//               The default beyond 1 MiB of K/V.
+//   decode_dram/*: K/V of 256 MiB (far beyond L3) on huge pages, v5, v6, v7 and v8 side by side with
 //               stream_read, a plain sum of the same bytes on the same threads: the practical ceiling.
 //               Compare with --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true;
 //               KALLPA_BENCH_HUGE_PAGES=0 puts the buffers on 4 KiB pages.
@@ -207,9 +211,12 @@ void register_decode_versions(const std::string& name, const Shape& s) {
   static cpu_flash::CpuFlashBackend v6_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::fused});
   static cpu_flash::CpuFlashBackend v7(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::grouped});
   static cpu_flash::CpuFlashBackend v7_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::grouped});
+  static cpu_flash::CpuFlashBackend v8(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::grouped8});
+  static cpu_flash::CpuFlashBackend v8_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::grouped8});
   if (name.rfind("decode_dram", 0) == 0) {  // only the DRAM contenders and the ceiling
     for (const auto& [suffix, be] :
-         {std::pair{"/v5_stream", &v5}, std::pair{"/v6_fused", &v6}, std::pair{"/v7_grouped", &v7}})
+         {std::pair{"/v5_stream", &v5}, std::pair{"/v6_fused", &v6}, std::pair{"/v7_grouped", &v7},
+          std::pair{"/v8_grouped8", &v8}})
       benchmark::RegisterBenchmark((name + suffix).c_str(), [s, be = be](benchmark::State& st) { run_backend(st, *be, s); })
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
@@ -223,10 +230,11 @@ void register_decode_versions(const std::string& name, const Shape& s) {
                                                                      {"/v4_direct_t1", &v4_1},
                                                                      {"/v5_stream_t1", &v5_1},
                                                                      {"/v6_fused_t1", &v6_1},
-                                                                     {"/v7_grouped_t1", &v7_1}};
+                                                                     {"/v7_grouped_t1", &v7_1},
+                                                                     {"/v8_grouped8_t1", &v8_1}};
   const std::pair<const char*, cpu_flash::CpuFlashBackend*> all[] = {
       {"/v2_tiled", &v2}, {"/v3_staged", &v3}, {"/v4_direct", &v4},
-      {"/v5_stream", &v5}, {"/v6_fused", &v6}, {"/v7_grouped", &v7}};
+      {"/v5_stream", &v5}, {"/v6_fused", &v6}, {"/v7_grouped", &v7}, {"/v8_grouped8", &v8}};
   for (const auto& [suffix, be] : one)
     benchmark::RegisterBenchmark((name + suffix).c_str(), [s, be = be](benchmark::State& st) { run_backend(st, *be, s); })
         ->Unit(benchmark::kMillisecond);

@@ -234,7 +234,7 @@ std::string describe(const Spec& s) {
 }
 
 // The automatic choice, the previous prefill generation (v2 rows kernel), the streaming decode
-// kernels (v5, v6 and v7, which the automatic choice takes for K/V beyond the caches) and the
+// kernels (v5, v6, v7 and v8; v8 is the automatic choice for K/V beyond the caches) and the
 // generic path.
 void check_all_paths(const Spec& s) {
   SCOPED_TRACE(describe(s));
@@ -245,6 +245,7 @@ void check_all_paths(const Spec& s) {
   CpuFlashBackend stream_v5(Options{0, Path::fast, DecodeKernel::stream});
   CpuFlashBackend fused_v6(Options{0, Path::fast, DecodeKernel::fused});
   CpuFlashBackend grouped_v7(Options{0, Path::fast, DecodeKernel::grouped});
+  CpuFlashBackend grouped_v8(Options{0, Path::fast, DecodeKernel::grouped8});
   CpuFlashBackend generic(Options{0, Path::generic});
   const auto want = ref(s);
   expect_close(run(fast, s), want, s, "fast");
@@ -252,6 +253,7 @@ void check_all_paths(const Spec& s) {
   expect_close(run(stream_v5, s), want, s, "fast, decode v5");
   expect_close(run(fused_v6, s), want, s, "fast, decode v6");
   expect_close(run(grouped_v7, s), want, s, "fast, decode v7");
+  expect_close(run(grouped_v8, s), want, s, "fast, decode v8");
   expect_close(run(generic, s), want, s, "generic");
 }
 
@@ -451,7 +453,62 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
     SCOPED_TRACE(describe(s));
     const auto want = ref(s);
     for (DecodeKernel k : {DecodeKernel::tiled, DecodeKernel::staged, DecodeKernel::direct, DecodeKernel::stream,
-                           DecodeKernel::fused, DecodeKernel::grouped}) {
+                           DecodeKernel::fused, DecodeKernel::grouped, DecodeKernel::grouped8}) {
+      SCOPED_TRACE(static_cast<int>(k));
+      CpuFlashBackend be(Options{0, Path::fast, k});
+      expect_close(run(be, s), want, s, "decode kernel");
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// Decode v8 (the automatic choice beyond the caches) and v7 against the reference over the
+// contract its in-place kernels take: K/V dtypes f16/bf16/f32, GQA groups of 1, 3, 4 and 8 (one
+// and two row groups of four), paged caches with odd page sizes, ragged lengths that end within an
+// eight-key step, several queries per sequence, causal, windows, softcap, ALiBi and lse, and a long
+// sequence split into chunks that are merged.
+TEST(CpuFlash, DecodeV8MatchesReference) {
+  using cpu_flash::DecodeKernel;
+  std::vector<Spec> specs;
+  int n = 0;
+  for (DType dt : {DType::f16, DType::bf16, DType::f32})
+    for (std::int32_t group : {1, 3, 4, 8}) {
+      Spec s;
+      s.dt = dt;
+      s.d = s.dv = 64;
+      s.hkv = 2;
+      s.hq = 2 * group;
+      s.kvl = KvLayout::paged;
+      s.ql = QLayout::packed;
+      s.page = n % 2 == 0 ? 5 : 13;
+      s.sq = {1, group <= 4 ? 2 : 1, 1};
+      s.skv = {1000, 37, 3};
+      s.causal = true;
+      s.lse = true;
+      s.seed = static_cast<unsigned>(10 + n);
+      switch (n++ % 4) {
+        case 0: break;
+        case 1: s.softcap = 6.0f; break;
+        case 2: s.alibi = true; s.wl = 150; break;
+        default: s.wl = 64; s.wr = 0; s.softcap = 3.0f; s.alibi = true; break;
+      }
+      specs.push_back(s);
+    }
+  {
+    Spec s;  // long dense KV, 32/8 heads: many chunks of whole steps, merged by the last one
+    s.dt = DType::f16;
+    s.d = s.dv = 128;
+    s.hq = 32;
+    s.hkv = 8;
+    s.sq = {1};
+    s.skv = {5003};
+    s.lse = true;
+    specs.push_back(s);
+  }
+  for (const Spec& s : specs) {
+    SCOPED_TRACE(describe(s));
+    const auto want = ref(s);
+    for (DecodeKernel k : {DecodeKernel::grouped, DecodeKernel::grouped8}) {
       SCOPED_TRACE(static_cast<int>(k));
       CpuFlashBackend be(Options{0, Path::fast, k});
       expect_close(run(be, s), want, s, "decode kernel");
@@ -465,7 +522,7 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
 TEST(CpuFlash, DecodeNanOnlyWhereVisible) {
   using cpu_flash::DecodeKernel;
   for (DecodeKernel k : {DecodeKernel::staged, DecodeKernel::direct, DecodeKernel::stream, DecodeKernel::fused,
-                        DecodeKernel::grouped}) {
+                        DecodeKernel::grouped, DecodeKernel::grouped8}) {
     Spec s;
     s.sq = {2};
     s.skv = {600};
@@ -740,6 +797,12 @@ TEST(CpuFlash, EverySimdTarget) {
       expect_close(run(grouped, s), ref(s), s, "decode v7");
       s.d = s.dv = 64;
       expect_close(run(grouped, s), ref(s), s, "decode v7, D 64");
+      CpuFlashBackend grouped8(Options{0, Path::fast, cpu_flash::DecodeKernel::grouped8});
+      s.d = 72;
+      s.dv = 40;
+      expect_close(run(grouped8, s), ref(s), s, "decode v8");
+      s.d = s.dv = 64;
+      expect_close(run(grouped8, s), ref(s), s, "decode v8, D 64");
     }
   }
   ASSERT_TRUE(cpu_flash::CpuFlashBackend::force_simd_target(""));

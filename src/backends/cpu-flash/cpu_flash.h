@@ -24,7 +24,7 @@ enum class Path : int {
 // Kernel generation for decode-shaped problems (Sq * group <= 16 rows per KV head); the older ones
 // stay selectable so that benchmarks compare them side by side.
 enum class DecodeKernel : int {
-  automatic = 0,  // direct while the K/V of the call fit in cache, else grouped
+  automatic = 0,  // direct while the K/V of the call fit in cache, else grouped8
   tiled = 2,      // v2: the general tiled path (per-head tasks, split-KV)
   staged = 3,     // v3: key-chunk tasks over all heads, each block converted to f32 scratch first
   direct = 4,     // v4: like staged, but K/V rows read in place (F16C / bf16 promote in registers)
@@ -34,6 +34,8 @@ enum class DecodeKernel : int {
                   //     one burst per step
   grouped = 7,    // v7: v6's walk in steps of eight keys, up to four query rows of a GQA group served
                   //     from each K/V vector converted once, P·V accumulators in registers per step
+  grouped8 = 8,   // v8: v7 with the eight dots of a step reduced in one tree, whole steps of P·V
+                  //     unrolled and the row groups planned once per task (fewer instructions per key)
 };
 
 // Kernel generation of the tiled (prefill) path; the older one stays selectable for benchmarks.
@@ -52,7 +54,7 @@ struct Options {
 };
 
 // The registered backend's options: the defaults, with the kernel generations taken from
-// KALLPA_CPU_FLASH_DECODE (v2..v7) and KALLPA_CPU_FLASH_PREFILL (v2, v3) when set, so that
+// KALLPA_CPU_FLASH_DECODE (v2..v8) and KALLPA_CPU_FLASH_PREFILL (v2, v3) when set, so that
 // `kallpa bench attention` can time one generation against another.
 Options options_from_env();
 

@@ -104,6 +104,19 @@ HWY_INLINE void FoldStore4(D d, hn::Vec<D> u, float* out) {
 }
 #endif
 
+#if HWY_TARGET != HWY_SCALAR
+// Lanes 4b..4b+3 = the sums of a0..a3 over 128-bit block b: the transposing half of Sum4, which
+// decode v8 folds across blocks itself.
+HWY_INLINE VF Sum4Blocks(VF a0, VF a1, VF a2, VF a3) {
+  const DF d;
+  const hn::Repartition<std::uint64_t, DF> du;
+  const VF t0 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
+  const VF t1 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
+  const auto u0 = hn::BitCast(du, t0), u1 = hn::BitCast(du, t1);
+  return hn::Add(hn::BitCast(d, hn::InterleaveLower(du, u0, u1)), hn::BitCast(d, hn::InterleaveUpper(du, u0, u1)));
+}
+#endif
+
 // out[0..4) = horizontal sums of a0..a3: a transposing reduction (about 2.5 ops per sum on AVX2
 // instead of a full reduction per vector).
 HWY_INLINE void Sum4(VF a0, VF a1, VF a2, VF a3, float* out) {
@@ -114,12 +127,7 @@ HWY_INLINE void Sum4(VF a0, VF a1, VF a2, VF a3, float* out) {
   out[2] = SumLanes(d, a2);
   out[3] = SumLanes(d, a3);
 #else
-  const hn::Repartition<std::uint64_t, DF> du;
-  const VF t0 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
-  const VF t1 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
-  const auto u0 = hn::BitCast(du, t0), u1 = hn::BitCast(du, t1);
-  const VF u = hn::Add(hn::BitCast(d, hn::InterleaveLower(du, u0, u1)), hn::BitCast(d, hn::InterleaveUpper(du, u0, u1)));
-  FoldStore4(d, u, out);
+  FoldStore4(d, Sum4Blocks(a0, a1, a2, a3), out);
 #endif
 }
 
@@ -330,7 +338,16 @@ struct StreamPrefetcher {
       }
       const char* row = static_cast<const char*>(t->data) + off * es;
       if (span > 0) {
-        for (std::int64_t b = 0; b < span; b += 64) __builtin_prefetch(row + b, 0, 2);
+        // Four lines per iteration: with one, the loop control was 6% of decode v8's instructions
+        // (32/8 heads, D64); this halves it.
+        std::int64_t b = 0;
+        for (; b + 256 <= span; b += 256) {
+          __builtin_prefetch(row + b, 0, 2);
+          __builtin_prefetch(row + b + 64, 0, 2);
+          __builtin_prefetch(row + b + 128, 0, 2);
+          __builtin_prefetch(row + b + 192, 0, 2);
+        }
+        for (; b < span; b += 64) __builtin_prefetch(row + b, 0, 2);
         __builtin_prefetch(row + span - 1, 0, 2);
       } else {
         for (std::int64_t h = 0; h < heads; ++h) {

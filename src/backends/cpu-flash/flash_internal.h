@@ -146,7 +146,11 @@ inline constexpr DecodeKernel kDecodeAutoInCache = DecodeKernel::direct;
 // there the two are within the noise of each other (v7/v4 0.66-1.18, median about 0.9) and v4
 // needs fewer instructions for groups of 1 and 3 (callgrind, 512 keys: 324k vs 421k for 8/8
 // D128, 168k vs 204k for 9/3 D64). v5 and v6 stay selectable.
-inline constexpr DecodeKernel kDecodeAutoStreamed = DecodeKernel::grouped;
+// Then v8: 8-13% fewer instructions than v7 (callgrind on the 512-key bench cases, f16/bf16, 32/8
+// D64 and D128, 8/8 D64 and D128, 9/3 D64) and, from DRAM (256 MiB, 2 threads, interleaved repetitions, a
+// heavily loaded machine), 0.98-1.10x v7's bandwidth for 8/8 D128 and 1.03-1.10x for 32/8 D64 in
+// three runs. v7 stays selectable.
+inline constexpr DecodeKernel kDecodeAutoStreamed = DecodeKernel::grouped8;
 // v5: keys each stream (K, V) is prefetched ahead of its reader, into L2.
 inline constexpr std::int64_t kDecodeStreamPrefetchKeys = 16;
 // v6: keys per step of the walk over a block (across every KV head); eight measured slower. Its
@@ -236,6 +240,9 @@ void run_decode_task(const ValidatedProblem& problem, const DecodePlan& plan, co
                      void* scratch, std::byte* slots, std::int32_t* counters, DecodeKernel kernel);
 // The same for decode v7 (decode_v7.cpp); layouts it cannot read in place run v6.
 void run_decode_task_v7(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
+                        void* scratch, std::byte* slots, std::int32_t* counters);
+// The same for decode v8 (decode_v8.cpp); layouts it cannot read in place run v6.
+void run_decode_task_v8(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
                         void* scratch, std::byte* slots, std::int32_t* counters);
 
 // The prefill v3 softmax exp on n values (for tests).

@@ -1,0 +1,349 @@
+// cpu-flash decode v8 ("grouped, eight keys"): v7's memory-order walk, block size and prefetch,
+// with fewer instructions per key for GQA from beyond the caches, where v7 is compute-bound
+// (32/8 heads D64 from DRAM: v7 at about half the bandwidth of a plain read).
+//
+// Callgrind showed a third of v7's instructions outside its FMA loops: per (step, head) scalar
+// work (row-group sizes by division, spilled pointers and bounds per call), per key pair two
+// transposing reductions whose results are copied to the score rows one float at a time, and a
+// loop over keys of runtime length in P·V (a row-pointer load and loop control per key). v8:
+//   - scores: on a step where a row group sees all eight keys, its RB x KU accumulators (RB * KU =
+//     8: 1 x 8, 2 x 4, 4 x 2 keys, 3 x 2 with two idle) reduce in one tree to one vector of eight
+//     sums, stored as KU-float pieces of the score rows;
+//   - P·V: over a whole step the eight keys are a compile-time loop (no per-key control);
+//   - the row groups of a KV head are planned once per task, not per (step, head);
+//   - the softmax of a row that sees every key of a block without softcap or ALiBi skips the
+//     masking pass (the max and the NaN check ride on one read of the scores).
+// Steps that a row sees only in part (causal and window edges, the last keys of a chunk) take
+// per-key kernels. Layouts that the kernels cannot read in place run v6, as for v7.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backends/cpu-flash/decode_v8.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "backends/cpu-flash/decode_common-inl.h"
+#include "backends/cpu-flash/fast_exp-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kallpa::cpu_flash {
+namespace HWY_NAMESPACE {
+namespace {
+
+constexpr std::int64_t kB8 = kDecodeGroupedBlock;
+constexpr int kStep8 = 8;  // keys per step of the walk across every head (as v7)
+
+// Keys per pass of the full-step dot kernel for RB rows: RB x KU = 8 accumulators, one reduction.
+template <int RB>
+inline constexpr int kPassKeys = RB == 1 ? 8 : RB == 2 ? 4 : 2;
+
+// Head-dim vectors per P·V slice for RB rows: RB x C accumulators within 16 registers.
+template <int RB>
+inline constexpr int kSlice8 = RB == 1 ? 8 : RB == 2 ? 4 : RB == 3 ? 3 : 2;
+
+// A group of up to four query rows of one query position, which share each K/V vector.
+struct RowGroup {
+  std::int64_t i;  // query position
+  std::int64_t r;  // first row within the KV head
+  int rb;          // rows
+};
+
+// The rows of every query position in as few groups of at most four as possible, of near-equal
+// size (9 rows: 3 + 3 + 3; 6: 3 + 3; 5: 3 + 2). Returns the number of groups.
+int PlanRowGroups(std::int64_t sq, std::int64_t G, RowGroup* out) {
+  const std::int64_t blocks = (G + 3) / 4;
+  int n = 0;
+  for (std::int64_t i = 0; i < sq; ++i) {
+    std::int64_t r = i * G;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int64_t rows = G / blocks + (b < G % blocks ? 1 : 0);
+      out[n++] = RowGroup{i, r, static_cast<int>(rows)};
+      r += rows;
+    }
+  }
+  return n;
+}
+
+// s[rb * kB8 + u] = <q[rb], k[u]> for the RB rows (q rows qs floats apart) and eight keys.
+template <int RB, typename T>
+HWY_INLINE void DotsStep(const float* HWY_RESTRICT q, std::int64_t qs, const T* const* k, std::int64_t len,
+                         float* HWY_RESTRICT s) {
+  constexpr int KU = kPassKeys<RB>;
+  const DF d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  for (int k0 = 0; k0 < kStep8; k0 += KU) {
+    VF acc[8];
+    for (int t = 0; t < 8; ++t) acc[t] = hn::Zero(d);
+    const T* kr[KU];
+    for (int u = 0; u < KU; ++u) kr[u] = k[k0 + u];
+    for (std::int64_t x = 0; x < len; x += N) {
+      VF kv[KU];
+      for (int u = 0; u < KU; ++u) kv[u] = LoadAsF32(kr[u] + x);
+      for (int rb = 0; rb < RB; ++rb) {
+        const VF qv = hn::Load(d, q + rb * qs + x);
+        for (int u = 0; u < KU; ++u) acc[rb * KU + u] = hn::MulAdd(qv, kv[u], acc[rb * KU + u]);
+      }
+    }
+#if HWY_TARGET != HWY_SCALAR
+    if constexpr (hn::MaxLanes(DF()) == 8) {
+      // One tree for the eight dots: lane rb * KU + u = row rb, key k0 + u.
+      const VF u03 = Sum4Blocks(acc[0], acc[1], acc[2], acc[3]);
+      const VF u47 = Sum4Blocks(acc[4], acc[5], acc[6], acc[7]);
+      const VF sums = hn::Add(hn::ConcatLowerLower(d, u47, u03), hn::ConcatUpperUpper(d, u47, u03));
+      if constexpr (KU == 8) {
+        hn::StoreU(sums, d, s + k0);
+      } else {
+        const hn::Half<DF> d4;
+        const auto lo = hn::LowerHalf(d4, sums), hi = hn::UpperHalf(d4, sums);
+        if constexpr (KU == 4) {
+          hn::StoreU(lo, d4, s + k0);
+          hn::StoreU(hi, d4, s + kB8 + k0);
+        } else {
+          const hn::Half<hn::Half<DF>> d2;
+          hn::StoreU(hn::LowerHalf(d2, lo), d2, s + k0);
+          hn::StoreU(hn::UpperHalf(d2, lo), d2, s + kB8 + k0);
+          hn::StoreU(hn::LowerHalf(d2, hi), d2, s + 2 * kB8 + k0);
+          if constexpr (RB == 4) hn::StoreU(hn::UpperHalf(d2, hi), d2, s + 3 * kB8 + k0);
+        }
+      }
+      continue;
+    }
+#endif
+    // Other widths: two transposing reductions of four (one lane per dot on the scalar target).
+    float t[8];
+    Sum4(acc[0], acc[1], acc[2], acc[3], t);
+    Sum4(acc[4], acc[5], acc[6], acc[7], t + 4);
+    for (int rb = 0; rb < RB; ++rb)
+      for (int u = 0; u < KU; ++u) s[rb * kB8 + k0 + u] = t[rb * KU + u];
+  }
+}
+
+// The same for n keys of a step that the rows see only in part: one key at a time.
+template <int RB, typename T>
+HWY_INLINE void DotsPart(const float* HWY_RESTRICT q, std::int64_t qs, const T* const* k, std::int64_t n,
+                         std::int64_t len, float* HWY_RESTRICT s) {
+  const DF d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  for (std::int64_t u = 0; u < n; ++u) {
+    VF acc[RB];
+    for (int rb = 0; rb < RB; ++rb) acc[rb] = hn::Zero(d);
+    for (std::int64_t x = 0; x < len; x += N) {
+      const VF kv = LoadAsF32(k[u] + x);
+      for (int rb = 0; rb < RB; ++rb) acc[rb] = hn::MulAdd(hn::Load(d, q + rb * qs + x), kv, acc[rb]);
+    }
+    for (int rb = 0; rb < RB; ++rb) s[rb * kB8 + u] = SumLanes(d, acc[rb]);
+  }
+}
+
+// o[rb][x0 + c N] += sum_u p[rb * kB8 + u] v[u][x0 + c N] over the keys u < n, the accumulators
+// in registers; KN > 0 fixes n at compile time (a whole step: no per-key loop control).
+template <int RB, int C, int KN, typename T>
+HWY_INLINE void PvSlice8(const T* const* v, const float* HWY_RESTRICT p, std::int64_t n, float* HWY_RESTRICT o,
+                         std::int64_t os, std::int64_t x0) {
+  const DF d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  VF acc[RB][C];
+  for (int rb = 0; rb < RB; ++rb)
+    for (int c = 0; c < C; ++c) acc[rb][c] = hn::Load(d, o + rb * os + x0 + c * N);
+  const std::int64_t keys = KN > 0 ? KN : n;
+  for (std::int64_t u = 0; u < keys; ++u) {
+    VF vv[C];
+    for (int c = 0; c < C; ++c) vv[c] = LoadAsF32(v[u] + x0 + c * N);
+    for (int rb = 0; rb < RB; ++rb) {
+      const VF pb = hn::Set(d, p[rb * kB8 + u]);
+      for (int c = 0; c < C; ++c) acc[rb][c] = hn::MulAdd(pb, vv[c], acc[rb][c]);
+    }
+  }
+  for (int rb = 0; rb < RB; ++rb)
+    for (int c = 0; c < C; ++c) hn::Store(acc[rb][c], d, o + rb * os + x0 + c * N);
+}
+
+template <int RB, int KN, typename T>
+HWY_INLINE void PvStep(const T* const* v, const float* p, std::int64_t n, float* o, std::int64_t os,
+                       std::int64_t len) {
+  const DF d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  constexpr int C = kSlice8<RB>;
+  std::int64_t x = 0;
+  for (; x + C * N <= len; x += C * N) PvSlice8<RB, C, KN>(v, p, n, o, os, x);
+  if constexpr (C > 2) {
+    for (; x + 2 * N <= len; x += 2 * N) PvSlice8<RB, 2, KN>(v, p, n, o, os, x);
+  }
+  for (; x < len; x += N) PvSlice8<RB, 1, KN>(v, p, n, o, os, x);
+}
+
+// Calls f(integral_constant<int, rb>) for a group's row count.
+template <typename F>
+HWY_INLINE void WithRows(int rb, F&& f) {
+  switch (rb) {
+    case 4: f(std::integral_constant<int, 4>()); break;
+    case 3: f(std::integral_constant<int, 3>()); break;
+    case 2: f(std::integral_constant<int, 2>()); break;
+    default: f(std::integral_constant<int, 1>()); break;
+  }
+}
+
+// Online softmax of the rows of KV head kvh over the block's keys [j0, j0 + nb): s_rows [R][kB8]
+// holds the scores of each row's visible keys [a, e] and receives their probabilities.
+void Softmax8(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
+              const std::int64_t* e_i, float* s_rows) {
+  const DF d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  const std::int64_t G = c.G;
+  const bool plain = !(c.softcap > 0.0f) && c.slopes == nullptr && nb % N == 0;
+  for (std::int64_t r = 0; r < c.R; ++r) {
+    const std::int64_t i = r / G;
+    const std::int64_t a = a_i[i], e = e_i[i];
+    if (a > e) continue;
+    const std::int64_t row = kvh * c.R + r;
+    float* s = s_rows + r * kB8;
+    const std::int64_t x0 = a / N * N;
+    const float m_old = c.m[row];
+    float m_new;
+    if (plain && a == 0 && e == nb - 1) {
+      VF mt = hn::Set(d, kNegInf);
+      auto nan = hn::Lt(mt, mt);  // all false
+      for (std::int64_t x = 0; x < nb; x += N) {
+        const VF sv = hn::Load(d, s + x);
+        nan = hn::Or(nan, hn::IsNaN(sv));
+        mt = hn::Max(mt, sv);
+      }
+      m_new = !hn::AllFalse(d, nan) ? std::numeric_limits<float>::quiet_NaN()
+                                    : std::max(m_old, hn::GetLane(hn::MaxOfLanes(d, mt)));
+    } else {
+      const std::int32_t h = static_cast<std::int32_t>(kvh * G + r % G);
+      m_new = MaskScoresAndMax(c, s, x0, e + 1, h, i, j0, a, e, m_old);
+    }
+    const float m_use = m_new == kNegInf ? 0.0f : m_new;
+    const VF mu = hn::Set(d, m_use);
+    VF sum = hn::Zero(d);
+    for (std::int64_t x = x0; x <= e; x += N) {
+      const VF pj = FastExp(d, hn::Sub(hn::Load(d, s + x), mu));
+      hn::Store(pj, d, s + x);
+      sum = hn::Add(sum, pj);
+    }
+    UpdateRow(c, row, m_new, std::exp(m_old - m_use), SumLanes(d, sum));
+  }
+}
+
+// One block of keys [j0, j0 + nb) in v7's order: steps of eight key rows across every KV head for
+// the scores, the softmax of every row, then steps across every head again for P·V, K and V each
+// prefetched `ahead` keys in front of the walk.
+template <typename T>
+void Block8(Ctx& c, const RowGroup* groups, int n_groups, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
+            const std::int64_t* e_i, const std::int64_t* koff, const std::int64_t* voff, StreamPrefetcher& kpf,
+            StreamPrefetcher& vpf, std::int64_t ahead) {
+  const T* kb = static_cast<const T*>(c.p->k.data);
+  const T* vb = static_cast<const T*>(c.p->v.data);
+  const std::int64_t D = c.D, Dv = c.Dv, Dp = c.Dp, Dvp = c.Dvp, R = c.R;
+  const T* rows[kStep8];
+  for (std::int64_t u0 = 0; u0 < nb; u0 += kStep8) {
+    const std::int64_t nk = std::min<std::int64_t>(kStep8, nb - u0);
+    for (std::int64_t u = 0; u < nk; ++u) rows[u] = kb + koff[u0 + u];
+    for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
+      kpf.until(j0 + u0 + ahead + (kvh + 1) * nk / c.hkv);
+      const float* qh = c.q + kvh * R * Dp;
+      float* sh = c.s_all + kvh * R * kB8;
+      for (int g = 0; g < n_groups; ++g) {
+        const RowGroup& rg = groups[g];
+        const std::int64_t a = std::max(a_i[rg.i], u0), e = std::min(e_i[rg.i], u0 + nk - 1);
+        if (a > e) continue;
+        const float* q = qh + rg.r * Dp;
+        float* s = sh + rg.r * kB8;
+        WithRows(rg.rb, [&](auto rbc) {
+          constexpr int RB = decltype(rbc)::value;
+          if (e - a + 1 == kStep8) DotsStep<RB>(q, Dp, rows, D, s + u0);
+          else DotsPart<RB>(q, Dp, rows + (a - u0), e - a + 1, D, s + a);
+        });
+      }
+      for (std::int64_t u = 0; u < nk; ++u) rows[u] += c.khs;
+    }
+  }
+  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) Softmax8(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * R * kB8);
+  for (std::int64_t u0 = 0; u0 < nb; u0 += kStep8) {
+    const std::int64_t nk = std::min<std::int64_t>(kStep8, nb - u0);
+    for (std::int64_t u = 0; u < nk; ++u) rows[u] = vb + voff[u0 + u];
+    for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
+      vpf.until(j0 + u0 + ahead + (kvh + 1) * nk / c.hkv);
+      const float* sh = c.s_all + kvh * R * kB8;
+      float* oh = c.acc + kvh * R * Dvp;
+      for (int g = 0; g < n_groups; ++g) {
+        const RowGroup& rg = groups[g];
+        // Only the rows' visible keys: a masked value may be NaN and must not be read.
+        const std::int64_t a = std::max(a_i[rg.i], u0), e = std::min(e_i[rg.i], u0 + nk - 1);
+        if (a > e) continue;
+        const float* p = sh + rg.r * kB8 + a;
+        float* o = oh + rg.r * Dvp;
+        WithRows(rg.rb, [&](auto rbc) {
+          constexpr int RB = decltype(rbc)::value;
+          if (e - a + 1 == kStep8) PvStep<RB, kStep8>(rows, p, kStep8, o, Dvp, Dv);
+          else PvStep<RB, 0>(rows + (a - u0), p, e - a + 1, o, Dvp, Dv);
+        });
+      }
+      for (std::int64_t u = 0; u < nk; ++u) rows[u] += c.vhs;
+    }
+  }
+}
+
+}  // namespace
+
+void RunDecodeTaskV8Impl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
+                         std::byte* slots, std::int32_t* counters) {
+  const DF d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  const AttentionProblem& p = vp.problem();
+  const bool direct = DimStrideOf(p.k) == 1 && DimStrideOf(p.v) == 1 && vp.head_dim() % N == 0 &&
+                      vp.head_dim_v() % N == 0 && p.k.dtype == p.v.dtype;
+  if (!direct) {
+    run_decode_task(vp, plan, t, scratch, slots, counters, DecodeKernel::fused);
+    return;
+  }
+  Ctx c;
+  InitTask(c, vp, plan, t, scratch);
+  // v7's prefetch distance; KALLPA_CPU_FLASH_PREFETCH overrides it for every streaming kernel.
+  static const std::int64_t ahead =
+      std::getenv("KALLPA_CPU_FLASH_PREFETCH") != nullptr ? StreamPrefetchKeys() : kDecodeGroupedPrefetchKeys;
+  StreamPrefetcher kstream, vstream;
+  kstream.init(c, p.k, true, t.k_begin, t.k_end);
+  vstream.init(c, p.v, false, t.k_begin, t.k_end);
+  RowGroup groups[kDecodeMaxRows];
+  const int n_groups = PlanRowGroups(c.sq, c.G, groups);
+  std::int64_t a_i[kDecodeMaxRows], e_i[kDecodeMaxRows];
+  for (std::int64_t j0 = t.k_begin; j0 < t.k_end; j0 += kB8) {
+    const std::int64_t nb = std::min(kB8, t.k_end - j0);
+    bool any = false;
+    for (std::int64_t i = 0; i < c.sq; ++i) {
+      a_i[i] = std::max(c.lo[i], j0) - j0;
+      e_i[i] = std::min(c.hi[i], j0 + nb - 1) - j0;
+      any |= a_i[i] <= e_i[i];
+    }
+    if (!any) continue;
+    FillOffsets(c, j0, nb, c.koff, c.voff);
+    switch (p.k.dtype) {
+      case DType::f16:
+        Block8<hwy::float16_t>(c, groups, n_groups, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream, ahead);
+        break;
+      case DType::bf16:
+        Block8<hwy::bfloat16_t>(c, groups, n_groups, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream, ahead);
+        break;
+      case DType::f32:
+        Block8<float>(c, groups, n_groups, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream, ahead);
+        break;
+    }
+  }
+  FinishTask(c, plan, slots, counters);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kallpa::cpu_flash
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kallpa::cpu_flash {
+
+HWY_EXPORT(RunDecodeTaskV8Impl);
+
+void run_decode_task_v8(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task, void* scratch,
+                        std::byte* slots, std::int32_t* counters) {
+  HWY_DYNAMIC_DISPATCH(RunDecodeTaskV8Impl)(problem, plan, task, scratch, slots, counters);
+}
+
+}  // namespace kallpa::cpu_flash
+#endif  // HWY_ONCE
