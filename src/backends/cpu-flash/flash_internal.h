@@ -146,11 +146,13 @@ inline constexpr DecodeKernel kDecodeAutoInCache = DecodeKernel::direct;
 // there the two are within the noise of each other (v7/v4 0.66-1.18, median about 0.9) and v4
 // needs fewer instructions for groups of 1 and 3 (callgrind, 512 keys: 324k vs 421k for 8/8
 // D128, 168k vs 204k for 9/3 D64). v5 and v6 stay selectable.
-// Then v8: 8-13% fewer instructions than v7 (callgrind on the 512-key bench cases, f16/bf16, 32/8
-// D64 and D128, 8/8 D64 and D128, 9/3 D64) and, from DRAM (256 MiB, 2 threads, interleaved repetitions, a
-// heavily loaded machine), 0.98-1.10x v7's bandwidth for 8/8 D128 and 1.03-1.10x for 32/8 D64 in
-// three runs. v7 stays selectable.
-inline constexpr DecodeKernel kDecodeAutoStreamed = DecodeKernel::grouped8;
+// v8 needs 8-13% fewer instructions than v7 (callgrind on the 512-key bench cases, f16/bf16, 32/8
+// D64 and D128, 8/8 D64 and D128, 9/3 D64) and beat it from DRAM on a loaded machine (0.98-1.10x
+// for 8/8 D128, 1.03-1.10x for 32/8 D64, three runs), but on a quiet one (256 MiB, 5 interleaved
+// repetitions, medians) it was 1.13x v7 on f16 8/8 D128, 0.92x on f16 32/8 D64 and even on bf16,
+// and the engine's tg64 @ d2048 was a wash: the fewer instructions do not show from DRAM, so v7
+// stays the default and v8 selectable until a kernel wins from DRAM on both shapes.
+inline constexpr DecodeKernel kDecodeAutoStreamed = DecodeKernel::grouped;
 // v5: keys each stream (K, V) is prefetched ahead of its reader, into L2.
 inline constexpr std::int64_t kDecodeStreamPrefetchKeys = 16;
 // v6: keys per step of the walk over a block (across every KV head); eight measured slower. Its
