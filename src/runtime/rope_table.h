@@ -5,6 +5,7 @@
 // not change.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
