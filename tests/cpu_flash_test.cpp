@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -353,7 +354,22 @@ TEST(CpuFlash, DecodeSplitKv) {
   }
 }
 
-// Every decode kernel generation (tiled, staged, direct, stream, fused, grouped) against the reference on decode-shaped
+// Each decode kernel generation in `kernels`, forced, against the reference on every spec; stops at
+// the first fatal failure.
+void expect_decode_kernels_match(const std::vector<Spec>& specs, std::initializer_list<cpu_flash::DecodeKernel> kernels) {
+  for (const Spec& s : specs) {
+    SCOPED_TRACE(describe(s));
+    const auto want = ref(s);
+    for (cpu_flash::DecodeKernel k : kernels) {
+      SCOPED_TRACE(static_cast<int>(k));
+      CpuFlashBackend be(Options{0, Path::fast, k});
+      expect_close(run(be, s), want, s, "decode kernel");
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+// Every decode kernel generation (tiled, staged, direct, stream, fused, grouped, grouped8) against the reference on decode-shaped
 // problems: GQA groups, paged caches (the engine's page 16, 3 KV heads), ragged batches, several
 // query rows per sequence (speculative / chunked decode), masks, softcap, ALiBi, lse, padded
 // strides (which force the staged kernel) and chunk splits with the merge.
@@ -449,20 +465,12 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
     s.lse = true;
     specs.push_back(s);
   }
-  for (const Spec& s : specs) {
-    SCOPED_TRACE(describe(s));
-    const auto want = ref(s);
-    for (DecodeKernel k : {DecodeKernel::tiled, DecodeKernel::staged, DecodeKernel::direct, DecodeKernel::stream,
-                           DecodeKernel::fused, DecodeKernel::grouped, DecodeKernel::grouped8}) {
-      SCOPED_TRACE(static_cast<int>(k));
-      CpuFlashBackend be(Options{0, Path::fast, k});
-      expect_close(run(be, s), want, s, "decode kernel");
-      if (HasFatalFailure()) return;
-    }
-  }
+  expect_decode_kernels_match(specs, {DecodeKernel::tiled, DecodeKernel::staged, DecodeKernel::direct,
+                                      DecodeKernel::stream, DecodeKernel::fused, DecodeKernel::grouped,
+                                      DecodeKernel::grouped8});
 }
 
-// Decode v8 (the automatic choice beyond the caches) and v7 against the reference over the
+// Decode v8 and v7 (the automatic choice beyond the caches) against the reference over the
 // contract its in-place kernels take: K/V dtypes f16/bf16/f32, GQA groups of 1, 3, 4 and 8 (one
 // and two row groups of four), paged caches with odd page sizes, ragged lengths that end within an
 // eight-key step, several queries per sequence, causal, windows, softcap, ALiBi and lse, and a long
@@ -505,16 +513,7 @@ TEST(CpuFlash, DecodeV8MatchesReference) {
     s.lse = true;
     specs.push_back(s);
   }
-  for (const Spec& s : specs) {
-    SCOPED_TRACE(describe(s));
-    const auto want = ref(s);
-    for (DecodeKernel k : {DecodeKernel::grouped, DecodeKernel::grouped8}) {
-      SCOPED_TRACE(static_cast<int>(k));
-      CpuFlashBackend be(Options{0, Path::fast, k});
-      expect_close(run(be, s), want, s, "decode kernel");
-      if (HasFatalFailure()) return;
-    }
-  }
+  expect_decode_kernels_match(specs, {DecodeKernel::grouped, DecodeKernel::grouped8});
 }
 
 // A NaN value that only the second of two queries can see, read by the decode kernels in place
