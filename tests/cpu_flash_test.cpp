@@ -13,6 +13,7 @@
 #include <numeric>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu-flash/cpu_flash.h"
@@ -165,6 +166,19 @@ void build(const Spec& s, Built& out) {
   p.softcap = s.softcap;
 }
 
+// A problem of sq / skv query / key rows per sequence, hq / hkv heads and head dims d; the rest as
+// Spec's defaults.
+Spec shaped(std::vector<std::int32_t> sq, std::vector<std::int32_t> skv, std::int32_t hq, std::int32_t hkv,
+            std::int32_t d) {
+  Spec s;
+  s.sq = std::move(sq);
+  s.skv = std::move(skv);
+  s.hq = hq;
+  s.hkv = hkv;
+  s.d = s.dv = d;
+  return s;
+}
+
 double tol(DType dt) { return dt == DType::f32 ? 2e-4 : dt == DType::f16 ? 4e-3 : 3e-2; }
 
 // Runs `backend` on a fresh copy of the problem; returns o in logical order and lse.
@@ -273,13 +287,8 @@ TEST(CpuFlash, Registered) {
 TEST(CpuFlash, TrickyShapes) {
   for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
     for (std::int32_t d : {8, 40, 64, 80, 128, 160}) {
-      Spec s;
+      Spec s = shaped({65}, {129}, 3, 1, d);
       s.dt = dt;
-      s.d = s.dv = d;
-      s.sq = {65};
-      s.skv = {129};
-      s.hq = 3;
-      s.hkv = 1;
       s.causal = true;
       s.lse = true;
       check_all_paths(s);
@@ -336,13 +345,8 @@ TEST(CpuFlash, FeatureMatrix) {
 
 TEST(CpuFlash, DecodeSplitKv) {
   for (DType dt : {DType::f16, DType::bf16, DType::f32}) {
-    Spec s;
+    Spec s = shaped({1}, {5000}, 4, 1, 128);
     s.dt = dt;
-    s.d = s.dv = 128;
-    s.sq = {1};
-    s.skv = {5000};
-    s.hq = 4;
-    s.hkv = 1;
     s.lse = true;
     s.causal = true;
     check_all_paths(s);
@@ -369,6 +373,11 @@ void expect_decode_kernels_match(const std::vector<Spec>& specs, std::initialize
   }
 }
 
+// Decode over a long dense f16 KV, 32/8 heads, D 128: many chunks, merged by the last one.
+Spec long_dense_decode(std::int32_t skv) {
+  return Spec{.dt = DType::f16, .sq = {1}, .skv = {skv}, .hq = 32, .hkv = 8, .d = 128, .dv = 128, .lse = true};
+}
+
 // Every decode kernel generation (tiled, staged, direct, stream, fused, grouped, grouped8) against the reference on decode-shaped
 // problems: GQA groups, paged caches (the engine's page 16, 3 KV heads), ragged batches, several
 // query rows per sequence (speculative / chunked decode), masks, softcap, ALiBi, lse, padded
@@ -377,93 +386,25 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
   using cpu_flash::DecodeKernel;
   std::vector<Spec> specs;
   for (DType dt : {DType::f16, DType::bf16, DType::f32}) {
-    Spec s;  // the engine's shape: SmolLM2 decode through a paged f16 cache
-    s.dt = dt;
-    s.d = s.dv = 64;
-    s.hq = 9;
-    s.hkv = 3;
-    s.kvl = KvLayout::paged;
-    s.ql = QLayout::packed;
-    s.page = 16;
-    s.sq = {1, 1, 1};
-    s.skv = {37, 700, 1};
-    s.causal = true;
-    s.lse = true;
-    specs.push_back(s);
+    // The engine's shape: SmolLM2 decode through a paged f16 cache.
+    specs.push_back({.dt = dt, .sq = {1, 1, 1}, .skv = {37, 700, 1}, .hq = 9, .hkv = 3, .d = 64, .dv = 64,
+                     .ql = QLayout::packed, .kvl = KvLayout::paged, .page = 16, .causal = true, .lse = true});
   }
-  {
-    Spec s;  // long dense KV: many chunks, merge by the last one
-    s.dt = DType::f16;
-    s.d = s.dv = 128;
-    s.hq = 32;
-    s.hkv = 8;
-    s.sq = {1};
-    s.skv = {4100};
-    s.lse = true;
-    specs.push_back(s);
-  }
-  {
-    Spec s;  // 4 queries x group 4 = 16 rows per KV head, causal + window, ALiBi, softcap
-    s.dt = DType::bf16;
-    s.d = 40;
-    s.dv = 24;
-    s.hq = 8;
-    s.hkv = 2;
-    s.sq = {4};
-    s.skv = {900};
-    s.causal = true;
-    s.wl = 300;
-    s.alibi = true;
-    s.softcap = 5.0f;
-    s.lse = true;
-    specs.push_back(s);
-  }
-  {
-    Spec s;  // padded strides, odd page, ragged packed KV
-    s.dt = DType::f32;
-    s.d = s.dv = 64;
-    s.hq = 2;
-    s.hkv = 2;
-    s.kvl = KvLayout::packed;
-    s.ql = QLayout::packed;
-    s.padded = true;
-    s.sq = {1, 2, 0};
-    s.skv = {300, 33, 5};
-    s.wl = 50;
-    s.wr = 0;
-    s.lse = true;
-    specs.push_back(s);
-  }
-  {
-    Spec s;  // the in-place kernels (unit strides, whole vectors) with every option: v7's group of 4
-    s.dt = DType::f16;
-    s.d = s.dv = 64;
-    s.hq = 8;
-    s.hkv = 2;
-    s.kvl = KvLayout::paged;
-    s.ql = QLayout::packed;
-    s.page = 7;
-    s.sq = {3, 1};
-    s.skv = {530, 61};
-    s.causal = true;
-    s.wl = 200;
-    s.alibi = true;
-    s.softcap = 8.0f;
-    s.lse = true;
-    specs.push_back(s);
-  }
+  specs.push_back(long_dense_decode(4100));
+  // 4 queries x group 4 = 16 rows per KV head, causal + window, ALiBi, softcap.
+  specs.push_back({.dt = DType::bf16, .sq = {4}, .skv = {900}, .hq = 8, .hkv = 2, .d = 40, .dv = 24, .causal = true,
+                   .wl = 300, .softcap = 5.0f, .alibi = true, .lse = true});
+  // Padded strides, ragged packed KV.
+  specs.push_back({.dt = DType::f32, .sq = {1, 2, 0}, .skv = {300, 33, 5}, .hq = 2, .hkv = 2, .d = 64, .dv = 64,
+                   .ql = QLayout::packed, .kvl = KvLayout::packed, .padded = true, .wl = 50, .wr = 0, .lse = true});
+  // The in-place kernels (unit strides, whole vectors) with every option: v7's group of 4.
+  specs.push_back({.dt = DType::f16, .sq = {3, 1}, .skv = {530, 61}, .hq = 8, .hkv = 2, .d = 64, .dv = 64,
+                   .ql = QLayout::packed, .kvl = KvLayout::paged, .page = 7, .causal = true, .wl = 200,
+                   .softcap = 8.0f, .alibi = true, .lse = true});
   for (std::int32_t hq : {5, 6, 7}) {
-    Spec s;  // GQA groups of 5, 6, 7: row groups of 2 and 3 plus a single row
-    s.dt = hq == 6 ? DType::bf16 : DType::f16;
-    s.d = s.dv = 64;
-    s.hq = hq;
-    s.hkv = 1;
-    s.sq = {2};
-    s.skv = {1000};
-    s.causal = true;
-    s.wl = hq == 7 ? 400 : -1;
-    s.lse = true;
-    specs.push_back(s);
+    // GQA groups of 5, 6, 7: row groups of 2 and 3 plus a single row.
+    specs.push_back({.dt = hq == 6 ? DType::bf16 : DType::f16, .sq = {2}, .skv = {1000}, .hq = hq, .hkv = 1, .d = 64,
+                     .dv = 64, .causal = true, .wl = hq == 7 ? 400 : -1, .lse = true});
   }
   expect_decode_kernels_match(specs, {DecodeKernel::tiled, DecodeKernel::staged, DecodeKernel::direct,
                                       DecodeKernel::stream, DecodeKernel::fused, DecodeKernel::grouped,
@@ -481,19 +422,9 @@ TEST(CpuFlash, DecodeV8MatchesReference) {
   int n = 0;
   for (DType dt : {DType::f16, DType::bf16, DType::f32})
     for (std::int32_t group : {1, 3, 4, 8}) {
-      Spec s;
-      s.dt = dt;
-      s.d = s.dv = 64;
-      s.hkv = 2;
-      s.hq = 2 * group;
-      s.kvl = KvLayout::paged;
-      s.ql = QLayout::packed;
-      s.page = n % 2 == 0 ? 5 : 13;
-      s.sq = {1, group <= 4 ? 2 : 1, 1};
-      s.skv = {1000, 37, 3};
-      s.causal = true;
-      s.lse = true;
-      s.seed = static_cast<unsigned>(10 + n);
+      Spec s{.dt = dt, .sq = {1, group <= 4 ? 2 : 1, 1}, .skv = {1000, 37, 3}, .hq = 2 * group, .hkv = 2, .d = 64,
+             .dv = 64, .ql = QLayout::packed, .kvl = KvLayout::paged, .page = n % 2 == 0 ? 5 : 13, .causal = true,
+             .lse = true, .seed = static_cast<unsigned>(10 + n)};
       switch (n++ % 4) {
         case 0: break;
         case 1: s.softcap = 6.0f; break;
@@ -502,18 +433,31 @@ TEST(CpuFlash, DecodeV8MatchesReference) {
       }
       specs.push_back(s);
     }
-  {
-    Spec s;  // long dense KV, 32/8 heads: many chunks of whole steps, merged by the last one
-    s.dt = DType::f16;
-    s.d = s.dv = 128;
-    s.hq = 32;
-    s.hkv = 8;
-    s.sq = {1};
-    s.skv = {5003};
-    s.lse = true;
-    specs.push_back(s);
-  }
+  specs.push_back(long_dense_decode(5003));
   expect_decode_kernels_match(specs, {DecodeKernel::grouped, DecodeKernel::grouped8});
+}
+
+// Builds s into b with a NaN at element `at` of its f32 buffer `buf` and runs `opts` on it in place.
+void run_with_nan(const Spec& s, const Options& opts, Built& b, std::vector<float> Built::*buf, std::size_t at) {
+  build(s, b);
+  (b.*buf)[at] = std::numeric_limits<float>::quiet_NaN();
+  auto vp = validate(b.p);
+  ASSERT_TRUE(vp.is_ok()) << vp.status().to_string();
+  CpuFlashBackend be(opts);
+  ASSERT_TRUE(be.run(*vp, {}).is_ok());
+}
+
+// Expects o[i][h][x] of b (one f32 sequence of s, dense queries) NaN where nan(i, h, x) holds and
+// finite elsewhere.
+template <typename Pred>
+void expect_nan_where(const Built& b, const Spec& s, Pred&& nan) {
+  for (std::int32_t i = 0; i < s.sq[0]; ++i)
+    for (std::int32_t h = 0; h < s.hq; ++h)
+      for (std::int32_t x = 0; x < s.dv; ++x) {
+        const float o = b.o32[static_cast<std::size_t>((i * s.hq + h) * s.dv + x)];
+        if (nan(i, h, x)) EXPECT_TRUE(std::isnan(o)) << i << "," << h << "," << x;
+        else EXPECT_TRUE(std::isfinite(o)) << i << "," << h << "," << x;
+      }
 }
 
 // A NaN value that only the second of two queries can see, read by the decode kernels in place
@@ -522,27 +466,11 @@ TEST(CpuFlash, DecodeNanOnlyWhereVisible) {
   using cpu_flash::DecodeKernel;
   for (DecodeKernel k : {DecodeKernel::staged, DecodeKernel::direct, DecodeKernel::stream, DecodeKernel::fused,
                         DecodeKernel::grouped, DecodeKernel::grouped8}) {
-    Spec s;
-    s.sq = {2};
-    s.skv = {600};
-    s.hq = 4;
-    s.hkv = 1;
-    s.d = s.dv = 16;
+    Spec s = shaped({2}, {600}, 4, 1, 16);
     s.causal = true;
     Built b;
-    build(s, b);
-    b.v32[599 * 16 + 5] = std::numeric_limits<float>::quiet_NaN();
-    auto vp = validate(b.p);
-    ASSERT_TRUE(vp.is_ok());
-    CpuFlashBackend be(Options{0, Path::fast, k});
-    ASSERT_TRUE(be.run(*vp, {}).is_ok());
-    for (int i = 0; i < 2; ++i)
-      for (int h = 0; h < 4; ++h)
-        for (int x = 0; x < 16; ++x) {
-          const float o = b.o32[static_cast<std::size_t>((i * 4 + h) * 16 + x)];
-          if (i == 1 && x == 5) EXPECT_TRUE(std::isnan(o)) << i << "," << h << "," << x;
-          else EXPECT_TRUE(std::isfinite(o)) << i << "," << h << "," << x;
-        }
+    ASSERT_NO_FATAL_FAILURE(run_with_nan(s, Options{0, Path::fast, k}, b, &Built::v32, 599 * 16 + 5));
+    expect_nan_where(b, s, [](std::int32_t i, std::int32_t, std::int32_t x) { return i == 1 && x == 5; });
   }
 }
 
@@ -598,52 +526,26 @@ std::vector<Options> every_path() {
 TEST(CpuFlash, NanOnlyWhereVisible) {
   for (std::int32_t sq : {64, 1}) {
     for (const Options& path : every_path()) {
-      Spec s;
-      s.sq = {sq};
-      s.skv = {64};
-      s.hq = s.hkv = 1;
-      s.d = s.dv = 16;
+      Spec s = shaped({sq}, {64}, 1, 1, 16);
       s.causal = true;
       Built b;
-      build(s, b);
-      b.v32[63 * 16 + 5] = std::numeric_limits<float>::quiet_NaN();
-      auto vp = validate(b.p);
-      ASSERT_TRUE(vp.is_ok());
-      CpuFlashBackend be(path);
-      ASSERT_TRUE(be.run(*vp, {}).is_ok());
-      for (std::int32_t i = 0; i < sq; ++i)
-        for (int x = 0; x < 16; ++x) {
-          const float o = b.o32[static_cast<std::size_t>(i * 16 + x)];
-          if (i == sq - 1 && x == 5) EXPECT_TRUE(std::isnan(o)) << i << "," << x;
-          else EXPECT_TRUE(std::isfinite(o)) << i << "," << x;
-        }
+      ASSERT_NO_FATAL_FAILURE(run_with_nan(s, path, b, &Built::v32, 63 * 16 + 5));
+      expect_nan_where(b, s, [&](std::int32_t i, std::int32_t, std::int32_t x) { return i == sq - 1 && x == 5; });
     }
   }
 }
 
 TEST(CpuFlash, NanInQueryRow) {
   for (const Options& path : every_path()) {
-    Spec s;
-    s.sq = {33};
-    s.skv = {200};
-    s.hq = 2;
-    s.hkv = 1;
-    s.d = s.dv = 16;
+    Spec s = shaped({33}, {200}, 2, 1, 16);
     s.lse = true;
     Built b;
-    build(s, b);
-    b.q32[(5 * 2 + 1) * 16 + 3] = std::numeric_limits<float>::quiet_NaN();  // row 5, head 1
-    auto vp = validate(b.p);
-    ASSERT_TRUE(vp.is_ok());
-    CpuFlashBackend be(path);
-    ASSERT_TRUE(be.run(*vp, {}).is_ok());
-    for (int i = 0; i < 33; ++i)
-      for (int h = 0; h < 2; ++h) {
-        const bool bad = i == 5 && h == 1;
-        EXPECT_EQ(bad, std::isnan(b.lse[static_cast<std::size_t>(h * 33 + i)])) << i << "," << h;
-        for (int x = 0; x < 16; ++x)
-          EXPECT_EQ(bad, std::isnan(b.o32[static_cast<std::size_t>((i * 2 + h) * 16 + x)])) << i << "," << h;
-      }
+    ASSERT_NO_FATAL_FAILURE(run_with_nan(s, path, b, &Built::q32, (5 * 2 + 1) * 16 + 3));  // row 5, head 1
+    const auto bad = [](std::int32_t i, std::int32_t h) { return i == 5 && h == 1; };
+    expect_nan_where(b, s, [&](std::int32_t i, std::int32_t h, std::int32_t) { return bad(i, h); });
+    for (std::int32_t i = 0; i < 33; ++i)
+      for (std::int32_t h = 0; h < 2; ++h)
+        EXPECT_EQ(bad(i, h), std::isnan(b.lse[static_cast<std::size_t>(h * 33 + i)])) << i << "," << h;
   }
 }
 

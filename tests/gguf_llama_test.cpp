@@ -3,10 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kallpa/model/gguf.h"
@@ -37,25 +42,55 @@ void expect_error(const GgufWriter& w, ErrorCode code, const std::string& field,
   }
 }
 
+// The hyperparameters that differ between the models checked here (both are tied-embedding llamas
+// with rms_norm_eps 1e-5).
+struct Hparams {
+  std::uint32_t n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_rot, vocab_size, context_length;
+  float rope_freq_base;
+};
+
+void expect_hparams(const ModelConfig& cfg, const Hparams& want) {
+  EXPECT_EQ(cfg.architecture, "llama");
+  EXPECT_EQ(cfg.n_layer, want.n_layer);
+  EXPECT_EQ(cfg.n_embd, want.n_embd);
+  EXPECT_EQ(cfg.n_ff, want.n_ff);
+  EXPECT_EQ(cfg.n_head, want.n_head);
+  EXPECT_EQ(cfg.n_head_kv, want.n_head_kv);
+  EXPECT_EQ(cfg.head_dim, want.head_dim);
+  EXPECT_EQ(cfg.n_rot, want.n_rot);
+  EXPECT_EQ(cfg.vocab_size, want.vocab_size);
+  EXPECT_EQ(cfg.context_length, want.context_length);
+  EXPECT_FLOAT_EQ(cfg.rope_freq_base, want.rope_freq_base);
+  EXPECT_FLOAT_EQ(cfg.rms_norm_eps, 1e-5f);
+  EXPECT_TRUE(cfg.tied_embeddings);
+}
+
+// The synthetic model with `key` removed and added again by `add` (another type or value).
+template <typename F>
+GgufWriter with_kv(std::string_view key, F&& add) {
+  GgufWriter w = synthetic_llama_writer();
+  EXPECT_TRUE(w.remove_kv(key)) << key;
+  add(w, key);
+  return w;
+}
+
+// The synthetic model with tensor `name` replaced by `bytes` zero bytes of ggml type `type` and
+// shape `ne`: loading it fails with `code`, naming the tensor, with `in_message` in the message.
+void expect_tensor_error(std::string_view name, std::uint32_t type, std::vector<std::int64_t> ne, std::size_t bytes,
+                         ErrorCode code, const std::string& in_message) {
+  GgufWriter w = synthetic_llama_writer();
+  ASSERT_TRUE(w.replace_tensor(name, type, std::move(ne), std::vector<std::byte>(bytes)));
+  expect_error(w, code, std::string(name), in_message);
+}
+
 TEST(GgufLlama, SyntheticModelLoads) {
   auto f = GgufFile::from_bytes(synthetic_llama());
   ASSERT_TRUE(f.is_ok()) << f.status().to_string();
   LlamaWeights w;
   auto cfg = load_llama_config(**f, &w);
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-  EXPECT_EQ(cfg->architecture, "llama");
-  EXPECT_EQ(cfg->n_layer, 2u);
-  EXPECT_EQ(cfg->n_embd, 64u);
-  EXPECT_EQ(cfg->n_head, 4u);
-  EXPECT_EQ(cfg->n_head_kv, 2u);
-  EXPECT_EQ(cfg->head_dim, 16u);
-  EXPECT_EQ(cfg->n_rot, 16u);
-  EXPECT_EQ(cfg->n_ff, 128u);
-  EXPECT_EQ(cfg->vocab_size, 299u);
-  EXPECT_EQ(cfg->context_length, 256u);
-  EXPECT_FLOAT_EQ(cfg->rope_freq_base, 10000.0f);
-  EXPECT_FLOAT_EQ(cfg->rms_norm_eps, 1e-5f);
-  EXPECT_TRUE(cfg->tied_embeddings);
+  expect_hparams(*cfg, {.n_layer = 2, .n_embd = 64, .n_ff = 128, .n_head = 4, .n_head_kv = 2, .head_dim = 16,
+                        .n_rot = 16, .vocab_size = 299, .context_length = 256, .rope_freq_base = 10000.0f});
   EXPECT_EQ(cfg->q_dim(), 64u);
   EXPECT_EQ(cfg->kv_dim(), 32u);
   ASSERT_EQ(w.layers.size(), 2u);
@@ -119,53 +154,30 @@ TEST(GgufLlama, MissingOrMistypedKeys) {
     EXPECT_EQ(cfg->rope_freq_base, 10000.0f);
     EXPECT_EQ(cfg->n_rot, 16u);
   }
-  {
-    GgufWriter w = synthetic_llama_writer();
-    w.remove_kv("llama.embedding_length");
-    w.add_string("llama.embedding_length", "64");
-    expect_error(w, ErrorCode::invalid_argument, "llama.embedding_length", "has type string");
-  }
-  {
-    GgufWriter w = synthetic_llama_writer();
-    w.remove_kv("llama.block_count");
-    w.add_u64("llama.block_count", 2);  // any integer type is accepted
+  {  // any integer type is accepted
+    GgufWriter w = with_kv("llama.block_count", [](GgufWriter& g, std::string_view k) { g.add_u64(k, 2); });
     EXPECT_TRUE(load_status(w).is_ok()) << load_status(w).to_string();
   }
-  {
-    GgufWriter w = synthetic_llama_writer();
-    w.remove_kv("llama.attention.layer_norm_rms_epsilon");
-    w.add_u32("llama.attention.layer_norm_rms_epsilon", 1);
-    expect_error(w, ErrorCode::invalid_argument, "llama.attention.layer_norm_rms_epsilon", "expected float32");
-  }
-  {
-    GgufWriter w = synthetic_llama_writer();
-    w.remove_kv("llama.block_count");
-    w.add_u32("llama.block_count", 0);
-    expect_error(w, ErrorCode::invalid_argument, "llama.block_count", "expected 1..");
-  }
-  {
-    GgufWriter w = synthetic_llama_writer();
-    w.remove_kv("llama.attention.head_count_kv");
-    w.add_u32("llama.attention.head_count_kv", 3);
-    expect_error(w, ErrorCode::invalid_argument, "llama.attention.head_count_kv", "not a multiple");
-  }
-  {
-    GgufWriter w = synthetic_llama_writer();
-    w.remove_kv("llama.vocab_size");
-    w.add_u32("llama.vocab_size", 300);
-    expect_error(w, ErrorCode::invalid_argument, "llama.vocab_size", "differs");
-  }
-  {
-    GgufWriter w = synthetic_llama_writer();
-    w.remove_kv("llama.rope.dimension_count");
-    w.add_u32("llama.rope.dimension_count", 18);
-    expect_error(w, ErrorCode::invalid_argument, "llama.rope.dimension_count");
-  }
-  {
-    GgufWriter w = synthetic_llama_writer();
-    w.remove_kv("general.architecture");
-    w.add_string("general.architecture", "gpt2");
-    expect_error(w, ErrorCode::unsupported, "general.architecture", "'gpt2' is not supported");
+  struct BadValue {
+    const char* key;
+    std::function<void(GgufWriter&, std::string_view)> add;
+    ErrorCode code;
+    const char* in_message;
+  };
+  const auto u32 = [](std::uint32_t v) { return [v](GgufWriter& g, std::string_view k) { g.add_u32(k, v); }; };
+  const auto str = [](const char* v) { return [v](GgufWriter& g, std::string_view k) { g.add_string(k, v); }; };
+  const BadValue bad[] = {
+      {"llama.embedding_length", str("64"), ErrorCode::invalid_argument, "has type string"},
+      {"llama.attention.layer_norm_rms_epsilon", u32(1), ErrorCode::invalid_argument, "expected float32"},
+      {"llama.block_count", u32(0), ErrorCode::invalid_argument, "expected 1.."},
+      {"llama.attention.head_count_kv", u32(3), ErrorCode::invalid_argument, "not a multiple"},
+      {"llama.vocab_size", u32(300), ErrorCode::invalid_argument, "differs"},
+      {"llama.rope.dimension_count", u32(18), ErrorCode::invalid_argument, ""},
+      {"general.architecture", str("gpt2"), ErrorCode::unsupported, "'gpt2' is not supported"},
+  };
+  for (const BadValue& b : bad) {
+    SCOPED_TRACE(b.key);
+    expect_error(with_kv(b.key, b.add), b.code, b.key, b.in_message);
   }
 }
 
@@ -188,36 +200,20 @@ TEST(GgufLlama, MissingTensorsBadShapesAndTypes) {
     ASSERT_TRUE(w.replace_tensor("blk.0.attn_k.weight", 3, {64, 48}, data));
     expect_error(w, ErrorCode::invalid_argument, "blk.0.attn_k.weight", "has shape [64, 48], expected [64, 32]");
   }
-  {  // a 3-d norm
-    GgufWriter w = synthetic_llama_writer();
-    std::vector<std::byte> data(64 * 4);
-    ASSERT_TRUE(w.replace_tensor("blk.1.ffn_norm.weight", 0, {64, 1, 1}, data));
-    expect_error(w, ErrorCode::invalid_argument, "blk.1.ffn_norm.weight", "expected [64]");
-  }
-  {  // transposed down projection
-    GgufWriter w = synthetic_llama_writer();
-    std::vector<std::byte> data(static_cast<std::size_t>(row_size(GgmlType::q4_1, 64) * 128));
-    ASSERT_TRUE(w.replace_tensor("blk.0.ffn_down.weight", 3, {64, 128}, data));
-    expect_error(w, ErrorCode::invalid_argument, "blk.0.ffn_down.weight", "expected [128, 64]");
-  }
-  {  // Q5_0: a type ggml knows (so the file parses) but kallpa has no kernels for
-    GgufWriter w = synthetic_llama_writer();
-    std::vector<std::byte> data(2 * 22 * 128);
-    ASSERT_TRUE(w.replace_tensor("blk.1.ffn_up.weight", 6, {64, 128}, data));
-    expect_error(w, ErrorCode::unsupported, "blk.1.ffn_up.weight", "has type Q5_0");
-  }
-  {  // norms must be F32
-    GgufWriter w = synthetic_llama_writer();
-    std::vector<std::byte> data(64 * 2);
-    ASSERT_TRUE(w.replace_tensor("blk.0.attn_norm.weight", 1, {64}, data));
-    expect_error(w, ErrorCode::unsupported, "blk.0.attn_norm.weight", "has type F16");
-  }
-  {  // vocab rows differ from the tokenizer's vocabulary
-    GgufWriter w = synthetic_llama_writer();
-    std::vector<std::byte> data(static_cast<std::size_t>(row_size(GgmlType::q8_0, 64) * 298));
-    ASSERT_TRUE(w.replace_tensor("token_embd.weight", 8, {64, 298}, data));
-    expect_error(w, ErrorCode::invalid_argument, "token_embd.weight", "expected [64, 299]");
-  }
+  // A 3-d norm.
+  expect_tensor_error("blk.1.ffn_norm.weight", 0, {64, 1, 1}, 64 * 4, ErrorCode::invalid_argument, "expected [64]");
+  // A transposed down projection.
+  expect_tensor_error("blk.0.ffn_down.weight", 3, {64, 128},
+                      static_cast<std::size_t>(row_size(GgmlType::q4_1, 64) * 128), ErrorCode::invalid_argument,
+                      "expected [128, 64]");
+  // Q5_0: a type ggml knows (so the file parses) but kallpa has no kernels for.
+  expect_tensor_error("blk.1.ffn_up.weight", 6, {64, 128}, 2 * 22 * 128, ErrorCode::unsupported, "has type Q5_0");
+  // Norms must be F32.
+  expect_tensor_error("blk.0.attn_norm.weight", 1, {64}, 64 * 2, ErrorCode::unsupported, "has type F16");
+  // Vocab rows differ from the tokenizer's vocabulary.
+  expect_tensor_error("token_embd.weight", 8, {64, 298},
+                      static_cast<std::size_t>(row_size(GgmlType::q8_0, 64) * 298), ErrorCode::invalid_argument,
+                      "expected [64, 299]");
   {  // an unknown tensor type is already a parse error at load
     GgufWriter w = synthetic_llama_writer();
     std::vector<std::byte> data(64 * 4);
@@ -251,18 +247,8 @@ TEST(GgufLlama, RealSmolLM2LoadsAndValidates) {
   LlamaWeights w;
   auto cfg = load_llama_config(**f, &w);
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-  EXPECT_EQ(cfg->n_layer, 30u);
-  EXPECT_EQ(cfg->n_embd, 576u);
-  EXPECT_EQ(cfg->n_ff, 1536u);
-  EXPECT_EQ(cfg->n_head, 9u);
-  EXPECT_EQ(cfg->n_head_kv, 3u);
-  EXPECT_EQ(cfg->head_dim, 64u);
-  EXPECT_EQ(cfg->n_rot, 64u);
-  EXPECT_EQ(cfg->vocab_size, 49152u);
-  EXPECT_EQ(cfg->context_length, 8192u);
-  EXPECT_FLOAT_EQ(cfg->rope_freq_base, 100000.0f);
-  EXPECT_FLOAT_EQ(cfg->rms_norm_eps, 1e-5f);
-  EXPECT_TRUE(cfg->tied_embeddings);
+  expect_hparams(*cfg, {.n_layer = 30, .n_embd = 576, .n_ff = 1536, .n_head = 9, .n_head_kv = 3, .head_dim = 64,
+                        .n_rot = 64, .vocab_size = 49152, .context_length = 8192, .rope_freq_base = 100000.0f});
   EXPECT_EQ(*(*f)->get_string("tokenizer.ggml.pre"), "smollm");
   // Tensor types found in the file: Q8_0 embeddings, Q4_1 matrices, F32 norms.
   std::map<std::string, int> types;

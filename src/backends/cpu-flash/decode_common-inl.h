@@ -1,7 +1,7 @@
-// Shared by the decode kernel generations of cpu-flash (flash_decode.cpp: v3-v6; decode_v7.cpp:
-// v7): the task context, query setup, the online softmax over a block's scores, the software
-// prefetcher of the streaming kernels and the final write / split-KV merge. Highway per-target
-// header: included once per target by each translation unit that uses it.
+// Shared by the decode kernel generations of cpu-flash (flash_decode.cpp: v3-v6; decode_v7.cpp,
+// decode_v8.cpp: v7, v8): the task context, query setup, the online softmax over a block's
+// scores, the software prefetcher of the streaming kernels and the final write / split-KV merge.
+// Highway per-target header: included once per target by each translation unit that uses it.
 #if defined(KALLPA_CPU_FLASH_DECODE_COMMON_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KALLPA_CPU_FLASH_DECODE_COMMON_INL_H_
 #undef KALLPA_CPU_FLASH_DECODE_COMMON_INL_H_
@@ -144,6 +144,25 @@ HWY_INLINE VF LoadAsF32(const T* HWY_RESTRICT p) {
   }
 }
 
+// Whether the in-place decode kernels can read the problem's K/V where they lie: unit element
+// strides, head dims of whole vectors, one dtype.
+inline bool KvInPlace(const ValidatedProblem& vp) {
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(DF()));
+  const AttentionProblem& p = vp.problem();
+  return DimStrideOf(p.k) == 1 && DimStrideOf(p.v) == 1 && vp.head_dim() % N == 0 && vp.head_dim_v() % N == 0 &&
+         p.k.dtype == p.v.dtype;
+}
+
+// Calls f(T()) with T the element type of K/V dtype dt (hwy::float16_t, hwy::bfloat16_t, float):
+// a kernel's block template, instantiated per dtype, chosen once per block.
+template <typename F>
+HWY_INLINE void ForKvType(DType dt, F&& f) {
+  switch (dt) {
+    case DType::f16: f(hwy::float16_t()); return;
+    case DType::bf16: f(hwy::bfloat16_t()); return;
+    case DType::f32: f(0.0f); return;
+  }
+}
 
 struct Ctx {
   const ValidatedProblem* vp;
@@ -249,6 +268,19 @@ inline void UpdateRow(Ctx& c, std::int64_t row, float m_new, float alpha, float 
   }
 }
 
+// Calls f(r, i, a, e) for each query row r of one KV head (rows ordered (i, g)) whose query i sees
+// keys [a, e] of the block.
+template <typename F>
+HWY_INLINE void ForSeeingRows(const Ctx& c, const std::int64_t* a_i, const std::int64_t* e_i, F&& f) {
+  const std::int64_t G = c.G;
+  for (std::int64_t r = 0; r < c.R; ++r) {
+    const std::int64_t i = r / G;
+    const std::int64_t a = a_i[i], e = e_i[i];
+    if (a > e) continue;
+    f(r, i, a, e);
+  }
+}
+
 // Online softmax of the rows of KV head kvh over the block's keys [j0, j0 + nb), vectorised over the
 // keys: s_rows [R][kDecodeBlock] holds the scores and receives the probabilities; m, l and the
 // accumulators of the rows are updated.
@@ -258,10 +290,7 @@ inline void SoftmaxRows(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t 
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t G = c.G;
   const std::int64_t nbp = round_up(nb, N);
-  for (std::int64_t r = 0; r < c.R; ++r) {
-    const std::int64_t i = r / G;
-    const std::int64_t a = a_i[i], e = e_i[i];
-    if (a > e) continue;
+  ForSeeingRows(c, a_i, e_i, [&](std::int64_t r, std::int64_t i, std::int64_t a, std::int64_t e) {
     const std::int64_t row = kvh * c.R + r;
     float* s = s_rows + r * kDecodeBlock;
     const std::int32_t h = static_cast<std::int32_t>(kvh * G + r % G);
@@ -278,7 +307,7 @@ inline void SoftmaxRows(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t 
       sum = hn::Add(sum, pj);
     }
     UpdateRow(c, row, m_new, alpha, SumLanes(d, sum));
-  }
+  });
 }
 
 // Prefetch distance in keys (each stream); KALLPA_CPU_FLASH_PREFETCH overrides it for tuning.

@@ -22,8 +22,7 @@
 #define HWY_TARGET_INCLUDE "backends/cpu-flash/decode_v7.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-#include "backends/cpu-flash/decode_common-inl.h"
-#include "backends/cpu-flash/fast_exp-inl.h"
+#include "backends/cpu-flash/decode_grouped-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kallpa::cpu_flash {
@@ -63,20 +62,10 @@ template <int RB, int KU, typename T>
 HWY_INLINE void GroupDots(const float* HWY_RESTRICT q, std::int64_t qs, const T* const* k, std::int64_t j,
                           std::int64_t len, float* HWY_RESTRICT s) {
   const DF d;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   VF acc[RB][KU];
   for (int rb = 0; rb < RB; ++rb)
     for (int u = 0; u < KU; ++u) acc[rb][u] = hn::Zero(d);
-  const T* kr[KU];
-  for (int u = 0; u < KU; ++u) kr[u] = k[j + u];
-  for (std::int64_t x = 0; x < len; x += N) {
-    VF kv[KU];
-    for (int u = 0; u < KU; ++u) kv[u] = LoadAsF32(kr[u] + x);
-    for (int rb = 0; rb < RB; ++rb) {
-      const VF qv = hn::Load(d, q + rb * qs + x);
-      for (int u = 0; u < KU; ++u) acc[rb][u] = hn::MulAdd(qv, kv[u], acc[rb][u]);
-    }
-  }
+  AccumulateDots<RB, KU>(q, qs, k + j, len, &acc[0][0]);
   if constexpr (KU % 4 == 0) {
     for (int rb = 0; rb < RB; ++rb)
       for (int u = 0; u < KU; u += 4)
@@ -172,38 +161,6 @@ HWY_INLINE void ForGroupBlocks(std::int64_t G, std::int64_t i, F&& f) {
   }
 }
 
-// Online softmax of the rows of KV head kvh over the block's keys [j0, j0 + nb): s [R][kB7] holds
-// the scores of each row's visible keys [a, e] and receives their probabilities; m, l and the
-// row's accumulators are updated. v5's SoftmaxRows with the cheaper exp, over the vectors that
-// hold visible keys only.
-void GroupSoftmax(Ctx& c, std::int64_t kvh, std::int64_t j0, const std::int64_t* a_i, const std::int64_t* e_i,
-                  float* s_rows) {
-  const DF d;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
-  const std::int64_t G = c.G;
-  for (std::int64_t r = 0; r < c.R; ++r) {
-    const std::int64_t i = r / G;
-    const std::int64_t a = a_i[i], e = e_i[i];
-    if (a > e) continue;
-    const std::int64_t row = kvh * c.R + r;
-    float* s = s_rows + r * kB7;
-    const std::int32_t h = static_cast<std::int32_t>(kvh * G + r % G);
-    const std::int64_t x0 = a / N * N;
-    const float m_new = MaskScoresAndMax(c, s, x0, e + 1, h, i, j0, a, e, c.m[row]);
-    const float m_old = c.m[row];
-    const float m_use = m_new == kNegInf ? 0.0f : m_new;
-    const float alpha = std::exp(m_old - m_use);
-    const VF mu = hn::Set(d, m_use);
-    VF sum = hn::Zero(d);
-    for (std::int64_t x = x0; x <= e; x += N) {
-      const VF pj = FastExp(d, hn::Sub(hn::Load(d, s + x), mu));
-      hn::Store(pj, d, s + x);
-      sum = hn::Add(sum, pj);
-    }
-    UpdateRow(c, row, m_new, alpha, SumLanes(d, sum));
-  }
-}
-
 // One block of keys [j0, j0 + nb), walked in memory order as v5/v6 do (streamed from beyond the
 // caches, a walk head by head over a block is up to 2x slower: the hardware prefetchers follow
 // only a forward stream): steps of kGroupStep key rows across every KV head for the scores, the
@@ -231,7 +188,8 @@ void GroupedBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* 
       }
     }
   }
-  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) GroupSoftmax(c, kvh, j0, a_i, e_i, c.s_all + kvh * c.R * kB7);
+  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh)
+    GroupedSoftmax<false>(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * c.R * kB7);
   for (std::int64_t u0 = 0; u0 < nb; u0 += kGroupStep) {
     const std::int64_t nk = std::min(kGroupStep, nb - u0);
     for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
@@ -254,44 +212,12 @@ void GroupedBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* 
 
 void RunDecodeTaskV7Impl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
                          std::byte* slots, std::int32_t* counters) {
-  const DF d;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
-  const AttentionProblem& p = vp.problem();
-  const bool direct = DimStrideOf(p.k) == 1 && DimStrideOf(p.v) == 1 && vp.head_dim() % N == 0 &&
-                      vp.head_dim_v() % N == 0 && p.k.dtype == p.v.dtype;
-  if (!direct) {
-    run_decode_task(vp, plan, t, scratch, slots, counters, DecodeKernel::fused);
-    return;
-  }
-  Ctx c;
-  InitTask(c, vp, plan, t, scratch);
-  const std::int64_t nbmax = kB7;
   const std::int64_t ahead = GroupedPrefetchKeys();
-  StreamPrefetcher kstream, vstream;
-  kstream.init(c, p.k, true, t.k_begin, t.k_end);
-  vstream.init(c, p.v, false, t.k_begin, t.k_end);
-  std::int64_t a_i[kDecodeMaxRows], e_i[kDecodeMaxRows];
-  for (std::int64_t j0 = t.k_begin; j0 < t.k_end; j0 += nbmax) {
-    const std::int64_t nb = std::min(nbmax, t.k_end - j0);
-    bool any = false;
-    for (std::int64_t i = 0; i < c.sq; ++i) {
-      a_i[i] = std::max(c.lo[i], j0) - j0;
-      e_i[i] = std::min(c.hi[i], j0 + nb - 1) - j0;
-      any |= a_i[i] <= e_i[i];
-    }
-    if (!any) continue;
-    FillOffsets(c, j0, nb, c.koff, c.voff);
-    switch (p.k.dtype) {
-      case DType::f16:
-        GroupedBlock<hwy::float16_t>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream, ahead);
-        break;
-      case DType::bf16:
-        GroupedBlock<hwy::bfloat16_t>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream, ahead);
-        break;
-      case DType::f32: GroupedBlock<float>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream, ahead); break;
-    }
-  }
-  FinishTask(c, plan, slots, counters);
+  RunGroupedTask(vp, plan, t, scratch, slots, counters, kB7,
+                 [&](auto type, Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
+                     const std::int64_t* e_i, StreamPrefetcher& kpf, StreamPrefetcher& vpf) {
+                   GroupedBlock<decltype(type)>(c, j0, nb, a_i, e_i, c.koff, c.voff, kpf, vpf, ahead);
+                 });
 }
 
 }  // namespace HWY_NAMESPACE
@@ -299,14 +225,5 @@ void RunDecodeTaskV7Impl(const ValidatedProblem& vp, const DecodePlan& plan, con
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace kallpa::cpu_flash {
-
-HWY_EXPORT(RunDecodeTaskV7Impl);
-
-void run_decode_task_v7(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task, void* scratch,
-                        std::byte* slots, std::int32_t* counters) {
-  HWY_DYNAMIC_DISPATCH(RunDecodeTaskV7Impl)(problem, plan, task, scratch, slots, counters);
-}
-
-}  // namespace kallpa::cpu_flash
+KALLPA_CPU_FLASH_DECODE_ENTRY(run_decode_task_v7, RunDecodeTaskV7Impl)
 #endif  // HWY_ONCE

@@ -19,8 +19,7 @@
 #define HWY_TARGET_INCLUDE "backends/cpu-flash/decode_v8.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-#include "backends/cpu-flash/decode_common-inl.h"
-#include "backends/cpu-flash/fast_exp-inl.h"
+#include "backends/cpu-flash/decode_grouped-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kallpa::cpu_flash {
@@ -61,26 +60,23 @@ int PlanRowGroups(std::int64_t sq, std::int64_t G, RowGroup* out) {
   return n;
 }
 
+// v7's prefetch distance; KALLPA_CPU_FLASH_PREFETCH overrides it for every streaming kernel.
+std::int64_t PrefetchKeys8() {
+  static const std::int64_t keys =
+      std::getenv("KALLPA_CPU_FLASH_PREFETCH") != nullptr ? StreamPrefetchKeys() : kDecodeGroupedPrefetchKeys;
+  return keys;
+}
+
 // s[rb * kB8 + u] = <q[rb], k[u]> for the RB rows (q rows qs floats apart) and eight keys.
 template <int RB, typename T>
 HWY_INLINE void DotsStep(const float* HWY_RESTRICT q, std::int64_t qs, const T* const* k, std::int64_t len,
                          float* HWY_RESTRICT s) {
   constexpr int KU = kPassKeys<RB>;
   const DF d;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   for (int k0 = 0; k0 < kStep8; k0 += KU) {
     VF acc[8];
     for (int t = 0; t < 8; ++t) acc[t] = hn::Zero(d);
-    const T* kr[KU];
-    for (int u = 0; u < KU; ++u) kr[u] = k[k0 + u];
-    for (std::int64_t x = 0; x < len; x += N) {
-      VF kv[KU];
-      for (int u = 0; u < KU; ++u) kv[u] = LoadAsF32(kr[u] + x);
-      for (int rb = 0; rb < RB; ++rb) {
-        const VF qv = hn::Load(d, q + rb * qs + x);
-        for (int u = 0; u < KU; ++u) acc[rb * KU + u] = hn::MulAdd(qv, kv[u], acc[rb * KU + u]);
-      }
-    }
+    AccumulateDots<RB, KU>(q, qs, k + k0, len, acc);
 #if HWY_TARGET != HWY_SCALAR
     if constexpr (hn::MaxLanes(DF()) == 8) {
       // One tree for the eight dots: lane rb * KU + u = row rb, key k0 + u.
@@ -180,49 +176,6 @@ HWY_INLINE void WithRows(int rb, F&& f) {
   }
 }
 
-// Online softmax of the rows of KV head kvh over the block's keys [j0, j0 + nb): s_rows [R][kB8]
-// holds the scores of each row's visible keys [a, e] and receives their probabilities.
-void Softmax8(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
-              const std::int64_t* e_i, float* s_rows) {
-  const DF d;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
-  const std::int64_t G = c.G;
-  const bool plain = !(c.softcap > 0.0f) && c.slopes == nullptr && nb % N == 0;
-  for (std::int64_t r = 0; r < c.R; ++r) {
-    const std::int64_t i = r / G;
-    const std::int64_t a = a_i[i], e = e_i[i];
-    if (a > e) continue;
-    const std::int64_t row = kvh * c.R + r;
-    float* s = s_rows + r * kB8;
-    const std::int64_t x0 = a / N * N;
-    const float m_old = c.m[row];
-    float m_new;
-    if (plain && a == 0 && e == nb - 1) {
-      VF mt = hn::Set(d, kNegInf);
-      auto nan = hn::Lt(mt, mt);  // all false
-      for (std::int64_t x = 0; x < nb; x += N) {
-        const VF sv = hn::Load(d, s + x);
-        nan = hn::Or(nan, hn::IsNaN(sv));
-        mt = hn::Max(mt, sv);
-      }
-      m_new = !hn::AllFalse(d, nan) ? std::numeric_limits<float>::quiet_NaN()
-                                    : std::max(m_old, hn::GetLane(hn::MaxOfLanes(d, mt)));
-    } else {
-      const std::int32_t h = static_cast<std::int32_t>(kvh * G + r % G);
-      m_new = MaskScoresAndMax(c, s, x0, e + 1, h, i, j0, a, e, m_old);
-    }
-    const float m_use = m_new == kNegInf ? 0.0f : m_new;
-    const VF mu = hn::Set(d, m_use);
-    VF sum = hn::Zero(d);
-    for (std::int64_t x = x0; x <= e; x += N) {
-      const VF pj = FastExp(d, hn::Sub(hn::Load(d, s + x), mu));
-      hn::Store(pj, d, s + x);
-      sum = hn::Add(sum, pj);
-    }
-    UpdateRow(c, row, m_new, std::exp(m_old - m_use), SumLanes(d, sum));
-  }
-}
-
 // One block of keys [j0, j0 + nb) in v7's order: steps of eight key rows across every KV head for
 // the scores, the softmax of every row, then steps across every head again for P·V, K and V each
 // prefetched `ahead` keys in front of the walk.
@@ -256,7 +209,8 @@ void Block8(Ctx& c, const RowGroup* groups, int n_groups, std::int64_t j0, std::
       for (std::int64_t u = 0; u < nk; ++u) rows[u] += c.khs;
     }
   }
-  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) Softmax8(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * R * kB8);
+  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh)
+    GroupedSoftmax<true>(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * R * kB8);
   for (std::int64_t u0 = 0; u0 < nb; u0 += kStep8) {
     const std::int64_t nk = std::min<std::int64_t>(kStep8, nb - u0);
     for (std::int64_t u = 0; u < nk; ++u) rows[u] = vb + voff[u0 + u];
@@ -286,49 +240,14 @@ void Block8(Ctx& c, const RowGroup* groups, int n_groups, std::int64_t j0, std::
 
 void RunDecodeTaskV8Impl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
                          std::byte* slots, std::int32_t* counters) {
-  const DF d;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
-  const AttentionProblem& p = vp.problem();
-  const bool direct = DimStrideOf(p.k) == 1 && DimStrideOf(p.v) == 1 && vp.head_dim() % N == 0 &&
-                      vp.head_dim_v() % N == 0 && p.k.dtype == p.v.dtype;
-  if (!direct) {
-    run_decode_task(vp, plan, t, scratch, slots, counters, DecodeKernel::fused);
-    return;
-  }
-  Ctx c;
-  InitTask(c, vp, plan, t, scratch);
-  // v7's prefetch distance; KALLPA_CPU_FLASH_PREFETCH overrides it for every streaming kernel.
-  static const std::int64_t ahead =
-      std::getenv("KALLPA_CPU_FLASH_PREFETCH") != nullptr ? StreamPrefetchKeys() : kDecodeGroupedPrefetchKeys;
-  StreamPrefetcher kstream, vstream;
-  kstream.init(c, p.k, true, t.k_begin, t.k_end);
-  vstream.init(c, p.v, false, t.k_begin, t.k_end);
+  const std::int64_t ahead = PrefetchKeys8();
   RowGroup groups[kDecodeMaxRows];
-  const int n_groups = PlanRowGroups(c.sq, c.G, groups);
-  std::int64_t a_i[kDecodeMaxRows], e_i[kDecodeMaxRows];
-  for (std::int64_t j0 = t.k_begin; j0 < t.k_end; j0 += kB8) {
-    const std::int64_t nb = std::min(kB8, t.k_end - j0);
-    bool any = false;
-    for (std::int64_t i = 0; i < c.sq; ++i) {
-      a_i[i] = std::max(c.lo[i], j0) - j0;
-      e_i[i] = std::min(c.hi[i], j0 + nb - 1) - j0;
-      any |= a_i[i] <= e_i[i];
-    }
-    if (!any) continue;
-    FillOffsets(c, j0, nb, c.koff, c.voff);
-    switch (p.k.dtype) {
-      case DType::f16:
-        Block8<hwy::float16_t>(c, groups, n_groups, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream, ahead);
-        break;
-      case DType::bf16:
-        Block8<hwy::bfloat16_t>(c, groups, n_groups, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream, ahead);
-        break;
-      case DType::f32:
-        Block8<float>(c, groups, n_groups, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream, ahead);
-        break;
-    }
-  }
-  FinishTask(c, plan, slots, counters);
+  const int n_groups = PlanRowGroups(vp.seqlen_q(t.b), vp.group_size(), groups);
+  RunGroupedTask(vp, plan, t, scratch, slots, counters, kB8,
+                 [&](auto type, Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
+                     const std::int64_t* e_i, StreamPrefetcher& kpf, StreamPrefetcher& vpf) {
+                   Block8<decltype(type)>(c, groups, n_groups, j0, nb, a_i, e_i, c.koff, c.voff, kpf, vpf, ahead);
+                 });
 }
 
 }  // namespace HWY_NAMESPACE
@@ -336,14 +255,5 @@ void RunDecodeTaskV8Impl(const ValidatedProblem& vp, const DecodePlan& plan, con
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace kallpa::cpu_flash {
-
-HWY_EXPORT(RunDecodeTaskV8Impl);
-
-void run_decode_task_v8(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task, void* scratch,
-                        std::byte* slots, std::int32_t* counters) {
-  HWY_DYNAMIC_DISPATCH(RunDecodeTaskV8Impl)(problem, plan, task, scratch, slots, counters);
-}
-
-}  // namespace kallpa::cpu_flash
+KALLPA_CPU_FLASH_DECODE_ENTRY(run_decode_task_v8, RunDecodeTaskV8Impl)
 #endif  // HWY_ONCE

@@ -431,8 +431,6 @@ void FusedBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_
 
 void RunDecodeTaskImpl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
                        std::byte* slots, std::int32_t* counters, DecodeKernel kernel) {
-  const DF d;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   const AttentionProblem& p = vp.problem();
   Ctx c;
   InitTask(c, vp, plan, t, scratch);
@@ -441,10 +439,9 @@ void RunDecodeTaskImpl(const ValidatedProblem& vp, const DecodePlan& plan, const
   const auto ves = static_cast<std::int64_t>(dtype_size(p.v.dtype));
   const std::int64_t k_bytes = ((c.D - 1) * c.kds + 1) * kes;  // one head of one key row
   const std::int64_t v_bytes = ((c.Dv - 1) * c.vds + 1) * ves;
-  // Direct: the kernels read K/V rows where they lie (unit stride, head dims whole vectors, one
-  // dtype); otherwise each block is first converted to f32 rows in scratch.
-  const bool direct = kernel != DecodeKernel::staged && c.kds == 1 && c.vds == 1 && c.D % N == 0 && c.Dv % N == 0 &&
-                      p.k.dtype == p.v.dtype;
+  // Direct: the kernels read K/V rows where they lie; otherwise each block is first converted to
+  // f32 rows in scratch.
+  const bool direct = kernel != DecodeKernel::staged && KvInPlace(vp);
   int cur = 0;
   if (t.k_begin < t.k_end)
     FillOffsets(c, t.k_begin, std::min(kDecodeBlock, t.k_end - t.k_begin), c.koff, c.voff);
@@ -475,20 +472,16 @@ void RunDecodeTaskImpl(const ValidatedProblem& vp, const DecodePlan& plan, const
     if (fused) {
       FillOffsets(c, j0, nb, c.koff, c.voff);
       if (any) {
-        switch (p.k.dtype) {
-          case DType::f16: FusedBlock<hwy::float16_t>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream, fused_ahead); break;
-          case DType::bf16: FusedBlock<hwy::bfloat16_t>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream, fused_ahead); break;
-          case DType::f32: FusedBlock<float>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream, fused_ahead); break;
-        }
+        ForKvType(p.k.dtype, [&](auto type) {
+          FusedBlock<decltype(type)>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream, fused_ahead);
+        });
       }
     } else if (stream) {
       FillOffsets(c, j0, nb, c.koff, c.voff);
       if (any) {
-        switch (p.k.dtype) {
-          case DType::f16: StreamBlock<hwy::float16_t>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream); break;
-          case DType::bf16: StreamBlock<hwy::bfloat16_t>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream); break;
-          case DType::f32: StreamBlock<float>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream); break;
-        }
+        ForKvType(p.k.dtype, [&](auto type) {
+          StreamBlock<decltype(type)>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream);
+        });
       }
     } else if (any) {
       for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {

@@ -1,0 +1,146 @@
+// Shared by the grouped decode kernels of cpu-flash (decode_v7.cpp: v7, decode_v8.cpp: v8), which
+// serve the query rows of a KV head together from each K/V element loaded once: the task driver,
+// the dot products of a row group, the online softmax and the exported entry. Highway per-target
+// header: included once per target by each translation unit that uses it.
+
+// Defines kallpa::cpu_flash::entry (run_decode_task_v7 / _v8, declared in flash_internal.h) to run
+// the best SIMD target's `impl`; in the HWY_ONCE part of the kernel's translation unit.
+#ifndef KALLPA_CPU_FLASH_DECODE_ENTRY
+#define KALLPA_CPU_FLASH_DECODE_ENTRY(entry, impl)                                                                \
+  namespace kallpa::cpu_flash {                                                                                  \
+  HWY_EXPORT(impl);                                                                                              \
+  void entry(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task, void* scratch,     \
+             std::byte* slots, std::int32_t* counters) {                                                         \
+    HWY_DYNAMIC_DISPATCH(impl)(problem, plan, task, scratch, slots, counters);                                   \
+  }                                                                                                              \
+  }  // namespace kallpa::cpu_flash
+#endif
+
+#if defined(KALLPA_CPU_FLASH_DECODE_GROUPED_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KALLPA_CPU_FLASH_DECODE_GROUPED_INL_H_
+#undef KALLPA_CPU_FLASH_DECODE_GROUPED_INL_H_
+#else
+#define KALLPA_CPU_FLASH_DECODE_GROUPED_INL_H_
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "backends/cpu-flash/decode_common-inl.h"
+#include "backends/cpu-flash/fast_exp-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kallpa::cpu_flash {
+namespace HWY_NAMESPACE {
+
+// acc[rb * KU + u] += <q[rb], k[u]> over len elements for RB rows (q rows qs floats apart) and KU
+// keys: each K vector is loaded and converted once for every row.
+template <int RB, int KU, typename T>
+HWY_INLINE void AccumulateDots(const float* HWY_RESTRICT q, std::int64_t qs, const T* const* k, std::int64_t len,
+                               VF* acc) {
+  const DF d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  const T* kr[KU];
+  for (int u = 0; u < KU; ++u) kr[u] = k[u];
+  for (std::int64_t x = 0; x < len; x += N) {
+    VF kv[KU];
+    for (int u = 0; u < KU; ++u) kv[u] = LoadAsF32(kr[u] + x);
+    for (int rb = 0; rb < RB; ++rb) {
+      const VF qv = hn::Load(d, q + rb * qs + x);
+      for (int u = 0; u < KU; ++u) acc[rb * KU + u] = hn::MulAdd(qv, kv[u], acc[rb * KU + u]);
+    }
+  }
+}
+
+// Internal linkage, as each kernel's own softmax had: called directly, not through the PLT.
+namespace {
+
+// Online softmax of the rows of KV head kvh over the block's keys [j0, j0 + nb): s_rows
+// [R][kDecodeGroupedBlock] holds the scores of each row's visible keys [a, e] and receives their
+// probabilities; m, l and the rows' accumulators are updated. v5's SoftmaxRows with prefill v3's
+// cheaper exp, over the vectors that hold visible keys only. kPlain (v8): a row that sees every
+// key of a block without softcap or ALiBi skips the masking pass (the max and the NaN check ride
+// on one read of the scores).
+template <bool kPlain>
+void GroupedSoftmax(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
+                    const std::int64_t* e_i, float* s_rows) {
+  const DF d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  const std::int64_t G = c.G;
+  const bool plain = kPlain && !(c.softcap > 0.0f) && c.slopes == nullptr && nb % N == 0;
+  ForSeeingRows(c, a_i, e_i, [&](std::int64_t r, std::int64_t i, std::int64_t a, std::int64_t e) {
+    const std::int64_t row = kvh * c.R + r;
+    float* s = s_rows + r * kDecodeGroupedBlock;
+    const std::int64_t x0 = a / N * N;
+    const float m_old = c.m[row];
+    float m_new;
+    if (plain && a == 0 && e == nb - 1) {
+      VF mt = hn::Set(d, kNegInf);
+      auto nan = hn::Lt(mt, mt);  // all false
+      for (std::int64_t x = 0; x < nb; x += N) {
+        const VF sv = hn::Load(d, s + x);
+        nan = hn::Or(nan, hn::IsNaN(sv));
+        mt = hn::Max(mt, sv);
+      }
+      m_new = !hn::AllFalse(d, nan) ? std::numeric_limits<float>::quiet_NaN()
+                                    : std::max(m_old, hn::GetLane(hn::MaxOfLanes(d, mt)));
+    } else {
+      const std::int32_t h = static_cast<std::int32_t>(kvh * G + r % G);
+      m_new = MaskScoresAndMax(c, s, x0, e + 1, h, i, j0, a, e, m_old);
+    }
+    const float m_use = m_new == kNegInf ? 0.0f : m_new;
+    const VF mu = hn::Set(d, m_use);
+    VF sum = hn::Zero(d);
+    for (std::int64_t x = x0; x <= e; x += N) {
+      const VF pj = FastExp(d, hn::Sub(hn::Load(d, s + x), mu));
+      hn::Store(pj, d, s + x);
+      sum = hn::Add(sum, pj);
+    }
+    UpdateRow(c, row, m_new, std::exp(m_old - m_use), SumLanes(d, sum));
+  });
+}
+
+}  // namespace
+
+// One task of a grouped kernel. Layouts it cannot read in place (KvInPlace) run v6. Else: the
+// task's context and K / V stream prefetchers, then for each block [j0, j0 + nb) of at most
+// block_keys keys that a query sees, block(T(), c, j0, nb, a_i, e_i, kpf, vpf) with T the K/V
+// element type, a_i[i] / e_i[i] the first / last key of the block that query i sees (none when
+// a_i[i] > e_i[i]) and the block's row offsets in c.koff / c.voff; last the task's output.
+template <typename Block>
+HWY_INLINE void RunGroupedTask(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
+                               std::byte* slots, std::int32_t* counters, std::int64_t block_keys, Block&& block) {
+  if (!KvInPlace(vp)) {
+    run_decode_task(vp, plan, t, scratch, slots, counters, DecodeKernel::fused);
+    return;
+  }
+  const AttentionProblem& p = vp.problem();
+  Ctx c;
+  InitTask(c, vp, plan, t, scratch);
+  StreamPrefetcher kpf, vpf;
+  kpf.init(c, p.k, true, t.k_begin, t.k_end);
+  vpf.init(c, p.v, false, t.k_begin, t.k_end);
+  std::int64_t a_i[kDecodeMaxRows], e_i[kDecodeMaxRows];
+  for (std::int64_t j0 = t.k_begin; j0 < t.k_end; j0 += block_keys) {
+    const std::int64_t nb = std::min(block_keys, t.k_end - j0);
+    bool any = false;
+    for (std::int64_t i = 0; i < c.sq; ++i) {
+      a_i[i] = std::max(c.lo[i], j0) - j0;
+      e_i[i] = std::min(c.hi[i], j0 + nb - 1) - j0;
+      any |= a_i[i] <= e_i[i];
+    }
+    if (!any) continue;
+    FillOffsets(c, j0, nb, c.koff, c.voff);
+    ForKvType(p.k.dtype, [&](auto type) { block(type, c, j0, nb, a_i, e_i, kpf, vpf); });
+  }
+  FinishTask(c, plan, slots, counters);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kallpa::cpu_flash
+HWY_AFTER_NAMESPACE();
+
+#endif  // KALLPA_CPU_FLASH_DECODE_GROUPED_INL_H_
