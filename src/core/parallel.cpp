@@ -67,36 +67,54 @@ void ThreadPool::start_workers() {
   });
 }
 
-void ThreadPool::worker_loop(int worker) {
-  std::uint64_t seen = 0;
+void ThreadPool::run_tasks(std::uint32_t gen, const TaskFn* fn, std::int64_t n, int worker) {
+  TaskScope scope;
+  std::uint64_t c = claim_.load(std::memory_order_acquire);
   for (;;) {
-    const TaskFn* fn = nullptr;
-    std::int64_t n = 0;
-    for (int spin = 0; spin < kSpinRounds && published_job_.load(std::memory_order_acquire) == seen; ++spin) {
-      cpu_relax();
+    const auto index = static_cast<std::int64_t>(c & 0xffffffffu);
+    if (static_cast<std::uint32_t>(c >> 32) != gen || index >= n) return;
+    if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+    (*fn)(index, worker);  // fn is alive: the job was open when this task was claimed
+    if (completed_.fetch_add(1, std::memory_order_acq_rel) + 1 == n && worker != 0) {
+      std::lock_guard<std::mutex> lock(mu_);  // the caller may be asleep on done_
+      done_.notify_all();
     }
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || (job_id_ != seen && worker <= active_workers_); });
-      if (stop_) return;
-      seen = job_id_;
-      fn = fn_;
-      n = n_;
-    }
-    {
-      TaskScope scope;
-      for (std::int64_t t; (t = next_.fetch_add(1, std::memory_order_relaxed)) < n;) (*fn)(t, worker);
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--running_ == 0) done_.notify_all();
-    }
+    c = claim_.load(std::memory_order_acquire);
   }
 }
 
+void ThreadPool::worker_loop(int worker) {
+  std::uint32_t seen = 0;
+  for (;;) {
+    for (int spin = 0; spin < kSpinRounds && published_.load(std::memory_order_acquire) == seen; ++spin) {
+      cpu_relax();
+    }
+    if (published_.load(std::memory_order_acquire) == seen) {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stop_ || published_.load(std::memory_order_acquire) != seen; });
+      if (stop_) return;
+    }
+    seen = published_.load(std::memory_order_acquire);
+    if (worker > active_workers_.load(std::memory_order_acquire)) continue;
+    // fn_ and n_ may already belong to a later job; then claim_ carries that job's generation
+    // (it was closed before they were written) and run_tasks claims nothing.
+    const TaskFn* fn = fn_.load(std::memory_order_acquire);
+    const std::int64_t n = n_.load(std::memory_order_acquire);
+    if (fn != nullptr) run_tasks(seen, fn, n, worker);
+  }
+}
 
 void ThreadPool::parallel_for(std::int64_t n, const TaskFn& fn, int max_threads) {
   if (n <= 0) return;
+  // Task indices live in 32 bits of claim_; larger jobs (never seen in practice) go in slices.
+  constexpr std::int64_t kMaxTasks = 0x7fffffff;
+  if (n > kMaxTasks) {
+    for (std::int64_t first = 0; first < n; first += kMaxTasks) {
+      const TaskFn slice = [&fn, first](std::int64_t t, int worker) { fn(first + t, worker); };
+      parallel_for(std::min(kMaxTasks, n - first), slice, max_threads);
+    }
+    return;
+  }
   const int threads = static_cast<int>(std::min<std::int64_t>(threads_for(max_threads), n));
   std::unique_lock<std::mutex> job(job_mu_, std::defer_lock);
   if (threads > 1 && t_task_depth == 0) job.try_lock();
@@ -106,25 +124,27 @@ void ThreadPool::parallel_for(std::int64_t n, const TaskFn& fn, int max_threads)
     return;
   }
   start_workers();
+  // Set the job up behind a closed claim word with the new generation, so that no straggler of
+  // the previous job can claim from it with the old fn, then open it and wake the workers.
+  if (++generation_ == 0) ++generation_;  // 0 is what a fresh worker has seen
+  const std::uint32_t gen = generation_;
+  claim_.store(static_cast<std::uint64_t>(gen) << 32 | kClosed, std::memory_order_seq_cst);
+  fn_.store(&fn, std::memory_order_release);
+  n_.store(n, std::memory_order_release);
+  active_workers_.store(threads - 1, std::memory_order_release);
+  completed_.store(0, std::memory_order_release);
+  claim_.store(static_cast<std::uint64_t>(gen) << 32, std::memory_order_release);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    fn_ = &fn;
-    n_ = n;
-    next_.store(0, std::memory_order_relaxed);
-    active_workers_ = threads - 1;
-    running_ = threads - 1;
-    ++job_id_;
-    published_job_.store(job_id_, std::memory_order_release);
+    published_.store(gen, std::memory_order_release);
   }
   wake_.notify_all();
-  {
-    TaskScope scope;
-    for (std::int64_t t; (t = next_.fetch_add(1, std::memory_order_relaxed)) < n;) fn(t, 0);
+  run_tasks(gen, &fn, n, 0);
+  for (int spin = 0; spin < kSpinRounds && completed_.load(std::memory_order_acquire) != n; ++spin) cpu_relax();
+  if (completed_.load(std::memory_order_acquire) != n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return completed_.load(std::memory_order_acquire) == n; });
   }
-  for (int spin = 0; spin < kSpinRounds && running_.load(std::memory_order_acquire) != 0; ++spin) cpu_relax();
-  std::unique_lock<std::mutex> lock(mu_);
-  done_.wait(lock, [&] { return running_ == 0; });
-  fn_ = nullptr;
 }
 
 }  // namespace kallpa::parallel

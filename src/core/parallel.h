@@ -51,6 +51,8 @@ class ThreadPool {
  private:
   void worker_loop(int worker);
   void start_workers();
+  // Claims and runs tasks of job `gen` (fn, n) until none is left; true if it ran any.
+  void run_tasks(std::uint32_t gen, const TaskFn* fn, std::int64_t n, int worker);
 
   const int num_threads_;
   std::vector<std::thread> workers_;
@@ -58,17 +60,24 @@ class ThreadPool {
 
   std::mutex job_mu_;  // held by the thread that owns the running job
 
-  std::mutex mu_;
+  // A job is published as (generation, fn, n). A thread claims task i by moving claim_ from
+  // (gen, i) to (gen, i + 1), so a worker that arrives late, or wakes only after the job is over,
+  // claims nothing and is never waited for: the caller waits for completed_ == n, that is, only
+  // for tasks that some thread actually took. Without this a worker that the OS had not scheduled
+  // (a busy core) held every call up until it ran, for nothing.
+  static constexpr std::uint32_t kClosed = 0xffffffffu;  // claim_ index while a job is set up
+  std::atomic<std::uint64_t> claim_{kClosed};               // generation << 32 | next task
+  std::atomic<const TaskFn*> fn_{nullptr};
+  std::atomic<std::int64_t> n_{0};
+  std::atomic<int> active_workers_{0};  // workers (besides the caller) taking part in the job
+  std::atomic<std::int64_t> completed_{0};  // tasks of the current job that have finished
+  std::atomic<std::uint32_t> published_{0};  // the current job's generation (waking, spinning)
+  std::uint32_t generation_ = 0;             // the last generation published (job_mu_ holder)
+
+  std::mutex mu_;  // guards the sleeping and waking below
   std::condition_variable wake_;
   std::condition_variable done_;
   bool stop_ = false;
-  std::uint64_t job_id_ = 0;
-  const TaskFn* fn_ = nullptr;
-  std::int64_t n_ = 0;
-  int active_workers_ = 0;  // workers (besides the caller) taking part in the current job
-  std::atomic<int> running_{0};  // workers still inside the current job
-  std::atomic<std::uint64_t> published_job_{0};  // job_id_, readable without mu_ (spinning)
-  std::atomic<std::int64_t> next_{0};  // the next unclaimed task of the current job
 };
 
 }  // namespace kallpa::parallel
