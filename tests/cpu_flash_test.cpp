@@ -19,7 +19,6 @@
 #include "backends/cpu-flash/cpu_flash.h"
 #include "backends/cpu-flash/flash_internal.h"
 #include "backends/reference/reference.h"
-#include "core/parallel.h"
 #include "kallpa/half.h"
 
 namespace kallpa {
@@ -577,43 +576,6 @@ TEST(CpuFlash, FastExpMatchesStdExp) {
     }
   }
   CpuFlashBackend::force_simd_target("");
-}
-
-TEST(ThreadPool, RunsEveryTaskOnce) {
-  parallel::ThreadPool pool(4);
-  for (std::int64_t n : {0, 1, 3, 1000}) {
-    std::vector<std::atomic<int>> hits(static_cast<std::size_t>(n));
-    std::atomic<int> max_worker{0};
-    pool.parallel_for(n, [&](std::int64_t t, int w) {
-      hits[static_cast<std::size_t>(t)].fetch_add(1);
-      int m = max_worker.load();
-      while (w > m && !max_worker.compare_exchange_weak(m, w)) {
-      }
-    });
-    for (auto& h : hits) EXPECT_EQ(h.load(), 1);
-    EXPECT_LT(max_worker.load(), 4);
-  }
-  std::atomic<int> over{0};
-  pool.parallel_for(100, [&](std::int64_t, int w) { over += w >= 2; }, 2);
-  EXPECT_EQ(over.load(), 0);
-}
-
-TEST(ThreadPool, ConcurrentAndNestedCalls) {
-  parallel::ThreadPool pool(3);
-  std::atomic<std::int64_t> sum{0};
-  auto job = [&] {
-    for (int rep = 0; rep < 50; ++rep)
-      pool.parallel_for(20, [&](std::int64_t t, int) {
-        pool.parallel_for(3, [&](std::int64_t u, int w) {
-          EXPECT_EQ(w, 0);  // nested: serial on the calling thread
-          sum += t * 3 + u;
-        });
-      });
-  };
-  std::thread a(job), b(job);
-  a.join();
-  b.join();
-  EXPECT_EQ(sum.load(), 2 * 50 * (60 * 59 / 2));
 }
 
 TEST(CpuFlash, ConcurrentRuns) {
