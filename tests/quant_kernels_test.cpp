@@ -206,13 +206,14 @@ Problem make_problem(GgmlType t, std::int64_t rows, std::int64_t cols, std::int6
   return p;
 }
 
-// Q16 activations: the AVX2 tiles (4x1, 2x4 .. 1x1) and the scalar reference agree bit for bit.
+// Q16 activations: the AVX2 kernels (one-row tiles of 1..4 weight rows, batched tiles of 1..4
+// activation rows against widened 4-row groups) and the scalar reference agree bit for bit.
 TEST(QuantKernels, Q16ActivationsAvx2MatchesScalarBitwise) {
   if (!kernels::avx2_available()) GTEST_SKIP() << "no AVX2 on this machine: only the scalar kernels run";
   for (GgmlType t : {GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1}) {
     for (std::int64_t cols : {32, 96, 576}) {
       for (std::int64_t rows : {1, 2, 3, 5, 8, 9}) {
-        for (std::int64_t batch : {1, 2, 3, 4, 5, 9}) {
+        for (std::int64_t batch : {1, 2, 3, 4, 5, 7, 9, 16}) {
           Problem p = make_problem(t, rows, cols, batch, static_cast<std::uint64_t>(rows * 100 + batch + cols));
           std::vector<float> ys(static_cast<std::size_t>(rows * batch)), yv(ys.size());
           MatmulOptions scalar, simd;

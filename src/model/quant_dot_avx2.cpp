@@ -6,6 +6,7 @@
 // every load. The exact-activation kernels (gemm_qf) expand weight blocks to f32 in registers
 // (small batches) or into a per-thread f32 tile run through a 3 x 4 f32 micro-kernel (larger
 // batches), same FMA order.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -185,6 +186,12 @@ void gemm_q_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, co
 }
 
 // --- Q16 activations (gemm_q16): 16-bit integer dot products, for decode rows ---
+//
+// A row's 32 products per block are summed exactly in two int32 halves, E (elements j with
+// j mod 4 in {0, 1}) and O (j mod 4 in {2, 3}); four rows' halves share one vector as
+// [E0 O0 E1 O1 | E2 O2 E3 O3], so one convert and one FMA (with [s0 s0 s1 s1 | s2 s2 s3 s3],
+// s_r = d_w * d_x) serve four rows, and a batched tile needs one accumulator per activation row
+// instead of four (no spills at 4 activation rows).
 
 // A weight block as 2 x 16 int16 (elements 0..15, 16..31).
 template <GgmlType T>
@@ -201,22 +208,44 @@ inline void widen_block(const std::byte* qs, __m256i& w0, __m256i& w1) {
   }
 }
 
+// Four rows' madd results (lane l of v[r]: elements 2l, 2l+1, 16+2l, 17+2l, so each 64-bit half
+// holds an (E, O) pair) folded to [E0 O0 E1 O1 | E2 O2 E3 O3]. Integer sums are exact, so the
+// order of the adds does not matter.
+inline __m256i fold_row_sums(const __m256i (&v)[4]) {
+  const __m256i a = _mm256_add_epi32(_mm256_unpacklo_epi64(v[0], v[1]), _mm256_unpackhi_epi64(v[0], v[1]));
+  const __m256i c = _mm256_add_epi32(_mm256_unpacklo_epi64(v[2], v[3]), _mm256_unpackhi_epi64(v[2], v[3]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x20), _mm256_permute2x128_si256(a, c, 0x31));
+}
+
+// [d0 d1 d2 d3] -> [d0 d0 d1 d1 | d2 d2 d3 d3], the scale of each lane of a folded vector.
+inline __m256 pair_lanes(__m128 d4) {
+  return _mm256_set_m128(_mm_unpackhi_ps(d4, d4), _mm_unpacklo_ps(d4, d4));
+}
+
+// y[r] = ((acc lane 2r) + (acc lane 2r + 1)) + macc[r] for the first n rows.
+inline void store_row_sums(__m256 acc, __m128 macc, int n, float* y) {
+  const __m128 sums = _mm_add_ps(_mm_hadd_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)), macc);
+  if (n == 4) {
+    _mm_storeu_ps(y, sums);
+  } else {
+    alignas(16) float s[4];
+    _mm_store_ps(s, sums);
+    for (int r = 0; r < n; ++r) y[r] = s[r];
+  }
+}
+
 constexpr std::size_t kPrefetchBytes = 16384;
 
-// One tile: NW weight rows x NX activation rows; per block and pair two madds (exact int32 lanes),
-// one convert and one FMA with d_w * d_x; the constant term like tile_q.
-template <GgmlType T, WeightLayout L, int NW, int NX>
-void tile_q16(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const BlockQ16x* xq, std::int64_t nb,
-              float* y, std::int64_t ldy) {
-  static_assert(NW <= 4);
-  __m256 acc[NW][NX];
-  __m128 macc[NX];  // lane r: row r's constant term (lanes >= NW unused)
-  for (int x = 0; x < NX; ++x) {
-    for (int r = 0; r < NW; ++r) acc[r][x] = _mm256_setzero_ps();
-    macc[x] = _mm_setzero_ps();
-  }
+// NW <= 4 weight rows (from row r0) against one activation row: each block's rows widened, multiplied
+// (two madds per row) and folded, then one convert and one FMA for all of them.
+template <GgmlType T, WeightLayout L, int NW>
+void tile_q16_row(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const BlockQ16x* xq, std::int64_t nb,
+                  float* y) {
+  static_assert(NW >= 1 && NW <= 4);
+  __m256 acc = _mm256_setzero_ps();
+  __m128 macc = _mm_setzero_ps();  // lane r: row r's constant term
   for (std::int64_t b = 0; b < nb; ++b) {
-    if constexpr (L == WeightLayout::rows4 && NW == 4 && NX == 1) {
+    if constexpr (L == WeightLayout::rows4 && NW == 4) {
       // Decode streams every weight once per token from DRAM, in tasks of a few KiB that the
       // hardware prefetcher barely ramps up on. Asking 16 KiB ahead in the group stream (into
       // the next task, whichever core takes it: it lands in the shared L3 at least) took SmolLM2's
@@ -227,123 +256,147 @@ void tile_q16(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const 
     }
     alignas(16) float d[4] = {}, m[4] = {};
     load_scales<T, L, NW>(w, row_bytes, r0, b, d, m);
-    const __m128 d4 = _mm_load_ps(d);
-    const __m128 m4 = _mm_load_ps(m);
-    __m256i w0[NW], w1[NW];
-    for (int r = 0; r < NW; ++r) widen_block<T>(quants<T, L, NW>(w, row_bytes, r0, r, b), w0[r], w1[r]);
-    for (int x = 0; x < NX; ++x) {
-      const BlockQ16x& xb = xq[static_cast<std::int64_t>(x) * nb + b];
+    const BlockQ16x& xb = xq[b];
+    const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+    const __m256i xc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 16));
+    __m256i v[4];
+    for (int r = 0; r < 4; ++r) {
+      if (r < NW) {
+        __m256i w0, w1;
+        widen_block<T>(quants<T, L, NW>(w, row_bytes, r0, r, b), w0, w1);
+        v[r] = _mm256_add_epi32(_mm256_madd_epi16(w0, xa), _mm256_madd_epi16(w1, xc));
+      } else {
+        v[r] = _mm256_setzero_si256();
+      }
+    }
+    const __m256 s = _mm256_mul_ps(pair_lanes(_mm_load_ps(d)), _mm256_broadcast_ss(&xb.d));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_row_sums(v)), s, acc);
+    if constexpr (T != GgmlType::q8_0) macc = _mm_fmadd_ps(_mm_load_ps(m), _mm_broadcast_ss(&xb.s), macc);
+  }
+  store_row_sums(acc, macc, NW, y);
+}
+
+// A widened 4-row group (see gemm_q16_rows): per block, each row's elements 0..15 and 16..31 as
+// int16 (8 vectors, row after row), then the lane scales d_w[r] (8 floats, pair_lanes) and
+// constant terms m[r] (4 floats).
+constexpr std::int64_t kWideBlockVectors = 8;
+constexpr std::int64_t kWideBlockFloats = 12;
+
+// NX activation rows against a widened 4-row group: per block, tile_q16_row's madds and fold
+// without its widening. Each activation row keeps one accumulator in a register (the folded
+// layout serves four weight rows with one, where a vector per row and activation row spilled at 3
+// activation rows), and each pair of rows one constant-term vector ([m * s_x0 | m * s_x1], the
+// same fma per lane as tile_q16_row's). The x loop is unrolled by hand: accumulators kept in an
+// array went through the stack, and that round trip bounded the loop.
+template <GgmlType T, int NX>
+inline void tile_q16_wide(const __m256i* wide, const float* scales, const BlockQ16x* xq, std::int64_t nb,
+                          __m256 (&acc_out)[4], __m128 (&macc_out)[4]) {
+  static_assert(NX >= 1 && NX <= 4);
+  constexpr bool has_m = T != GgmlType::q8_0;
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, m01 = a0, m23 = a0;
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const __m256i* wb = wide + b * kWideBlockVectors;
+    const float* sb = scales + b * kWideBlockFloats;
+    const __m256 d8 = _mm256_loadu_ps(sb);
+    auto row = [&](std::int64_t x, __m256& acc) {
+      const BlockQ16x& xb = xq[x * nb + b];
       const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
       const __m256i xc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 16));
-      // The rows' d_w * d_x in one multiply, read back as broadcasts (loads, not shuffles).
-      alignas(16) float ds[4];
-      _mm_store_ps(ds, _mm_mul_ps(d4, _mm_set1_ps(xb.d)));
-      for (int r = 0; r < NW; ++r) {
-        const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0[r], xa), _mm256_madd_epi16(w1[r], xc));
-        acc[r][x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&ds[r]), acc[r][x]);
+      __m256i v[4];
+      for (int r = 0; r < 4; ++r) {
+        v[r] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_loadu_si256(wb + 2 * r), xa),
+                                _mm256_madd_epi16(_mm256_loadu_si256(wb + 2 * r + 1), xc));
       }
-      if constexpr (T != GgmlType::q8_0) macc[x] = _mm_fmadd_ps(m4, _mm_set1_ps(xb.s), macc[x]);
-    }
-  }
-  for (int x = 0; x < NX; ++x) {
-    alignas(16) float mc[4];
-    _mm_store_ps(mc, macc[x]);
-    for (int r = 0; r < NW; ++r) y[static_cast<std::int64_t>(x) * ldy + r] = hsum(acc[r][x]) + mc[r];
-  }
-}
-
-// NX activation rows against a widened 4-row group (see gemm_q16_rows): the group's 4 x NX
-// accumulators stay in registers and each weight vector is loaded once per block for all NX rows.
-// The per-row scale d_w * d_x comes from one multiply of the group's 4 scales (duplicated into both
-// halves) by d_x, spread to a row's lanes with an in-lane shuffle rather than a store and reload:
-// the load ports, not the multipliers, bounded the one-row-at-a-time sweep (llvm-mca, znver3).
-template <GgmlType T, int NX>
-inline void tile_q16_wide(const std::int16_t* wide, const float* dm, const BlockQ16x* xq, std::int64_t nb, float* y,
-                          std::int64_t ldy) {
-  __m256 acc[4][NX];
-  __m128 macc[NX];
-  for (int x = 0; x < NX; ++x) {
-    for (int r = 0; r < 4; ++r) acc[r][x] = _mm256_setzero_ps();
-    macc[x] = _mm_setzero_ps();
-  }
-  for (std::int64_t b = 0; b < nb; ++b) {
-    __m256i xa[NX], xc[NX];
-    __m256 ds[NX];
-    const __m256 d8 = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(dm + b * 8));
-    for (int x = 0; x < NX; ++x) {
-      const BlockQ16x& xb = xq[static_cast<std::int64_t>(x) * nb + b];
-      xa[x] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
-      xc[x] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 16));
-      ds[x] = _mm256_mul_ps(d8, _mm256_broadcast_ss(&xb.d));
-      if constexpr (T != GgmlType::q8_0) {
-        macc[x] = _mm_fmadd_ps(_mm_loadu_ps(dm + b * 8 + 4), _mm_broadcast_ss(&xb.s), macc[x]);
-      }
-    }
-    const std::int16_t* wb = wide + b * 4 * kQK;
-    auto row = [&](auto r_c) {
-      constexpr int r = decltype(r_c)::value;
-      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + r * kQK));
-      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + r * kQK + 16));
-      for (int x = 0; x < NX; ++x) {
-        const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, xa[x]), _mm256_madd_epi16(w1, xc[x]));
-        acc[r][x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_shuffle_ps(ds[x], ds[x], r * 0x55), acc[r][x]);
-      }
+      const __m256 s = _mm256_mul_ps(d8, _mm256_broadcast_ss(&xb.d));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_row_sums(v)), s, acc);
     };
-    row(std::integral_constant<int, 0>{});
-    row(std::integral_constant<int, 1>{});
-    row(std::integral_constant<int, 2>{});
-    row(std::integral_constant<int, 3>{});
+    auto constant_terms = [&](std::int64_t x, __m256& macc) {  // rows x and x + 1 (if any)
+      const __m128 s0 = _mm_broadcast_ss(&xq[x * nb + b].s);
+      const __m128 s1 = x + 1 < NX ? _mm_broadcast_ss(&xq[(x + 1) * nb + b].s) : _mm_setzero_ps();
+      macc = _mm256_fmadd_ps(_mm256_broadcast_ps(reinterpret_cast<const __m128*>(sb + 8)), _mm256_set_m128(s1, s0), macc);
+    };
+    row(0, a0);
+    if constexpr (NX > 1) row(1, a1);
+    if constexpr (NX > 2) row(2, a2);
+    if constexpr (NX > 3) row(3, a3);
+    if constexpr (has_m) {
+      constant_terms(0, m01);
+      if constexpr (NX > 2) constant_terms(2, m23);
+    }
   }
-  for (int x = 0; x < NX; ++x) {
-    alignas(16) float mc[4];
-    _mm_store_ps(mc, macc[x]);
-    for (int r = 0; r < 4; ++r) y[static_cast<std::int64_t>(x) * ldy + r] = hsum(acc[r][x]) + mc[r];
-  }
+  acc_out[0] = a0;
+  acc_out[1] = a1;
+  acc_out[2] = a2;
+  acc_out[3] = a3;
+  macc_out[0] = _mm256_castps256_ps128(m01);
+  macc_out[1] = _mm256_extractf128_ps(m01, 1);
+  macc_out[2] = _mm256_castps256_ps128(m23);
+  macc_out[3] = _mm256_extractf128_ps(m23, 1);
 }
 
-// Several activation rows (batched decode): a 4-row group's blocks are widened to int16 once into
-// a per-thread buffer (L1-sized: 4 rows x k int16), then swept by tiles of 3 activation rows
-// (llvm-mca and a side-by-side run: 3 beats 2 and 1 per row despite a few spills). Each output
-// takes exactly tile_q16's operations, so a row's result is the same alone (4 x 1 register tiles)
-// or batched, whatever tile it lands in.
+// Several activation rows (batched decode): a 4-row group's blocks are widened once into a
+// per-thread buffer (L1-sized: 4 rows x k int16), then swept by tiles of 4 activation
+// rows. Each output takes exactly tile_q16_row's operations (the same exact integer halves, the
+// same converts, FMAs and final adds), so a row's result is the same alone or batched, whatever
+// tile it lands in.
 template <GgmlType T, WeightLayout L>
 void gemm_q16_rows(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const BlockQ16x* xq, std::int64_t nx,
                    std::int64_t nb, float* y, std::int64_t ldy) {
-  thread_local std::vector<std::int16_t> wide;  // [block][row][32]
-  thread_local std::vector<float> dm;           // [block]: d[4], m[4]
-  wide.resize(static_cast<std::size_t>(nb * 4 * kQK));
-  dm.resize(static_cast<std::size_t>(nb * 8));
+  thread_local std::vector<std::int16_t> wide;  // 16 int16 per vector
+  thread_local std::vector<float> scales;
+  wide.resize(static_cast<std::size_t>(nb * kWideBlockVectors * 16));
+  scales.resize(static_cast<std::size_t>(nb * kWideBlockFloats));
   // Plain pointers: thread_local objects in a shared library cost a __tls_get_addr per access.
-  std::int16_t* const wide_p = wide.data();
-  float* const dm_p = dm.data();
+  __m256i* const wide_p = reinterpret_cast<__m256i*>(wide.data());
+  float* const scales_p = scales.data();
   for (std::int64_t b = 0; b < nb; ++b) {
-    load_scales<T, L, 4>(w, row_bytes, r0, b, dm_p + b * 8, dm_p + b * 8 + 4);
+    alignas(16) float d[4], m[4] = {};
+    load_scales<T, L, 4>(w, row_bytes, r0, b, d, m);
+    float* sb = scales_p + b * kWideBlockFloats;
+    _mm256_storeu_ps(sb, pair_lanes(_mm_load_ps(d)));
+    _mm_storeu_ps(sb + 8, _mm_load_ps(m));
     for (int r = 0; r < 4; ++r) {
-      __m256i w0, w1;
-      widen_block<T>(quants<T, L, 4>(w, row_bytes, r0, r, b), w0, w1);
-      std::int16_t* at = wide_p + (b * 4 + r) * kQK;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), w0);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + 16), w1);
+      __m256i lo, hi;
+      widen_block<T>(quants<T, L, 4>(w, row_bytes, r0, r, b), lo, hi);
+      _mm256_storeu_si256(wide_p + b * kWideBlockVectors + 2 * r, lo);
+      _mm256_storeu_si256(wide_p + b * kWideBlockVectors + 2 * r + 1, hi);
     }
   }
-  std::int64_t x = 0;
-  for (; x + 3 <= nx; x += 3) tile_q16_wide<T, 3>(wide_p, dm_p, xq + x * nb, nb, y + x * ldy, ldy);
-  if (nx - x == 2) tile_q16_wide<T, 2>(wide_p, dm_p, xq + x * nb, nb, y + x * ldy, ldy);
-  if (nx - x == 1) tile_q16_wide<T, 1>(wide_p, dm_p, xq + x * nb, nb, y + x * ldy, ldy);
+  for (std::int64_t x = 0; x < nx; x += 4) {
+    const BlockQ16x* xt = xq + x * nb;
+    const std::int64_t n = std::min<std::int64_t>(4, nx - x);
+    __m256 acc[4];
+    __m128 macc[4];
+    switch (n) {
+      case 4: tile_q16_wide<T, 4>(wide_p, scales_p, xt, nb, acc, macc); break;
+      case 3: tile_q16_wide<T, 3>(wide_p, scales_p, xt, nb, acc, macc); break;
+      case 2: tile_q16_wide<T, 2>(wide_p, scales_p, xt, nb, acc, macc); break;
+      default: tile_q16_wide<T, 1>(wide_p, scales_p, xt, nb, acc, macc); break;
+    }
+    for (std::int64_t i = 0; i < n; ++i) store_row_sums(acc[i], macc[i], 4, y + (x + i) * ldy);
+  }
 }
 
 template <GgmlType T, WeightLayout L>
 void gemm_q16_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ16x* xq, std::int64_t nx,
                     std::int64_t k, float* y, std::int64_t ldy) {
   const std::int64_t nb = k / kQK;
-  std::int64_t done = 0;
+  std::int64_t r = 0;
   if (nx >= 2) {
-    for (; done + 4 <= nw; done += 4) gemm_q16_rows<T, L>(w, row_bytes, done, xq, nx, nb, y + done, ldy);
+    for (; r + 4 <= nw; r += 4) gemm_q16_rows<T, L>(w, row_bytes, r, xq, nx, nb, y + r, ldy);
   }
-  sweep_tiles(nw - done, nx, [&](auto nw_c, auto nx_c, std::int64_t r, std::int64_t x) {
-    tile_q16<T, L, decltype(nw_c)::value, decltype(nx_c)::value>(w, row_bytes, done + r, xq + x * nb, nb,
-                                                                y + x * ldy + done + r, ldy);
-  });
+  for (std::int64_t x = 0; x < nx; ++x) {
+    const BlockQ16x* xr = xq + x * nb;
+    float* yx = y + x * ldy;
+    std::int64_t rr = r;
+    for (; rr + 4 <= nw; rr += 4) tile_q16_row<T, L, 4>(w, row_bytes, rr, xr, nb, yx + rr);
+    switch (nw - rr) {
+      case 3: tile_q16_row<T, L, 3>(w, row_bytes, rr, xr, nb, yx + rr); break;
+      case 2: tile_q16_row<T, L, 2>(w, row_bytes, rr, xr, nb, yx + rr); break;
+      case 1: tile_q16_row<T, L, 1>(w, row_bytes, rr, xr, nb, yx + rr); break;
+      default: break;
+    }
+  }
 }
 
 // --- float weights (gemm_f) ---

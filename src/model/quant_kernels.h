@@ -81,10 +81,10 @@ void quantize_row_scalar(GgmlType type, const float* src, void* dst, std::int64_
 void quantize_row_q8x_scalar(const float* x, BlockQ8x* out, std::int64_t k);
 void gemm_q_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                    const BlockQ8x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
-// Q16 activations (gemm_q16_*): per block b, 8 integer lanes p[l] = sum over j in {2l, 2l+1,
-// 16+2l, 17+2l} of w_q[j] * x_q[j] (exact), acc[l] = fma(float(p[l]), d_w * d_x, acc[l]) in block
-// order, macc = fma(m_w, s_x, macc) for Q4_0 (m = -8 d) / Q4_1, y = hsum(acc) + macc with the
-// f32 path's lane order. Scalar and AVX2 agree bit for bit.
+// Q16 activations (gemm_q16_*): per block b, two exact integer halves E = sum of w_q[j] * x_q[j]
+// over j mod 4 in {0, 1} and O over j mod 4 in {2, 3}; with s = d_w * d_x, acc_e = fma(float(E),
+// s, acc_e) and acc_o = fma(float(O), s, acc_o) in block order, macc = fma(m_w, s_x, macc) for
+// Q4_0 (m = -8 d) / Q4_1, and y = (acc_e + acc_o) + macc. Scalar and AVX2 agree bit for bit.
 void quantize_row_q16x_scalar(const float* x, BlockQ16x* out, std::int64_t k);
 void gemm_q16_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                      const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);

@@ -233,7 +233,7 @@ void gemm_q16_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std
     load_row_ggml(type, layout, w, row_bytes, r, k, row.data());
     for (std::int64_t xi = 0; xi < nx; ++xi) {
       const BlockQ16x* xr = xq + xi * nb;
-      float acc[8] = {};
+      float acc_e = 0.0f, acc_o = 0.0f;
       float macc = 0.0f;
       for (std::int64_t b = 0; b < nb; ++b) {
         const std::byte* blk = row.data() + static_cast<std::size_t>(b) * g.bytes;
@@ -253,14 +253,13 @@ void gemm_q16_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std
           m = g.has_m ? f16_to_f32(load<std::uint16_t>(blk + 2)) : -8.0f * d;
         }
         const float scale = d * xr[b].d;
-        for (int l = 0; l < 8; ++l) {
-          const int p = wq[2 * l] * xr[b].qs[2 * l] + wq[2 * l + 1] * xr[b].qs[2 * l + 1] +
-                        wq[16 + 2 * l] * xr[b].qs[16 + 2 * l] + wq[17 + 2 * l] * xr[b].qs[17 + 2 * l];
-          acc[l] = std::fma(static_cast<float>(p), scale, acc[l]);
-        }
+        int e = 0, o = 0;  // exact: |sum| < 2^31 for any quants
+        for (int j = 0; j < kQK; ++j) ((j & 2) == 0 ? e : o) += wq[j] * xr[b].qs[j];
+        acc_e = std::fma(static_cast<float>(e), scale, acc_e);
+        acc_o = std::fma(static_cast<float>(o), scale, acc_o);
         if (type != GgmlType::q8_0) macc = std::fma(m, xr[b].s, macc);
       }
-      y[xi * ldy + r] = (((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))) + macc;
+      y[xi * ldy + r] = (acc_e + acc_o) + macc;
     }
   }
 }

@@ -16,7 +16,7 @@
 //     flips it. Opt-in only (KALLPA_MATMUL_ACTIVATIONS=q8 for the CPU ops).
 //   - Activations::q16: the same with 16-bit blocks (BlockQ16x: one f32 scale per 32, |q| <= 32767,
 //     round-to-nearest-even), so the activation error is max|x_block| / 65534 per element, 256x
-//     below q8's, and the products are exact int32 sums (two madds per block). About as fast as
+//     below q8's, and the products are exact int32 sums (two halves per block). About as fast as
 //     q8 for decode GEMVs, where the f32 path is bound by expanding weights to floats; the engine
 //     uses it for decode rows (see runtime/ops.h), f32 for prompt rows.
 // F32/F16/BF16 weights always use f32 x directly (the option is ignored for them).
