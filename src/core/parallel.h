@@ -51,7 +51,7 @@ class ThreadPool {
  private:
   void worker_loop(int worker);
   void start_workers();
-  // Claims and runs tasks of job `gen` (fn, n) until none is left; true if it ran any.
+  // Claims and runs tasks of job `gen` (fn, n) until none is left unclaimed.
   void run_tasks(std::uint32_t gen, const TaskFn* fn, std::int64_t n, int worker);
 
   const int num_threads_;

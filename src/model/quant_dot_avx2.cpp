@@ -222,6 +222,20 @@ inline __m256 pair_lanes(__m128 d4) {
   return _mm256_set_m128(_mm_unpackhi_ps(d4, d4), _mm_unpacklo_ps(d4, d4));
 }
 
+// One block of four weight rows against one activation block: w[2r] and w[2r + 1] are row r's
+// elements 0..15 and 16..31 as int16 (zero for a row that is not there), d8 the rows' scales as
+// pair_lanes gives them. Returns acc + [E0 O0 .. E3 O3] * (d8 * d_x). Both Q16 tiles go through
+// it, which is what makes a row's result the same alone or batched.
+inline __m256 accumulate_block(const __m256i* w, const BlockQ16x& xb, __m256 d8, __m256 acc) {
+  const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+  const __m256i xc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 16));
+  __m256i v[4];
+  for (int r = 0; r < 4; ++r) {
+    v[r] = _mm256_add_epi32(_mm256_madd_epi16(w[2 * r], xa), _mm256_madd_epi16(w[2 * r + 1], xc));
+  }
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_row_sums(v)), _mm256_mul_ps(d8, _mm256_broadcast_ss(&xb.d)), acc);
+}
+
 // y[r] = ((acc lane 2r) + (acc lane 2r + 1)) + macc[r] for the first n rows.
 inline void store_row_sums(__m256 acc, __m128 macc, int n, float* y) {
   const __m128 sums = _mm_add_ps(_mm_hadd_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)), macc);
@@ -236,8 +250,8 @@ inline void store_row_sums(__m256 acc, __m128 macc, int n, float* y) {
 
 constexpr std::size_t kPrefetchBytes = 16384;
 
-// NW <= 4 weight rows (from row r0) against one activation row: each block's rows widened, multiplied
-// (two madds per row) and folded, then one convert and one FMA for all of them.
+// NW <= 4 weight rows (from row r0) against one activation row: each block's rows widened, then
+// accumulate_block.
 template <GgmlType T, WeightLayout L, int NW>
 void tile_q16_row(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const BlockQ16x* xq, std::int64_t nb,
                   float* y) {
@@ -257,20 +271,15 @@ void tile_q16_row(const std::byte* w, std::size_t row_bytes, std::int64_t r0, co
     alignas(16) float d[4] = {}, m[4] = {};
     load_scales<T, L, NW>(w, row_bytes, r0, b, d, m);
     const BlockQ16x& xb = xq[b];
-    const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
-    const __m256i xc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 16));
-    __m256i v[4];
+    __m256i wv[8];
     for (int r = 0; r < 4; ++r) {
       if (r < NW) {
-        __m256i w0, w1;
-        widen_block<T>(quants<T, L, NW>(w, row_bytes, r0, r, b), w0, w1);
-        v[r] = _mm256_add_epi32(_mm256_madd_epi16(w0, xa), _mm256_madd_epi16(w1, xc));
+        widen_block<T>(quants<T, L, NW>(w, row_bytes, r0, r, b), wv[2 * r], wv[2 * r + 1]);
       } else {
-        v[r] = _mm256_setzero_si256();
+        wv[2 * r] = wv[2 * r + 1] = _mm256_setzero_si256();
       }
     }
-    const __m256 s = _mm256_mul_ps(pair_lanes(_mm_load_ps(d)), _mm256_broadcast_ss(&xb.d));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_row_sums(v)), s, acc);
+    acc = accumulate_block(wv, xb, pair_lanes(_mm_load_ps(d)), acc);
     if constexpr (T != GgmlType::q8_0) macc = _mm_fmadd_ps(_mm_load_ps(m), _mm_broadcast_ss(&xb.s), macc);
   }
   store_row_sums(acc, macc, NW, y);
@@ -282,14 +291,15 @@ void tile_q16_row(const std::byte* w, std::size_t row_bytes, std::int64_t r0, co
 constexpr std::int64_t kWideBlockVectors = 8;
 constexpr std::int64_t kWideBlockFloats = 12;
 
-// NX activation rows against a widened 4-row group: per block, tile_q16_row's madds and fold
-// without its widening. Each activation row keeps one accumulator in a register (the folded
+// NX activation rows against a widened 4-row group: per block, accumulate_block on the stored
+// vectors (tile_q16_row without its widening). Each activation row keeps one accumulator in a register (the folded
 // layout serves four weight rows with one, where a vector per row and activation row spilled at 3
 // activation rows), and each pair of rows one constant-term vector ([m * s_x0 | m * s_x1], the
 // same fma per lane as tile_q16_row's). The x loop is unrolled by hand: accumulators kept in an
-// array went through the stack, and that round trip bounded the loop.
+// array went through the stack, and that round trip bounded the loop. Not inlined: inlined into
+// gemm_q16_rows beside the widening, the same loop ran ~5% slower side by side.
 template <GgmlType T, int NX>
-inline void tile_q16_wide(const __m256i* wide, const float* scales, const BlockQ16x* xq, std::int64_t nb,
+__attribute__((noinline)) void tile_q16_wide(const __m256i* wide, const float* scales, const BlockQ16x* xq, std::int64_t nb,
                           __m256 (&acc_out)[4], __m128 (&macc_out)[4]) {
   static_assert(NX >= 1 && NX <= 4);
   constexpr bool has_m = T != GgmlType::q8_0;
@@ -298,18 +308,7 @@ inline void tile_q16_wide(const __m256i* wide, const float* scales, const BlockQ
     const __m256i* wb = wide + b * kWideBlockVectors;
     const float* sb = scales + b * kWideBlockFloats;
     const __m256 d8 = _mm256_loadu_ps(sb);
-    auto row = [&](std::int64_t x, __m256& acc) {
-      const BlockQ16x& xb = xq[x * nb + b];
-      const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
-      const __m256i xc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 16));
-      __m256i v[4];
-      for (int r = 0; r < 4; ++r) {
-        v[r] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_loadu_si256(wb + 2 * r), xa),
-                                _mm256_madd_epi16(_mm256_loadu_si256(wb + 2 * r + 1), xc));
-      }
-      const __m256 s = _mm256_mul_ps(d8, _mm256_broadcast_ss(&xb.d));
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_row_sums(v)), s, acc);
-    };
+    auto row = [&](std::int64_t x, __m256& acc) { acc = accumulate_block(wb, xq[x * nb + b], d8, acc); };
     auto constant_terms = [&](std::int64_t x, __m256& macc) {  // rows x and x + 1 (if any)
       const __m128 s0 = _mm_broadcast_ss(&xq[x * nb + b].s);
       const __m128 s1 = x + 1 < NX ? _mm_broadcast_ss(&xq[(x + 1) * nb + b].s) : _mm_setzero_ps();
