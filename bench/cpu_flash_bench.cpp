@@ -28,11 +28,11 @@
 //   v7 grouped: v6's memory-order walk in steps of eight keys across every head (blocks of 64),
 //               up to four rows of a GQA group per dot and P·V kernel, so each K/V vector is
 //               converted once for them all; P·V accumulators in registers over a step; prefetch
-//               8 keys ahead; prefill v3's cheaper exp. The default beyond 1 MiB of K/V.
+//               8 keys ahead; prefill v3's cheaper exp.
 //   v8 grouped8: v7's walk with the eight dots of a step reduced in one tree (RB x KU = 8
 //               accumulators), whole steps of P·V unrolled over their eight keys, the row groups
 //               planned once per task, and the softmax's masking pass skipped for fully visible rows.
-//               Fewer instructions than v7, but not faster from DRAM on a quiet machine: selectable.
+//               Fewer instructions than v7; the default beyond 1 MiB of K/V since session 8.
 //   decode_dram/*: K/V of 256 MiB (far beyond L3) on huge pages, v5, v6, v7 and v8 side by side with
 //               stream_read, a plain sum of the same bytes on the same threads: the practical ceiling.
 //               Compare with --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true;
