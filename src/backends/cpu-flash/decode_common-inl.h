@@ -310,18 +310,20 @@ inline void SoftmaxRows(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t 
   });
 }
 
-// Prefetch distance in keys (each stream); KALLPA_CPU_FLASH_PREFETCH overrides it for tuning.
-inline std::int64_t StreamPrefetchKeys() {
-  static const std::int64_t keys = [] {
+// Prefetch distance in keys (each stream) of a streaming kernel: its own default unless
+// KALLPA_CPU_FLASH_PREFETCH (0-4096, read once) overrides it for tuning, for every kernel alike.
+inline std::int64_t PrefetchKeys(std::int64_t kernel_default) {
+  static const std::int64_t override_keys = [] {
     if (const char* env = std::getenv("KALLPA_CPU_FLASH_PREFETCH")) {
       char* end = nullptr;
       const long v = std::strtol(env, &end, 10);
       if (end != env && *end == '\0' && v >= 0 && v <= 4096) return static_cast<std::int64_t>(v);
     }
-    return kDecodeStreamPrefetchKeys;
+    return std::int64_t{-1};
   }();
-  return keys;
+  return override_keys >= 0 ? override_keys : kernel_default;
 }
+inline std::int64_t StreamPrefetchKeys() { return PrefetchKeys(kDecodeStreamPrefetchKeys); }
 
 
 // Walks the key rows of one tensor (K or V) of a task forward and prefetches each row (every head)

@@ -37,20 +37,6 @@ constexpr std::int64_t kB7 = kDecodeGroupedBlock;
 // accumulators' loads and stores to one per eight keys.
 constexpr std::int64_t kGroupStep = 8;
 
-// Prefetch distance in keys of v7's streams; KALLPA_CPU_FLASH_PREFETCH overrides it for tuning, as
-// for v5/v6.
-std::int64_t GroupedPrefetchKeys() {
-  static const std::int64_t keys = [] {
-    if (const char* env = std::getenv("KALLPA_CPU_FLASH_PREFETCH")) {
-      char* end = nullptr;
-      const long v = std::strtol(env, &end, 10);
-      if (end != env && *end == '\0' && v >= 0 && v <= 4096) return static_cast<std::int64_t>(v);
-    }
-    return kDecodeGroupedPrefetchKeys;
-  }();
-  return keys;
-}
-
 // Keys per dot step for RB rows: RB x KU accumulators plus KU key vectors within 16 registers, and
 // enough independent FMA chains (at least eight) to hide the FMA latency.
 template <int RB>
@@ -212,7 +198,7 @@ void GroupedBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* 
 
 void RunDecodeTaskV7Impl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
                          std::byte* slots, std::int32_t* counters) {
-  const std::int64_t ahead = GroupedPrefetchKeys();
+  const std::int64_t ahead = PrefetchKeys(kDecodeGroupedPrefetchKeys);
   RunGroupedTask(vp, plan, t, scratch, slots, counters, kB7,
                  [&](auto type, Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
                      const std::int64_t* e_i, StreamPrefetcher& kpf, StreamPrefetcher& vpf) {

@@ -60,13 +60,6 @@ int PlanRowGroups(std::int64_t sq, std::int64_t G, RowGroup* out) {
   return n;
 }
 
-// v7's prefetch distance; KALLPA_CPU_FLASH_PREFETCH overrides it for every streaming kernel.
-std::int64_t PrefetchKeys8() {
-  static const std::int64_t keys =
-      std::getenv("KALLPA_CPU_FLASH_PREFETCH") != nullptr ? StreamPrefetchKeys() : kDecodeGroupedPrefetchKeys;
-  return keys;
-}
-
 // s[rb * kB8 + u] = <q[rb], k[u]> for the RB rows (q rows qs floats apart) and eight keys.
 template <int RB, typename T>
 HWY_INLINE void DotsStep(const float* HWY_RESTRICT q, std::int64_t qs, const T* const* k, std::int64_t len,
@@ -240,7 +233,7 @@ void Block8(Ctx& c, const RowGroup* groups, int n_groups, std::int64_t j0, std::
 
 void RunDecodeTaskV8Impl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
                          std::byte* slots, std::int32_t* counters) {
-  const std::int64_t ahead = PrefetchKeys8();
+  const std::int64_t ahead = PrefetchKeys(kDecodeGroupedPrefetchKeys);  // v7's
   RowGroup groups[kDecodeMaxRows];
   const int n_groups = PlanRowGroups(vp.seqlen_q(t.b), vp.group_size(), groups);
   RunGroupedTask(vp, plan, t, scratch, slots, counters, kB8,
