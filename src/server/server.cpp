@@ -258,9 +258,18 @@ Server::Server(runtime::Engine& engine, ServerOptions options)
   });
 }
 
+void Server::Impl::join_drainer() {
+  std::thread t;
+  {
+    std::lock_guard<std::mutex> lock(drainer_mu);
+    t = std::move(drainer);
+  }
+  if (t.joinable()) t.join();
+}
+
 Server::~Server() {
   shutdown();
-  if (impl_->drainer.joinable()) impl_->drainer.join();
+  impl_->join_drainer();
 }
 
 Result<int> Server::bind() {
@@ -286,7 +295,7 @@ Status Server::run() {
   s.in_run.store(true);
   const bool ok = s.draining.load() || s.http.listen_after_bind();
   s.in_run.store(false);
-  if (s.drainer.joinable()) s.drainer.join();
+  s.join_drainer();
   if (!ok && !s.draining.load()) return Status(ErrorCode::internal, "server", "the HTTP listener failed");
   return {};
 }
@@ -294,6 +303,8 @@ Status Server::run() {
 void Server::shutdown() {
   Impl& s = *impl_;
   std::call_once(s.shutdown_once, [&s] {
+    // draining is set under the lock too: run() that saw it, then joins, waits for the thread.
+    std::lock_guard<std::mutex> lock(s.drainer_mu);
     s.draining.store(true);
     s.drainer = std::thread([&s] { s.drain(); });
   });

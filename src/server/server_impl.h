@@ -72,8 +72,12 @@ struct Server::Impl {
   std::mutex inflight_mu;
   std::condition_variable inflight_cv;
   std::int64_t inflight = 0;  // under inflight_mu
-  std::thread drainer;
+  // The drain thread is started by shutdown() on whichever thread asks (a signal watcher) while
+  // run() may be returning on another, so it is only touched under drainer_mu.
+  std::mutex drainer_mu;
+  std::thread drainer;  // under drainer_mu
   std::once_flag shutdown_once;
+  void join_drainer();
 
   std::mutex contexts_mu;
   std::unordered_map<std::string, std::shared_ptr<RequestContext>> contexts;

@@ -1,4 +1,5 @@
 // `kallpa serve`: the OpenAI-compatible HTTP server (include/kallpa/server/server.h).
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -18,9 +19,12 @@ namespace {
 
 // Set by the signal handler, polled by a watcher thread: a handler may run on any thread (some
 // were started before the command ran, with the default signal mask), and may only do this much.
-volatile std::sig_atomic_t g_signal = 0;
+// An atomic, not a volatile sig_atomic_t: the reader is another thread, and for that volatile is
+// a data race (ThreadSanitizer reported it); a lock-free atomic is also safe in a handler.
+std::atomic<int> g_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
 
-extern "C" void on_stop_signal(int signo) { g_signal = signo; }
+extern "C" void on_stop_signal(int signo) { g_signal.store(signo); }
 
 struct ServeCliOptions {
   EngineCliOptions engine;
@@ -61,7 +65,7 @@ int run_serve(ServeCliOptions& o, const GlobalOptions& global) {
   std::thread signal_thread([&] {
     bool draining = false;
     while (!finished.load()) {
-      if (const int signo = g_signal; signo != 0 && !draining) {
+      if (const int signo = g_signal.load(); signo != 0 && !draining) {
         fmt::print(stderr, "kallpa serve: {} received: draining (up to {:g} s)\n", signo == SIGTERM ? "SIGTERM" : "SIGINT",
                    o.server.drain_seconds);
         srv.shutdown();
