@@ -3,17 +3,21 @@
 #
 #   bash scripts/test.sh                 # all tests
 #   bash scripts/test.sh --sanitize      # also build build-san (ASan + UBSan) and run them there
+#   bash scripts/test.sh --tsan          # also build build-tsan (ThreadSanitizer) and run the tests
+#                                        # that start threads (pool, engine, scheduler, decode, server)
 #   bash scripts/test.sh -- -R cli       # extra arguments after -- go to ctest
 #
 # Environment: KALLPA_JOBS (default 2), KALLPA_CMAKE_ARGS (extra configure arguments),
-# KALLPA_TEST_SANITIZE=1 (same as --sanitize).
+# KALLPA_TEST_SANITIZE=1 (same as --sanitize), KALLPA_TEST_TSAN=1 (same as --tsan).
 set -euo pipefail
 
 sanitize="${KALLPA_TEST_SANITIZE:-0}"
+tsan="${KALLPA_TEST_TSAN:-0}"
 ctest_args=()
 while (($#)); do
   case "$1" in
     --sanitize) sanitize=1 ;;
+    --tsan) tsan=1 ;;
     --) shift; ctest_args=("$@"); break ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "test.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
@@ -24,11 +28,12 @@ done
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 jobs="${KALLPA_JOBS:-2}"
 
-build_and_test() {  # build_and_test DIR BUILD_TYPE
+build_and_test() {  # build_and_test DIR BUILD_TYPE [configure arguments...]
   local dir=$1 type=$2 start=$SECONDS
+  shift 2
   echo "== $type build in $dir"
   # shellcheck disable=SC2086  # KALLPA_CMAKE_ARGS is a list of arguments on purpose
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE="$type" ${KALLPA_CMAKE_ARGS:-}
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE="$type" "$@" ${KALLPA_CMAKE_ARGS:-}
   cmake --build "$dir" -j"$jobs"
   echo "== $type build took $((SECONDS - start)) s; testing"
   start=$SECONDS
@@ -41,5 +46,16 @@ if [[ $sanitize == 1 ]]; then
   export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
   export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
   build_and_test build-san Sanitize
+fi
+if [[ $tsan == 1 ]]; then
+  # The tests that start threads; the conformance matrix and OpenCL run single calls (and PoCL's
+  # own threads are not instrumented). OpenBLAS's threads are not instrumented either, so it runs
+  # on the caller's. A race ends the process (exit 66), which fails its test.
+  export OPENBLAS_NUM_THREADS=1
+  export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
+  if ((${#ctest_args[@]} == 0)); then
+    ctest_args=(-R '^(ThreadPool|Scheduler|Engine|EngineRealModel|KvCache|Sampler|QuantKernels|Dispatcher|HealthCheck|FaultTolerance|Plugin)\.|^CpuFlash\.(DecodeSplitKv|DecodeV8MatchesReference|ThreadCountIndependent|ConcurrentRuns)$|^server\.(api|batching|lifecycle)$')
+  fi
+  build_and_test build-tsan ThreadSanitize -DKALLPA_BUILD_BENCH=OFF
 fi
 echo "== all tests passed"
