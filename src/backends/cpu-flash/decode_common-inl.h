@@ -323,7 +323,6 @@ inline std::int64_t PrefetchKeys(std::int64_t kernel_default) {
   }();
   return override_keys >= 0 ? override_keys : kernel_default;
 }
-inline std::int64_t StreamPrefetchKeys() { return PrefetchKeys(kDecodeStreamPrefetchKeys); }
 
 
 // Walks the key rows of one tensor (K or V) of a task forward and prefetches each row (every head)

@@ -320,7 +320,7 @@ template <typename T>
 void StreamBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i, const std::int64_t* e_i,
                  const std::int64_t* koff, const std::int64_t* voff, StreamPrefetcher& kpf, StreamPrefetcher& vpf) {
   const T* kb = static_cast<const T*>(c.p->k.data);
-  const std::int64_t ahead = StreamPrefetchKeys();
+  const std::int64_t ahead = PrefetchKeys(kDecodeStreamPrefetchKeys);
   for (std::int64_t u0 = 0; u0 < nb; u0 += 4) {
     const std::int64_t nk = std::min<std::int64_t>(4, nb - u0);
     kpf.until(j0 + u0 + nk + ahead);
@@ -448,7 +448,7 @@ void RunDecodeTaskImpl(const ValidatedProblem& vp, const DecodePlan& plan, const
   std::int64_t a_i[kDecodeMaxRows], e_i[kDecodeMaxRows];
   const bool stream = direct && kernel == DecodeKernel::stream;
   const bool fused = direct && kernel == DecodeKernel::fused;
-  const std::int64_t fused_ahead = StreamPrefetchKeys();
+  const std::int64_t fused_ahead = PrefetchKeys(kDecodeStreamPrefetchKeys);
   StreamPrefetcher kstream, vstream;
   if (stream || fused) {
     kstream.init(c, p.k, true, t.k_begin, t.k_end);
