@@ -169,5 +169,28 @@ TEST(KvCachePrefix, ACopyIntoAFullPoolGivesUpThePartialBlockAndSaysSo) {
   EXPECT_EQ(c->blocks(a).size(), 2u);
 }
 
+// Found by tests/fuzz/kv_cache_fuzz.cpp: a length past the sequence's blocks read the last block
+// of an empty block list (a crash), or unpublished / copied a block that holds no position to forget.
+TEST(KvCachePrefix, TruncatingPastTheBlocksHeldForgetsNothing) {
+  auto c = make_cache(64);
+  const SeqId empty = c->add_sequence();
+  EXPECT_EQ(c->truncate(empty, 3), 0);
+  EXPECT_EQ(c->capacity(empty), 0);
+
+  const SeqId a = c->add_sequence();
+  ASSERT_TRUE(c->reserve(a, 8).is_ok());
+  fill(*c, a, 0, 8, 1);
+  c->publish(a, tokens_of(8));
+  const SeqId b = c->add_sequence();
+  ASSERT_EQ(c->attach_prefix(b, tokens_of(9)), 8);
+  const auto shared = c->blocks(b);
+  EXPECT_EQ(c->truncate(b, 10), 8);
+  EXPECT_EQ(c->blocks(b), shared);  // still the published blocks, not a needless copy
+  EXPECT_EQ(c->truncate(a, 9), 8);
+  const SeqId d = c->add_sequence();
+  EXPECT_EQ(c->attach_prefix(d, tokens_of(9)), 8);  // and still published
+  EXPECT_EQ(k_at(*c, d, 1, 7), 1000 + 100 + 7);
+}
+
 }  // namespace
 }  // namespace kallpa::runtime

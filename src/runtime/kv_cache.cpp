@@ -212,7 +212,8 @@ std::int64_t KvCache::truncate(SeqId seq, std::int64_t length) {
   std::lock_guard lock(mu_);
   Sequence* s = find(seq);
   if (!s) return 0;
-  length = std::max<std::int64_t>(0, length);
+  // Past the blocks it holds there is nothing to forget (and no last block to make private).
+  length = std::clamp<std::int64_t>(length, 0, static_cast<std::int64_t>(s->blocks.size()) * options_.page_size);
   const auto keep = static_cast<std::size_t>((length + options_.page_size - 1) / options_.page_size);
   while (s->blocks.size() > keep) {
     release_block(s->blocks.back());

@@ -56,8 +56,9 @@ class KvCache {
   // out_of_memory (field "kv_cache") when the pool cannot hold it.
   Status reserve(SeqId seq, std::int64_t length);
   // Forgets positions >= length and frees the blocks no longer needed. Returns the positions kept:
-  // `length`, or less in the one case where a shared block would have to be copied into a pool
-  // with no block left (then the positions of that partial block are dropped too).
+  // `length` (at most capacity(seq): a length beyond it forgets nothing), or less in the one case
+  // where a shared block would have to be copied into a pool with no block left (then the
+  // positions of that partial block are dropped too).
   std::int64_t truncate(SeqId seq, std::int64_t length);
   void remove(SeqId seq);
 
