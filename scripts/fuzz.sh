@@ -27,7 +27,7 @@ while (($#)); do
   esac
   shift
 done
-((${#targets[@]})) || targets=(gguf request tokenizer problem_spec kv_cache attention)
+((${#targets[@]})) || targets=(gguf request tokenizer problem_spec kv_cache attention scheduler)
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD

@@ -44,6 +44,15 @@ float k_at(const KvCache& c, SeqId seq, std::int32_t l, std::int64_t p) {
   return base[slot * kHeads * kDim];
 }
 
+// A sequence holding positions [0, n) written (tag 1) and published as tokens_of(n).
+SeqId published(KvCache& c, std::int64_t n) {
+  const SeqId s = c.add_sequence();
+  EXPECT_TRUE(c.reserve(s, n).is_ok());
+  fill(c, s, 0, n, 1);
+  c.publish(s, tokens_of(static_cast<int>(n)));
+  return s;
+}
+
 TEST(KvCachePrefix, AttachesThePublishedFullBlocksOfAMatchingPrefix) {
   auto c = make_cache(64);
   const auto t = tokens_of(10);
@@ -158,10 +167,7 @@ TEST(KvCachePrefix, DuplicateContentStaysPrivateAndFreesNormally) {
 
 TEST(KvCachePrefix, ACopyIntoAFullPoolGivesUpThePartialBlockAndSaysSo) {
   auto c = make_cache(8);  // 2 blocks
-  const SeqId a = c->add_sequence();
-  ASSERT_TRUE(c->reserve(a, 8).is_ok());
-  fill(*c, a, 0, 8, 1);
-  c->publish(a, tokens_of(8));
+  const SeqId a = published(*c, 8);
   const SeqId b = c->add_sequence();
   ASSERT_EQ(c->attach_prefix(b, tokens_of(9)), 8);
   EXPECT_EQ(c->truncate(b, 6), 4);
@@ -177,10 +183,7 @@ TEST(KvCachePrefix, TruncatingPastTheBlocksHeldForgetsNothing) {
   EXPECT_EQ(c->truncate(empty, 3), 0);
   EXPECT_EQ(c->capacity(empty), 0);
 
-  const SeqId a = c->add_sequence();
-  ASSERT_TRUE(c->reserve(a, 8).is_ok());
-  fill(*c, a, 0, 8, 1);
-  c->publish(a, tokens_of(8));
+  const SeqId a = published(*c, 8);
   const SeqId b = c->add_sequence();
   ASSERT_EQ(c->attach_prefix(b, tokens_of(9)), 8);
   const auto shared = c->blocks(b);

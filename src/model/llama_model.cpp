@@ -131,12 +131,12 @@ Status LlamaModel::forward(std::span<const ForwardItem> given, runtime::KvCache&
   // item, so a sequence gets the same numbers alone or batched.
   order_.resize(given.size());
   for (std::size_t i = 0; i < given.size(); ++i) order_[i] = i;
-  std::stable_partition(order_.begin(), order_.end(), [&](std::size_t i) { return given[i].tokens.size() != 1; });
+  std::stable_partition(order_.begin(), order_.end(), [&](std::size_t i) { return !is_decode_step(given[i]); });
   ordered_.clear();
   for (std::size_t i : order_) ordered_.push_back(given[i]);
   const std::span<const ForwardItem> items(ordered_);
   std::int64_t decode_rows = 0;
-  for (const ForwardItem& it : items) decode_rows += it.tokens.size() == 1 ? 1 : 0;
+  for (const ForwardItem& it : items) decode_rows += is_decode_step(it) ? 1 : 0;
 
   const std::int64_t embd = config_.n_embd, qd = config_.q_dim(), kvd = config_.kv_dim(), ff = config_.n_ff;
   std::int64_t total = 0;
@@ -207,7 +207,7 @@ Status LlamaModel::forward(std::span<const ForwardItem> given, runtime::KvCache&
     row += static_cast<std::int64_t>(it.tokens.size());
     if (it.want_logits) {
       wanted_rows_.push_back(row - 1);
-      wanted_decode += it.tokens.size() == 1 ? 1 : 0;
+      wanted_decode += is_decode_step(it) ? 1 : 0;
     }
     reordered = reordered || order_[i] != i;
   }

@@ -15,6 +15,7 @@
 #include "model/quant_kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KALLPA_X86 1
 #endif
@@ -24,13 +25,21 @@ namespace kallpa::model::kernels {
 #if KALLPA_X86
 
 bool avx2_available() noexcept {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                         __builtin_cpu_supports("f16c");
+  // F16C through CPUID (leaf 1, ECX bit 29): clang's __builtin_cpu_supports does not know it.
+  static const bool ok = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+    return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
   return ok;
 }
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 
 namespace {
 
@@ -745,7 +754,11 @@ void gemm_qf_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::s
   by_type_and_layout<GemmQf>(type, layout, w, row_bytes, nw, x, ldx, nx, k, y, ldy);
 }
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 #else  // not x86: the scalar kernels are used
 

@@ -114,6 +114,7 @@ Status Session::feed(std::span<const std::int32_t> tokens) {
     item.tokens = tokens.subspan(done, n);
     item.start_pos = position();
     item.want_logits = done + n == tokens.size();
+    item.prompt = tokens.size() > 1;  // a prompt's one-token last chunk is still a prompt row
     logits_.resize(static_cast<std::size_t>(vocab));
     Status s = engine_->model().forward({&item, 1}, engine_->cache(), engine_->dispatcher(), logits_.data());
     if (!s) {

@@ -162,15 +162,25 @@ void Scheduler::finish(Active& a, std::string reason, Status status) {
 // KV cache can hold the head's worst case on top of what running requests may still need. FIFO:
 // a large request at the head is not overtaken (it would starve otherwise).
 void Scheduler::admit() {
-  // Cancelled requests leave the queue wherever they are, so they never hold a place in it.
-  std::erase_if(queue_, [](const std::unique_ptr<Pending>& p) {
-    if (!p->handle->cancelled()) return false;
+  // Cancelled requests leave the queue wherever they are, so they never hold a place in it. They
+  // are counted out before their on_done, as finish() does, so that whoever it wakes sees them gone.
+  std::vector<std::unique_ptr<Pending>> cancelled;
+  std::deque<std::unique_ptr<Pending>> kept;
+  for (auto& p : queue_) {
+    if (p->handle->cancelled()) {
+      cancelled.push_back(std::move(p));
+    } else {
+      kept.push_back(std::move(p));
+    }
+  }
+  queue_ = std::move(kept);
+  n_queued_.store(static_cast<std::int64_t>(queue_.size()));
+  for (const auto& p : cancelled) {
     Completion c;
     c.finish_reason = "cancelled";
     c.prompt_tokens = static_cast<std::int64_t>(p->request.prompt.size());
     if (p->callbacks.on_done) p->callbacks.on_done(c);
-    return true;
-  });
+  }
   while (!queue_.empty()) {
     Pending& head = *queue_.front();
     if (static_cast<std::int32_t>(running_.size()) >= options_.max_running) break;
@@ -292,6 +302,7 @@ bool Scheduler::step() {
     it.tokens = std::span<const std::int32_t>(a->tokens).subspan(static_cast<std::size_t>(a->fed), static_cast<std::size_t>(n));
     it.start_pos = a->fed;
     it.want_logits = chunk_end == a->prompt_size();
+    it.prompt = true;
     plan.push_back({a.get(), it});
     any_prefill = true;
     budget -= n;
@@ -319,7 +330,7 @@ bool Scheduler::step() {
   // come back in this order without a reshuffle.
   std::vector<std::size_t> order(items.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_partition(order.begin(), order.end(), [&](std::size_t i) { return items[i].tokens.size() != 1; });
+  std::stable_partition(order.begin(), order.end(), [&](std::size_t i) { return !model::is_decode_step(items[i]); });
   {
     std::vector<model::ForwardItem> sorted_items;
     std::vector<Active*> sorted_owners;

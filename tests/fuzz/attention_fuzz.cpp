@@ -19,17 +19,7 @@ namespace {
 
 using namespace kallpa;
 
-class Bytes {
- public:
-  Bytes(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}
-  std::uint8_t next() { return at_ < size_ ? data_[at_++] : 0; }
-
- private:
-  const std::uint8_t* data_;
-  std::size_t size_, at_ = 0;
-};
-
-ProblemSpec spec_from(Bytes& in) {
+ProblemSpec spec_from(FuzzBytes& in) {
   ProblemSpec s;
   const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
   s.batch = 1 + in.next() % 3;
@@ -58,7 +48,7 @@ ProblemSpec spec_from(Bytes& in) {
 }
 
 // Overwrites an index array with small values from the input, some out of every valid range.
-void overwrite(Bytes& in, std::vector<std::int32_t>& values) {
+void overwrite(FuzzBytes& in, std::vector<std::int32_t>& values) {
   for (auto& v : values) v = static_cast<std::int32_t>(in.next() % 40) - 2;
 }
 
@@ -135,7 +125,7 @@ void compare(const AttentionProblem& p, const Outputs& got, const Outputs& want)
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  Bytes in(data, size);
+  FuzzBytes in(data, size);
   const ProblemSpec spec = spec_from(in);
   auto inst = harness::ProblemInstance::create(spec, /*seed=*/in.next(), /*max_bytes=*/std::size_t{1} << 20);
   if (!inst) return 0;  // a spec the harness does not build (e.g. heads not a multiple)

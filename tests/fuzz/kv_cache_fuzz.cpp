@@ -23,17 +23,6 @@ constexpr std::int32_t kHeadKv = 1, kHeadDim = 2, kRow = kHeadKv * kHeadDim;
 float key_value(std::int32_t token, std::int64_t pos, int e) { return float((token * 31 + pos * 7 + e) % 2048); }
 float value_value(std::int32_t token, std::int64_t pos, int e) { return float((token * 17 + pos * 3 + 5 * e) % 2048); }
 
-class Bytes {
- public:
-  Bytes(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}
-  bool empty() const { return at_ >= size_; }
-  std::uint8_t next() { return at_ < size_ ? data_[at_++] : 0; }
-
- private:
-  const std::uint8_t* data_;
-  std::size_t size_, at_ = 0;
-};
-
 struct Model {
   std::map<SeqId, std::vector<std::int32_t>> tokens;  // per live sequence: the token at each written position
 };
@@ -78,7 +67,7 @@ void write_positions(KvCache& cache, SeqId seq, const std::vector<std::int32_t>&
              "writing reserved positions failed");
 }
 
-std::vector<std::int32_t> token_run(Bytes& in) {
+std::vector<std::int32_t> token_run(FuzzBytes& in) {
   // Few distinct tokens, so that prompts share prefixes.
   std::vector<std::int32_t> toks(in.next() % 24);
   for (auto& t : toks) t = in.next() % 3;
@@ -88,7 +77,7 @@ std::vector<std::int32_t> token_run(Bytes& in) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  Bytes in(data, size);
+  FuzzBytes in(data, size);
   kallpa::runtime::KvCacheOptions options;
   options.page_size = 1 + in.next() % 6;
   options.max_tokens = 1 + in.next() % 48;

@@ -26,7 +26,14 @@ struct ForwardItem {
   std::span<const std::int32_t> tokens;  // the chunk
   std::int64_t start_pos = 0;            // position of tokens[0]; the cache holds [0, start_pos)
   bool want_logits = true;               // logits of the chunk's last token
+  // Prompt rows take exact activations, decode steps cheaper ones (runtime/ops.h). A chunk of
+  // several tokens is always prompt; a one-token chunk is a decode step unless this says it is
+  // the last piece of a prompt, whose K/V must not depend on where the chunks fell (the prefix
+  // cache hands them to other requests as exact prompt rows).
+  bool prompt = false;
 };
+
+inline bool is_decode_step(const ForwardItem& item) noexcept { return item.tokens.size() == 1 && !item.prompt; }
 
 class LlamaModel {
  public:

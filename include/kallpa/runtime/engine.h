@@ -86,7 +86,8 @@ class Session {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  // Runs tokens through the model (in chunks), after what is already there.
+  // Runs tokens through the model (in chunks), after what is already there. Several tokens are a
+  // prompt (exact activations in every chunk); one token is a decode step (runtime/ops.h).
   Status feed(std::span<const std::int32_t> tokens);
   // Picks the next token from the last logits (does not feed it).
   Result<std::int32_t> sample();
