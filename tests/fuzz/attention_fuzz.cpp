@@ -65,23 +65,17 @@ std::vector<bool> owned_rows(const AttentionProblem& p, std::int64_t rows) {
   return owned;
 }
 
+// NaN in every output element first, so that an element a backend leaves unwritten cannot pass
+// with the value an earlier run left there.
 void poison(const AttentionProblem& p) {
-  const std::int64_t n = p.o.shape[0] * p.o.shape[1] * p.o.shape[2] * (p.o.rank == 4 ? p.o.shape[3] : 1);
-  for (std::int64_t i = 0; i < n; ++i) store_f32(p.o.dtype, p.o.data, i, std::nanf(""));
-  if (p.lse.data != nullptr) {
-    const std::int64_t m = p.lse.shape[0] * p.lse.shape[1] * (p.lse.rank == 3 ? p.lse.shape[2] : 1);
-    for (std::int64_t i = 0; i < m; ++i) store_f32(DType::f32, p.lse.data, i, std::nanf(""));
-  }
+  for (std::int64_t i = 0; i < p.o.numel(); ++i) store_f32(p.o.dtype, p.o.data, i, std::nanf(""));
+  for (std::int64_t i = 0; p.lse.present() && i < p.lse.numel(); ++i) store_f32(DType::f32, p.lse.data, i, std::nanf(""));
 }
 
 Outputs read(const AttentionProblem& p) {
   Outputs out;
-  const std::int64_t n = p.o.shape[0] * p.o.shape[1] * p.o.shape[2] * (p.o.rank == 4 ? p.o.shape[3] : 1);
-  for (std::int64_t i = 0; i < n; ++i) out.o.push_back(load_f32(p.o.dtype, p.o.data, i));
-  if (p.lse.data != nullptr) {
-    const std::int64_t m = p.lse.shape[0] * p.lse.shape[1] * (p.lse.rank == 3 ? p.lse.shape[2] : 1);
-    for (std::int64_t i = 0; i < m; ++i) out.lse.push_back(static_cast<const float*>(p.lse.data)[i]);
-  }
+  for (std::int64_t i = 0; i < p.o.numel(); ++i) out.o.push_back(load_f32(p.o.dtype, p.o.data, i));
+  for (std::int64_t i = 0; p.lse.present() && i < p.lse.numel(); ++i) out.lse.push_back(load_f32(DType::f32, p.lse.data, i));
   return out;
 }
 

@@ -2,10 +2,10 @@
 // share prefixes, seeds, greedy or sampled, a few tokens each, some cancelled at once, some
 // submitted while others run) through one Scheduler with a small KV cache, chunked prefill and the
 // prefix cache, against each request alone on an engine of its own (no prefix to reuse). With the
-// reference attention backend, whose sums do not depend on the batch, the
-// scheduler's guarantee (kallpa/runtime/scheduler.h) is exact: every request that is not
-// cancelled produces the same text, finish reason and token count as when it runs alone. Every
-// request gets on_done once, none exceeds max_tokens, and when all are done no KV block is held.
+// reference attention backend, whose sums do not depend on the batch, the scheduler's guarantee
+// (kallpa/runtime/scheduler.h) is exact: every request that is not cancelled produces the same
+// text, finish reason and token count as when it runs alone. Every request gets on_done once,
+// none exceeds max_tokens, and when all are done no KV block is held.
 #include <condition_variable>
 #include <memory>
 #include <mutex>
