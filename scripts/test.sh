@@ -4,7 +4,8 @@
 #   bash scripts/test.sh                 # all tests
 #   bash scripts/test.sh --sanitize      # also build build-san (ASan + UBSan) and run them there
 #   bash scripts/test.sh --tsan          # also build build-tsan (ThreadSanitizer) and run the tests
-#                                        # that start threads (pool, engine, scheduler, decode, server)
+#                                        # that start threads (pool, engine, scheduler, decode, server,
+#                                        # the scheduler fuzz corpus)
 #   bash scripts/test.sh -- -R cli       # extra arguments after -- go to ctest
 #
 # Environment: KALLPA_JOBS (default 2), KALLPA_CMAKE_ARGS (extra configure arguments),
@@ -54,7 +55,7 @@ if [[ $tsan == 1 ]]; then
   export OPENBLAS_NUM_THREADS=1
   export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
   if ((${#ctest_args[@]} == 0)); then
-    ctest_args=(-R '^(ThreadPool|Scheduler|Engine|EngineRealModel|KvCache|Sampler|QuantKernels|Dispatcher|HealthCheck|FaultTolerance|Plugin)\.|^CpuFlash\.(DecodeSplitKv|DecodeV8MatchesReference|ThreadCountIndependent|ConcurrentRuns)$|^server\.(api|batching|lifecycle)$')
+    ctest_args=(-R '^(ThreadPool|Scheduler|Engine|EngineRealModel|KvCache|Sampler|QuantKernels|Dispatcher|HealthCheck|FaultTolerance|Plugin)\.|^CpuFlash\.(DecodeSplitKv|DecodeV8MatchesReference|ThreadCountIndependent|ConcurrentRuns)$|^server\.(api|batching|lifecycle)$|^fuzz\.scheduler$')
   fi
   build_and_test build-tsan ThreadSanitize -DKALLPA_BUILD_BENCH=OFF
 fi

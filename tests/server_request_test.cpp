@@ -147,6 +147,12 @@ TEST(ServerRequest, MalformedJsonSaysWhere) {
   EXPECT_EQ(e.code, "invalid_json");
   EXPECT_NE(e.message.find("byte"), std::string::npos) << e.message;
   EXPECT_EQ(error(parse_completion_request("", Endpoint::chat, {})).code, "invalid_json");
+  // A number past double's range is a JSON error too, not a 500 (found by tests/fuzz/request_fuzz).
+  const ApiError overflow = error(parse_completion_request(R"({"prompt": "hi", "max_tokens": 1E666})",
+                                                           Endpoint::completions, {}));
+  EXPECT_EQ(overflow.status, 400);
+  EXPECT_EQ(overflow.code, "invalid_json");
+  EXPECT_NE(overflow.message.find("1E666"), std::string::npos) << overflow.message;
 }
 
 TEST(ServerErrors, OpenAiShapeAndStatusMapping) {

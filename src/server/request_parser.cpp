@@ -222,6 +222,8 @@ ParsedRequest parse_completion_request(std::string_view body, Endpoint endpoint,
       json again = json::parse(body);
     } catch (const json::parse_error& e) {
       where = fmt::format("the body is not valid JSON (at byte {})", e.byte);
+    } catch (const json::exception& e) {  // e.g. a number beyond double's range (out_of_range.406)
+      where = fmt::format("the body is not valid JSON: {}", e.what());
     }
     return bad_request("", where, "invalid_json");
   }
