@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Fuzzes kallpa's parsers of untrusted input with libFuzzer: the GGUF loader (through the engine's
-# load and a short generation), the OpenAI request parser, the tokenizer (round trips) and the
-# attention problem spec. Builds build-fuzz/ with clang (ASan + UBSan + coverage; installs clang
-# and libFuzzer from Debian when missing), then runs each target for a while, starting from its
-# saved corpus in tests/fuzz/corpus/<target>.
+# Fuzzes with libFuzzer what takes untrusted input or keeps state (tests/fuzz/*_fuzz.cpp): gguf
+# (the loader, through the engine's load and a short generation), request (OpenAI bodies),
+# tokenizer (round trips, chat templates), problem_spec, attention (tampered problems, every CPU
+# backend against reference), kv_cache (the paged cache and its prefix cache against a model) and
+# scheduler (batched texts equal each request alone). Builds build-fuzz/ with clang (ASan + UBSan
+# + coverage; installs clang and libFuzzer from Debian when missing), then runs each target for a
+# while, starting from its saved corpus in tests/fuzz/corpus/<target>.
 #
 #   bash scripts/fuzz.sh                      # every target, 120 s each
 #   bash scripts/fuzz.sh --seconds 600 gguf   # one target, longer
