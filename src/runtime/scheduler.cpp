@@ -164,16 +164,19 @@ void Scheduler::finish(Active& a, std::string reason, Status status) {
 void Scheduler::admit() {
   // Cancelled requests leave the queue wherever they are, so they never hold a place in it. They
   // are counted out before their on_done, as finish() does, so that whoever it wakes sees them gone.
+  // (Rebuilt only when one is cancelled: this runs every step.)
   std::vector<std::unique_ptr<Pending>> cancelled;
-  std::deque<std::unique_ptr<Pending>> kept;
-  for (auto& p : queue_) {
-    if (p->handle->cancelled()) {
-      cancelled.push_back(std::move(p));
-    } else {
-      kept.push_back(std::move(p));
+  if (std::any_of(queue_.begin(), queue_.end(), [](const auto& p) { return p->handle->cancelled(); })) {
+    std::deque<std::unique_ptr<Pending>> kept;
+    for (auto& p : queue_) {
+      if (p->handle->cancelled()) {
+        cancelled.push_back(std::move(p));
+      } else {
+        kept.push_back(std::move(p));
+      }
     }
+    queue_ = std::move(kept);
   }
-  queue_ = std::move(kept);
   n_queued_.store(static_cast<std::int64_t>(queue_.size()));
   for (const auto& p : cancelled) {
     Completion c;

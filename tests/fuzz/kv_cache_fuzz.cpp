@@ -23,16 +23,15 @@ constexpr std::int32_t kHeadKv = 1, kHeadDim = 2, kRow = kHeadKv * kHeadDim;
 float key_value(std::int32_t token, std::int64_t pos, int e) { return float((token * 31 + pos * 7 + e) % 2048); }
 float value_value(std::int32_t token, std::int64_t pos, int e) { return float((token * 17 + pos * 3 + 5 * e) % 2048); }
 
-struct Model {
-  std::map<SeqId, std::vector<std::int32_t>> tokens;  // per live sequence: the token at each written position
-};
+// Per live sequence: the token at each written position.
+using Model = std::map<SeqId, std::vector<std::int32_t>>;
 
 void check_contents(const KvCache& cache, const Model& model) {
   const std::int64_t page = cache.options().page_size;
   const auto k = cache.k_view(0), v = cache.v_view(0);
   const auto* kd = static_cast<const float*>(k.data);
   const auto* vd = static_cast<const float*>(v.data);
-  for (const auto& [seq, toks] : model.tokens) {
+  for (const auto& [seq, toks] : model) {
     FUZZ_CHECK(cache.has(seq), "a live sequence is gone");
     const auto blocks = cache.blocks(seq);
     FUZZ_CHECK(cache.capacity(seq) == static_cast<std::int64_t>(blocks.size()) * page, "capacity != blocks * page");
@@ -87,9 +86,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   KvCache& cache = **created;
   Model model;
   auto pick = [&](std::uint8_t b) -> SeqId {  // a live sequence, or -1
-    if (model.tokens.empty()) return -1;
-    auto it = model.tokens.begin();
-    std::advance(it, b % model.tokens.size());
+    if (model.empty()) return -1;
+    auto it = model.begin();
+    std::advance(it, b % model.size());
     return it->first;
   };
   for (int step = 0; step < 64 && !in.empty(); ++step) {
@@ -97,11 +96,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const SeqId seq = pick(in.next());
     switch (op) {
       case 0:  // a new sequence
-        if (model.tokens.size() < 6) model.tokens[cache.add_sequence()];
+        if (model.size() < 6) model[cache.add_sequence()];
         break;
       case 1: {  // extend: reserve, then write the new positions
         if (seq < 0) break;
-        auto& toks = model.tokens[seq];
+        auto& toks = model[seq];
         const auto more = token_run(in);
         const std::int64_t before_cap = cache.capacity(seq), before_free = cache.free_blocks();
         const auto want = static_cast<std::int64_t>(toks.size() + more.size());
@@ -118,11 +117,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         break;
       }
       case 2:  // publish every full block written so far
-        if (seq >= 0) cache.publish(seq, model.tokens[seq]);
+        if (seq >= 0) cache.publish(seq, model[seq]);
         break;
       case 3: {  // truncate
         if (seq < 0) break;
-        auto& toks = model.tokens[seq];
+        auto& toks = model[seq];
         const std::int64_t want = in.next() % 32;
         const std::int64_t kept = cache.truncate(seq, want);
         const std::int64_t expect = std::min<std::int64_t>(want, static_cast<std::int64_t>(toks.size()));
@@ -135,10 +134,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (seq < 0) break;
         cache.remove(seq);
         FUZZ_CHECK(!cache.has(seq), "a removed sequence is still there");
-        model.tokens.erase(seq);
+        model.erase(seq);
         break;
       default: {  // a new sequence that reuses a published prefix of its prompt
-        if (model.tokens.size() >= 6) break;
+        if (model.size() >= 6) break;
         const SeqId fresh = cache.add_sequence();
         const auto prompt = token_run(in);
         const std::int64_t held = cache.attach_prefix(fresh, prompt);
@@ -146,13 +145,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         FUZZ_CHECK(held == 0 || held < static_cast<std::int64_t>(prompt.size()),
                    "attach_prefix left no token to compute");
         FUZZ_CHECK(cache.capacity(fresh) == held, "attach_prefix capacity != positions held");
-        model.tokens[fresh].assign(prompt.begin(), prompt.begin() + held);
+        model[fresh].assign(prompt.begin(), prompt.begin() + held);
         break;
       }
     }
     check_contents(cache, model);
   }
-  for (const auto& [seq, toks] : model.tokens) cache.remove(seq);
+  for (const auto& [seq, toks] : model) cache.remove(seq);
   FUZZ_CHECK(cache.used_blocks() == 0, "blocks still used after every sequence is removed");
   return 0;
 }
