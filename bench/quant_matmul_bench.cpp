@@ -1,8 +1,8 @@
 // kallpa::model::matmul on SmolLM2-135M's matrix shapes (rows x cols = outputs x inputs: Q4_1
 // 576x576 q/o, 192x576 k/v, 1536x576 gate/up, 576x1536 down; Q8_0 49152x576 output head), exact f32
 // activations (the default) vs Q8- and Q16-quantised activations (act 0/1/2), batch 1 (decode), 16
-// (a server's batch of decode streams) and 512 (prefill), kernel versions side by side. threads:0 uses the whole pool, threads:1 one thread (the kernels
-// without scheduling). Counters: GFLOP/s (2 * rows * cols * batch per call) and weight GB/s
+// (a server's batch of decode streams) and 512 (prefill), kernel versions side by side. threads:0
+// uses the whole pool, threads:1 one thread (the kernels without scheduling). Counters: GFLOP/s (2 * rows * cols * batch per call) and weight GB/s
 // (quantised bytes read per call). The head (30 MB) does not fit in the caches; the Q4_1 shapes do.
 //
 //   build/bench/quant_matmul_bench --benchmark_filter='b:1/'
@@ -14,6 +14,8 @@
 //   2: the same kernels on weights repacked at load (WeightLayout::rows4, model/repack.h): 4 rows'
 //      blocks interleaved, their scales side by side (one f16->f32 convert per 4-row tile and block,
 //      aligned 16-byte quant loads). Bit-identical results.
+// avx2:1 caps the kernels at AVX2, beside the default (the widest ISA): batched Q16 products have
+// an AVX-512 VNNI kernel (16 weight rows per vector), bit-identical too.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -34,6 +36,7 @@ void BM_QuantMatmul(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(4));
   const int version = static_cast<int>(state.range(5));
   const GgmlType t = state.range(6) == 0 ? GgmlType::q4_1 : GgmlType::q8_0;
+  const bool avx2_only = state.range(7) == 1;
   const auto wf = synthetic_values(1, static_cast<std::size_t>(rows * cols), 0.05f);
   std::vector<std::byte> w(static_cast<std::size_t>(row_size(t, cols) * static_cast<std::uint64_t>(rows)));
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -58,6 +61,7 @@ void BM_QuantMatmul(benchmark::State& state) {
   MatmulOptions o;
   o.max_threads = threads;
   o.activations = act;
+  if (avx2_only) o.max_isa = MatmulOptions::Isa::avx2;
   for (auto _ : state) {
     if (!matmul(wm, x.data(), batch, cols, y.data(), rows, o)) {
       state.SkipWithError("matmul failed");
@@ -72,19 +76,24 @@ void BM_QuantMatmul(benchmark::State& state) {
   state.counters["wGB/s"] = benchmark::Counter(static_cast<double>(w.size()) * iters, benchmark::Counter::kIsRate,
                                                benchmark::Counter::kIs1000);
   const char* act_name = act == MatmulOptions::Activations::q8 ? " q8" : act == MatmulOptions::Activations::q16 ? " q16" : " f32";
-  state.SetLabel(std::string(ggml_type_name(t)) + act_name + " v" + std::to_string(version));
+  state.SetLabel(std::string(ggml_type_name(t)) + act_name + " v" + std::to_string(version) +
+                 (avx2_only ? " avx2" : std::string(" ") + std::string(quant_kernel_isa())));
 }
 
 void shapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"rows", "cols", "b", "act", "threads", "v", "q8_0"});
+  b->ArgNames({"rows", "cols", "b", "act", "threads", "v", "q8_0", "avx2"});
   const std::tuple<std::int64_t, std::int64_t, std::int64_t> kShapes[] = {
       {576, 576, 0}, {192, 576, 0}, {1536, 576, 0}, {576, 1536, 0}, {49152, 576, 1}};
   for (std::int64_t threads : {0, 1}) {  // 0: the whole pool; 1: the kernels alone, no scheduling
     for (std::int64_t batch : {1, 16, 512}) {
       for (const auto& [rows, cols, head] : kShapes) {
-        if (head != 0 && batch != 1) continue;  // the head runs on one row per sequence
+        if (head != 0 && batch == 512) continue;  // the head runs on one row per sequence
         for (std::int64_t act : {0, 1, 2}) {
-          for (std::int64_t v : {1, 2}) b->Args({rows, cols, batch, act, threads, v, head});
+          for (std::int64_t v : {1, 2}) {
+            b->Args({rows, cols, batch, act, threads, v, head, 0});
+            // Batched Q16 decode: the AVX-512 VNNI kernel (where the machine has it) beside AVX2.
+            if (act == 2 && batch == 16) b->Args({rows, cols, batch, act, threads, v, head, 1});
+          }
         }
       }
     }

@@ -217,12 +217,47 @@ TEST(QuantKernels, Q16ActivationsAvx2MatchesScalarBitwise) {
           Problem p = make_problem(t, rows, cols, batch, static_cast<std::uint64_t>(rows * 100 + batch + cols));
           std::vector<float> ys(static_cast<std::size_t>(rows * batch)), yv(ys.size());
           MatmulOptions scalar, simd;
-          scalar.force_scalar = true;
+          scalar.max_isa = MatmulOptions::Isa::scalar;
           scalar.activations = simd.activations = MatmulOptions::Activations::q16;
           ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, ys.data(), rows, scalar).is_ok());
           ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, yv.data(), rows, simd).is_ok());
           ASSERT_EQ(std::memcmp(ys.data(), yv.data(), ys.size() * sizeof(float)), 0)
               << ggml_type_name(t) << " rows " << rows << " cols " << cols << " batch " << batch;
+        }
+      }
+    }
+  }
+}
+
+// Q16 activations, batched: the AVX-512 VNNI kernel (16 weight rows per vector; rows past the last
+// group of 16 and single activation rows go to AVX2) gives the scalar reference's bits, in both
+// weight layouts, on groups that start anywhere a task may start them.
+TEST(QuantKernels, Q16ActivationsAvx512MatchesScalarBitwise) {
+  if (!kernels::avx512_vnni_available()) GTEST_SKIP() << "no AVX-512 VNNI on this machine";
+  ASSERT_EQ(quant_kernel_isa(), "avx512-vnni");
+  for (GgmlType t : {GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1}) {
+    for (std::int64_t cols : {32, 96, 576}) {
+      for (std::int64_t rows : {16, 20, 32, 52, 100}) {
+        for (std::int64_t batch : {1, 2, 3, 4, 5, 7, 9, 16, 70}) {
+          Problem p = make_problem(t, rows, cols, batch, static_cast<std::uint64_t>(rows * 31 + batch + cols));
+          std::vector<std::byte> packed(p.w.size());
+          auto r4 = repack_rows4(p.wm, packed.data());
+          ASSERT_TRUE(r4.is_ok());
+          for (const WeightMatrix& wm : {p.wm, *r4}) {
+            std::vector<float> ys(static_cast<std::size_t>(rows * batch)), yv(ys.size()), y2(ys.size());
+            MatmulOptions scalar, avx2, best;
+            scalar.max_isa = MatmulOptions::Isa::scalar;
+            avx2.max_isa = MatmulOptions::Isa::avx2;
+            scalar.activations = avx2.activations = best.activations = MatmulOptions::Activations::q16;
+            ASSERT_TRUE(matmul(wm, p.x.data(), batch, cols, ys.data(), rows, scalar).is_ok());
+            ASSERT_TRUE(matmul(wm, p.x.data(), batch, cols, yv.data(), rows, best).is_ok());
+            ASSERT_TRUE(matmul(wm, p.x.data(), batch, cols, y2.data(), rows, avx2).is_ok());
+            const std::string where = std::string(ggml_type_name(t)) + " rows " + std::to_string(rows) + " cols " +
+                                      std::to_string(cols) + " batch " + std::to_string(batch) +
+                                      (wm.layout == WeightLayout::rows4 ? " rows4" : " rows");
+            ASSERT_EQ(std::memcmp(ys.data(), yv.data(), ys.size() * sizeof(float)), 0) << "avx512 vs scalar, " << where;
+            ASSERT_EQ(std::memcmp(ys.data(), y2.data(), ys.size() * sizeof(float)), 0) << "avx2 vs scalar, " << where;
+          }
         }
       }
     }
@@ -238,7 +273,7 @@ TEST(QuantKernels, Avx2MatchesScalar) {
           Problem p = make_problem(t, rows, cols, batch, static_cast<std::uint64_t>(rows * 100 + batch));
           std::vector<float> ys(static_cast<std::size_t>(rows * batch)), yv(ys.size());
           MatmulOptions scalar, simd;
-          scalar.force_scalar = true;
+          scalar.max_isa = MatmulOptions::Isa::scalar;
           scalar.activations = simd.activations = MatmulOptions::Activations::q8;
           ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, ys.data(), rows, scalar).is_ok());
           ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, yv.data(), rows, simd).is_ok());
@@ -265,7 +300,7 @@ TEST(QuantKernels, MatmulMatchesExactProduct) {
       Problem p = make_problem(t, rows, cols, batch, 99);
       std::vector<float> y(static_cast<std::size_t>(rows * batch));
       MatmulOptions o;
-      o.force_scalar = force_scalar;
+      o.max_isa = force_scalar ? MatmulOptions::Isa::scalar : MatmulOptions::Isa::best;
       o.activations = act;
       ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, y.data(), rows, o).is_ok());
       std::vector<float> wrow(static_cast<std::size_t>(cols));
@@ -338,7 +373,7 @@ TEST(QuantKernels, ExactActivationsAreBitwiseReproducible) {
         const std::size_t n = static_cast<std::size_t>(rows * batch);
         std::vector<float> ref(n), two(n), one(n);
         MatmulOptions scalar;
-        scalar.force_scalar = true;
+        scalar.max_isa = MatmulOptions::Isa::scalar;
         ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, ref.data(), rows, scalar).is_ok());
         MatmulOptions o2;
         o2.max_threads = 2;
@@ -419,7 +454,7 @@ TEST(QuantKernels, RepackedRows4IsBitwiseIdentical) {
             for (std::int64_t batch : {1, 2, 3, 9}) {
               MatmulOptions o;
               o.activations = act;
-              o.force_scalar = force_scalar;
+              o.max_isa = force_scalar ? MatmulOptions::Isa::scalar : MatmulOptions::Isa::best;
               const std::size_t n = static_cast<std::size_t>(rows * batch);
               std::vector<float> ya(n), yb(n);
               ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, ya.data(), rows, o).is_ok());
@@ -472,7 +507,7 @@ TEST(QuantKernels, MatmulRejectsBadArguments) {
   bad.row_bytes = 41;
   EXPECT_EQ(matmul(bad, p.x.data(), 1, 64, y.data(), 4).code(), ErrorCode::invalid_argument);
   EXPECT_TRUE(matmul(p.wm, p.x.data(), 0, 64, y.data(), 4).is_ok());
-  EXPECT_TRUE(quant_kernel_isa() == "avx2" || quant_kernel_isa() == "scalar");
+  EXPECT_TRUE(quant_kernel_isa() == "avx512-vnni" || quant_kernel_isa() == "avx2" || quant_kernel_isa() == "scalar");
   EXPECT_EQ(dequantize_rows(p.wm, 3, 2, y.data()).code(), ErrorCode::invalid_argument);
 }
 

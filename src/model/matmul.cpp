@@ -20,17 +20,39 @@ namespace {
 
 constexpr std::int64_t kBatchChunk = 64;
 
-bool use_avx2(const MatmulOptions& o) noexcept {
-  static const bool env_scalar = [] {
-    const char* e = std::getenv("KALLPA_QUANT_ISA");
-    return e != nullptr && std::string_view(e) == "scalar";
+enum class KernelIsa { scalar, avx2, avx512 };
+
+// The widest ISA this machine has, capped by KALLPA_QUANT_ISA and the options.
+KernelIsa kernel_isa(const MatmulOptions& o) noexcept {
+  static const KernelIsa machine = [] {
+    KernelIsa isa = kernels::avx512_vnni_available() ? KernelIsa::avx512
+                    : kernels::avx2_available()      ? KernelIsa::avx2
+                                                     : KernelIsa::scalar;
+    if (const char* e = std::getenv("KALLPA_QUANT_ISA"); e != nullptr) {
+      const std::string_view cap(e);
+      if (cap == "scalar") isa = KernelIsa::scalar;
+      if (cap == "avx2") isa = std::min(isa, KernelIsa::avx2);
+    }
+    return isa;
   }();
-  return !o.force_scalar && !env_scalar && kernels::avx2_available();
+  switch (o.max_isa) {
+    case MatmulOptions::Isa::scalar: return KernelIsa::scalar;
+    case MatmulOptions::Isa::avx2: return std::min(machine, KernelIsa::avx2);
+    case MatmulOptions::Isa::best: break;
+  }
+  return machine;
 }
 
 }  // namespace
 
-std::string_view quant_kernel_isa() noexcept { return use_avx2({}) ? "avx2" : "scalar"; }
+std::string_view quant_kernel_isa() noexcept {
+  switch (kernel_isa({})) {
+    case KernelIsa::avx512: return "avx512-vnni";
+    case KernelIsa::avx2: return "avx2";
+    case KernelIsa::scalar: break;
+  }
+  return "scalar";
+}
 
 namespace {
 
@@ -82,7 +104,8 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
     any_quant = any_quant || kernels::is_quantized(j.w->type);
   }
   if (batch == 0) return {};
-  const bool avx2 = use_avx2(options);
+  const KernelIsa isa = kernel_isa(options);
+  const bool avx2 = isa != KernelIsa::scalar;
   const bool q8 = any_quant && options.activations == MatmulOptions::Activations::q8;
   const bool q16 = any_quant && options.activations == MatmulOptions::Activations::q16;
   auto& pool = parallel::ThreadPool::global();
@@ -91,16 +114,21 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
   // calls per token); the workers read the caller's.
   thread_local std::vector<BlockQ8x> xq8;
   thread_local std::vector<BlockQ16x> xq16;
+  thread_local std::vector<std::int32_t> xq16_pairs;  // the AVX-512 kernel's view of xq16
   const std::int64_t nb = k / kQK;
+  const bool pairs = q16 && isa == KernelIsa::avx512 && batch >= kernels::kQ16Avx512MinBatch;
   if (q8) xq8.resize(static_cast<std::size_t>(batch * nb));
   if (q16) xq16.resize(static_cast<std::size_t>(batch * nb));
+  if (pairs) xq16_pairs.resize(static_cast<std::size_t>(batch * nb * 16));
   BlockQ8x* const q8_data = xq8.data();
   BlockQ16x* const q16_data = xq16.data();
+  std::int32_t* const pairs_data = pairs ? xq16_pairs.data() : nullptr;
   if (q8 || q16) {
     auto quantize = [&](std::int64_t b, int) {
       if (q16) {
         if (avx2) {
           kernels::quantize_row_q16x_avx2(x + b * ldx, q16_data + b * nb, k);
+          if (pairs) kernels::pair_q16_activations_avx512(q16_data + b * nb, nb, pairs_data + b * nb * 16);
         } else {
           kernels::quantize_row_q16x_scalar(x + b * ldx, q16_data + b * nb, k);
         }
@@ -146,7 +174,10 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
     const bool quant = kernels::is_quantized(w.type);
     if (quant && q16) {
       const BlockQ16x* xt = q16_data + b0 * nb;
-      if (avx2) {
+      if (isa == KernelIsa::avx512) {
+        const std::int32_t* pt = pairs ? pairs_data + b0 * nb * 16 : nullptr;
+        kernels::gemm_q16_avx512(w.type, w.layout, wr, w.row_bytes, nr, xt, pt, nbt, k, yt, ldy);
+      } else if (avx2) {
         kernels::gemm_q16_avx2(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
       } else {
         kernels::gemm_q16_scalar(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);

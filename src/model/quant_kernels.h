@@ -1,5 +1,6 @@
 // Kernels behind kallpa::model::matmul / dequantize_row, each in a plain scalar reference and an
-// AVX2 (+FMA, F16C) version selected at run time. Tests compare the two.
+// AVX2 (+FMA, F16C) version selected at run time, and for batched Q16 products an AVX-512 VNNI one
+// above that. Tests compare them.
 //
 // Tile kernels compute y[x * ldy + r] = sum_k W[r][k] * X[x][k] for r < nw weight rows and x < nx
 // activation rows. Quantised weights (Q8_0/Q4_0/Q4_1) come in either layout of WeightLayout (w
@@ -105,5 +106,18 @@ void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::
                  const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 void gemm_qf_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                   const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
+
+// --- AVX-512 (F, BW, VL, VNNI, VBMI) (quant_dot_avx512.cpp); only call when avx512_vnni_available() ---
+// gemm_q16 for batches of activation rows: 16 weight rows per vector (vpdpwssd), bit for bit the
+// AVX2 and scalar results. x_pairs holds each activation row's blocks as pair_q16_activations_avx512
+// gives them (16 int32 per block), next to xq. Batches below kQ16Avx512MinBatch rows (or without
+// x_pairs), and rows past the last whole group of 16, go to gemm_q16_avx2.
+bool avx512_vnni_available() noexcept;
+constexpr std::int64_t kQ16Avx512MinBatch = 2;
+// out[16 b + j] = qs[j] | qs[j + 16] << 16 of block b (the element pairs that share a Q4 byte).
+void pair_q16_activations_avx512(const BlockQ16x* xq, std::int64_t nb, std::int32_t* out);
+void gemm_q16_avx512(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                     const BlockQ16x* xq, const std::int32_t* x_pairs, std::int64_t nx, std::int64_t k, float* y,
+                     std::int64_t ldy);
 
 }  // namespace kallpa::model::kernels

@@ -82,8 +82,12 @@ struct MatmulOptions {
     q8,   // activations quantised to Q8 blocks, integer dot products (llama.cpp style)
     q16,  // activations quantised to 16-bit blocks, integer dot products (decode rows; see above)
   };
-  int max_threads = 0;        // 0: all of the pool's threads
-  bool force_scalar = false;  // use the scalar reference kernels (tests, debugging)
+  // The widest instruction set the kernels may use (tests and benchmarks compare them; the env
+  // KALLPA_QUANT_ISA=scalar|avx2 caps it for a whole process). With f32 and q16 activations every
+  // ISA gives the same bits; q8's scalar reference rounds in another order (agrees within 1e-5).
+  enum class Isa { best, avx2, scalar };
+  int max_threads = 0;  // 0: all of the pool's threads
+  Isa max_isa = Isa::best;
   Activations activations = Activations::f32;  // ignored for F32/F16/BF16 weights
 };
 
@@ -103,7 +107,8 @@ struct MatmulJob {
 Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_t batch, std::int64_t ldx,
                     const MatmulOptions& options = {});
 
-// The SIMD path the kernels use on this machine: "avx2" or "scalar".
+// The widest SIMD path the kernels use on this machine: "avx512-vnni" (batched Q16 products; the
+// rest AVX2), "avx2" or "scalar".
 std::string_view quant_kernel_isa() noexcept;
 
 }  // namespace kallpa::model
