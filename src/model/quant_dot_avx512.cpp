@@ -396,6 +396,14 @@ void gemm_q16_avx512(GgmlType type, WeightLayout layout, const std::byte* w, std
 #else  // not x86
 
 bool avx512_vnni_available() noexcept { return false; }
+void pair_q16_activations_avx512(const BlockQ16x* xq, std::int64_t nb, std::int32_t* out) {
+  for (std::int64_t b = 0; b < nb; ++b) {
+    for (int j = 0; j < 16; ++j) {
+      out[16 * b + j] = static_cast<std::int32_t>(static_cast<std::uint16_t>(xq[b].qs[j]) |
+                                                  static_cast<std::uint32_t>(static_cast<std::uint16_t>(xq[b].qs[j + 16])) << 16);
+    }
+  }
+}
 void gemm_q16_avx512(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                      const BlockQ16x* xq, const std::int32_t* x_pairs, std::int64_t nx, std::int64_t k, float* y,
                      std::int64_t ldy) {
