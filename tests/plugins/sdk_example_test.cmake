@@ -4,7 +4,7 @@
 #     (kallpa::plugin_abi) and a C++ host program (kallpa::attention) that runs it;
 #  3. check pkg-config's answer for the same prefix;
 #  4. load the plugin into kallpa and hold it to the quick conformance suite.
-# Inputs: KALLPA_BUILD_DIR, KALLPA_SOURCE_DIR, KALLPA_CLI, WORK_DIR.
+# Inputs: KALLPA_BUILD_DIR, KALLPA_SOURCE_DIR, KALLPA_CLI, WORK_DIR, SANITIZER_FLAGS (may be empty).
 cmake_minimum_required(VERSION 3.16)
 
 function(run what)
@@ -38,8 +38,14 @@ if(EXISTS ${prefix}/include/kallpa/runtime)
 endif()
 
 # A clean environment: nothing of kallpa's build tree is visible, only the install.
+set(sanitize_args "")
+if(SANITIZER_FLAGS)  # kallpa was built with a sanitizer: so is the program that links it
+  foreach(v CMAKE_C_FLAGS CMAKE_CXX_FLAGS CMAKE_EXE_LINKER_FLAGS CMAKE_SHARED_LINKER_FLAGS)
+    list(APPEND sanitize_args "-D${v}=${SANITIZER_FLAGS}")
+  endforeach()
+endif()
 run("configure the example" ${CMAKE_COMMAND} -S ${KALLPA_SOURCE_DIR}/examples/plugin-naive -B ${WORK_DIR}/build
-    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release -DKALLPA_EXAMPLE_HOST=ON)
+    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release -DKALLPA_EXAMPLE_HOST=ON ${sanitize_args})
 run("build the example" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 set(plugin ${WORK_DIR}/build/libkallpa_plugin_naive.so)
 if(NOT EXISTS ${plugin})
