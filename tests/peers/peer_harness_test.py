@@ -10,7 +10,6 @@ import argparse
 import importlib.util
 import json
 import math
-import os
 import stat
 import subprocess
 import sys
@@ -176,6 +175,17 @@ class WholeRuns(unittest.TestCase):
         self.assertAlmostEqual(batched[2]["ratio"], batched[2]["kallpa"] / 10.0)
         self.assertAlmostEqual(batched[2]["peer_scaling"], 2.0)
         self.assertAlmostEqual(batched[2]["kallpa_scaling"], batched[2]["kallpa"] / batched[1]["kallpa"])
+
+    def test_cases_without_counterparts_are_listed_not_timed(self):
+        quantised = GQA_DECODE.replace("type_K=f16,type_V=f16", "type_K=q4_0,type_V=q4_0")
+        tbo = write_program(self.dir, "test-backend-ops", f"""
+            print("  FLASH_ATTN_EXT({quantised}):   100 runs -   250.00 us/run - 1 MFLOP/run - 4 GFLOPS")
+        """)
+        res = self.harness("--test-backend-ops", tbo, "--rounds", "2")
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertIn("no case that test-backend-ops timed has a counterpart", res.stdout)
+        self.assertIn("left out: " + quantised + ": K/V types q4_0/q4_0", res.stdout)
+        self.assertNotIn("bench attention", res.stderr)  # kallpa was not run
 
     def test_a_failing_peer_is_named_and_fails_the_run(self):
         tbo = write_program(self.dir, "test-backend-ops", """
