@@ -302,21 +302,23 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="See the file's header for how cases map and what is compared.")
-    ap.add_argument("--kallpa", default=str(ROOT / "build/tools/kallpa/kallpa"))
-    ap.add_argument("--model", default=str(ROOT / "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--llama-bench")
-    ap.add_argument("--llama-batched-bench")
-    ap.add_argument("--test-backend-ops")
+    ap.add_argument("--kallpa", default=str(ROOT / "build/tools/kallpa/kallpa"), help="the kallpa binary")
+    ap.add_argument("--model", default=str(ROOT / "models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+                    help="GGUF file both programs load (model and batched)")
+    ap.add_argument("--llama-bench", help="llama.cpp's llama-bench: compare the model")
+    ap.add_argument("--llama-batched-bench", help="llama.cpp's llama-batched-bench: compare batched generation")
+    ap.add_argument("--test-backend-ops", help="llama.cpp's test-backend-ops: compare CPU flash attention")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="model and batched runs (both programs)")
     ap.add_argument("--fa-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                     help="kallpa's attention threads: test-backend-ops's CPU backend uses half the hardware threads")
     ap.add_argument("--rounds", type=int, default=3, help="alternations of the two programs (default 3)")
-    ap.add_argument("-p", "--prompt", type=int, default=512)
-    ap.add_argument("-n", "--gen", type=int, default=128)
+    ap.add_argument("-p", "--prompt", type=int, default=512, help="prompt tokens of the model test (default 512)")
+    ap.add_argument("-n", "--gen", type=int, default=128, help="generated tokens of the model test (default 128)")
     ap.add_argument("-d", "--depth", type=int, action="append", help="context depth(s) (default 0)")
-    ap.add_argument("-B", "--batch", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16])
-    ap.add_argument("--batch-prompt", type=int, default=16)
-    ap.add_argument("--batch-gen", type=int, default=128)
+    ap.add_argument("-B", "--batch", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16],
+                    help="sequences decoding together, comma-separated (default 1,4,16)")
+    ap.add_argument("--batch-prompt", type=int, default=16, help="prompt tokens per sequence (default 16)")
+    ap.add_argument("--batch-gen", type=int, default=128, help="generated tokens per sequence (default 128)")
     ap.add_argument("--backend", default="cpu-flash", help="kallpa attention backend for the attention cases")
     ap.add_argument("--fa-cases", choices=["decode", "all"], default="decode",
                     help="which of test-backend-ops's expressible cases to run (default decode; all adds its "
