@@ -187,7 +187,8 @@ def summarise(ours: list[float], theirs: list[float]) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Running them.
 
-def run(cmd: list[str], what: str, timeout: float) -> str:
+def run(cmd: list[str], what: str, timeout: float, parse):
+    """parse(stdout) of cmd; a failed run, or output parse cannot read, is a PeerError naming `what`."""
     print("  $ " + " ".join(cmd), file=sys.stderr, flush=True)
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -198,21 +199,24 @@ def run(cmd: list[str], what: str, timeout: float) -> str:
     if res.returncode != 0:
         tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
         raise PeerError(f"{what}: exit {res.returncode}: " + " | ".join(tail))
-    return res.stdout
+    try:
+        return parse(res.stdout)
+    except (ValueError, KeyError, TypeError) as e:  # JSON errors are ValueErrors
+        raise PeerError(f"{what}: unreadable output ({type(e).__name__}: {e})") from e
 
 
-def compare_model(a, rounds: int) -> list[dict]:
+def compare_model(a) -> list[dict]:
     depths = [str(d) for d in a.depth]
     ours, theirs = [], []
-    for _ in range(rounds):
+    for _ in range(a.rounds):
         k = [a.kallpa, "bench", "model", "-m", a.model, "--threads", str(a.threads), "-p", str(a.prompt), "-n",
              str(a.gen), "-r", "1", "--json"]
         for d in depths:
             k += ["-d", d]
-        ours.append(parse_kallpa_model(run(k, "kallpa bench model", a.timeout)))
+        ours.append(run(k, "kallpa bench model", a.timeout, parse_kallpa_model))
         lb = [a.llama_bench, "-m", a.model, "-t", str(a.threads), "-p", str(a.prompt), "-n", str(a.gen), "-d",
               ",".join(depths), "-r", "1", "-o", "json"]
-        theirs.append(parse_llama_bench(run(lb, "llama-bench", a.timeout)))
+        theirs.append(run(lb, "llama-bench", a.timeout, parse_llama_bench))
     rows = []
     for key in sorted(set(ours[0]) & set(theirs[0]), key=lambda t: (t[1], t[0])):
         s = summarise([o[key] for o in ours], [t[key] for t in theirs])
@@ -222,20 +226,21 @@ def compare_model(a, rounds: int) -> list[dict]:
     return rows
 
 
-def compare_batched(a, rounds: int) -> list[dict]:
+def compare_batched(a) -> list[dict]:
     sizes = sorted(set(a.batch))
     ctx = (a.batch_prompt + a.batch_gen) * max(sizes) + 64
     ours, theirs = [], []
-    for _ in range(rounds):
+    for _ in range(a.rounds):
         k = [a.kallpa, "bench", "model", "-m", a.model, "--threads", str(a.threads), "-p", str(a.batch_prompt),
              "-n", str(a.batch_gen), "-d", "0", "-B", ",".join(map(str, sizes)), "-r", "1", "--json"]
-        got = parse_kallpa_model(run(k, "kallpa bench model -B", a.timeout))
         name = f"tg{a.batch_gen}"
-        ours.append({b: got[(name if b == 1 else f"{name} x{b}", 0)] for b in sizes})
+        ours.append(run(k, "kallpa bench model -B", a.timeout,
+                        lambda out: {b: parse_kallpa_model(out)[(name if b == 1 else f"{name} x{b}", 0)]
+                                     for b in sizes}))
         bb = [a.llama_batched_bench, "-m", a.model, "-t", str(a.threads), "-c", str(ctx), "-b", "2048", "-ub",
               "512", "-npp", str(a.batch_prompt), "-ntg", str(a.batch_gen), "-npl", ",".join(map(str, sizes)),
               "--output-format", "jsonl"]
-        theirs.append(parse_batched_bench(run(bb, "llama-batched-bench", a.timeout)))
+        theirs.append(run(bb, "llama-batched-bench", a.timeout, parse_batched_bench))
     rows = []
     for b in sizes:
         s = summarise([o[b] for o in ours], [t[b] for t in theirs])
@@ -247,15 +252,15 @@ def compare_batched(a, rounds: int) -> list[dict]:
     return rows
 
 
-def compare_attention(a, rounds: int) -> tuple[list[dict], list[dict]]:
+def compare_attention(a) -> tuple[list[dict], list[dict]]:
     tbo = [a.test_backend_ops, "perf", "-o", "FLASH_ATTN_EXT", "-b", "CPU", "-p",
            a.fa_filter or (FA_DECODE if a.fa_cases == "decode" else "") + FA_EXPRESSIBLE]
     peer_runs = []
     ours = []
     mapped: dict[str, str] = {}
     skipped = []
-    for r in range(rounds):
-        cases = parse_test_backend_ops(run(tbo, "test-backend-ops perf", a.timeout))
+    for r in range(a.rounds):
+        cases = run(tbo, "test-backend-ops perf", a.timeout, parse_test_backend_ops)
         if not cases:
             raise PeerError(f"test-backend-ops timed no FLASH_ATTN_EXT case for the filter {tbo[-1]!r} (is its CPU "
                             "backend built? does its case list, or the order of its parameters, differ?)")
@@ -272,7 +277,7 @@ def compare_attention(a, rounds: int) -> tuple[list[dict], list[dict]]:
         k = [a.kallpa, "bench", "attention", "-b", a.backend, "--threads", str(a.fa_threads), "--json"]
         for spec in dict.fromkeys(mapped.values()):
             k += ["--spec", spec]
-        ours.append(parse_kallpa_attention(run(k, "kallpa bench attention", a.timeout)))
+        ours.append(run(k, "kallpa bench attention", a.timeout, parse_kallpa_attention))
     rows = []
     for case, spec in mapped.items():
         got = [o.get(spec) for o in ours]
@@ -341,19 +346,19 @@ def main(argv: list[str]) -> int:
           f"{a.rounds} alternating rounds (range)")
     try:
         if a.llama_bench:
-            rows = report["model"] = compare_model(a, a.rounds)
+            rows = report["model"] = compare_model(a)
             print_table(f"model: {Path(a.model).name}, {a.threads} threads", ["test", "depth", "kallpa tok/s",
                         "llama.cpp tok/s", "ratio"],
                         [[r["test"], str(r["depth"]), f"{r['kallpa']:.1f}", f"{r['peer']:.1f}", ratio_text(r)]
                          for r in rows])
         if a.llama_batched_bench:
-            rows = report["batched"] = compare_batched(a, a.rounds)
+            rows = report["batched"] = compare_batched(a)
             print_table(f"batched generation: prompt {a.batch_prompt}, {a.batch_gen} tokens each, {a.threads} threads",
                         ["sequences", "kallpa tok/s", "llama.cpp tok/s", "ratio", "kallpa scaling", "llama.cpp scaling"],
                         [[str(r["sequences"]), f"{r['kallpa']:.1f}", f"{r['peer']:.1f}", ratio_text(r),
                           f"{r['kallpa_scaling']:.2f}x", f"{r['peer_scaling']:.2f}x"] for r in rows])
         if a.test_backend_ops:
-            rows, skipped = compare_attention(a, a.rounds)
+            rows, skipped = compare_attention(a)
             report["attention"] = {"rows": rows, "skipped": skipped}
             if rows:
                 print_table(f"attention: test-backend-ops FLASH_ATTN_EXT (CPU) vs kallpa {a.backend}, "

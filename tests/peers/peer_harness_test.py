@@ -187,6 +187,18 @@ class WholeRuns(unittest.TestCase):
         self.assertIn("left out: " + quantised + ": K/V types q4_0/q4_0", res.stdout)
         self.assertNotIn("bench attention", res.stderr)  # kallpa was not run
 
+    def test_output_a_reader_cannot_take_is_named_and_fails_the_run(self):
+        if not Path(ARGS.model).is_file():
+            self.skipTest(f"no model at {ARGS.model}")
+        bb = write_program(self.dir, "llama-batched-bench", """
+            print(json.dumps({"pl": 1, "speed": 3.0}))
+        """)
+        res = self.harness("--model", ARGS.model, "--llama-batched-bench", bb, "--rounds", "1", "-B", "1",
+                           "--batch-prompt", "4", "--batch-gen", "2")
+        self.assertEqual(res.returncode, 1)
+        self.assertIn("llama-batched-bench: unreadable output (KeyError: 'speed_tg')", res.stderr)
+        self.assertNotIn("Traceback", res.stderr)
+
     def test_a_failing_peer_is_named_and_fails_the_run(self):
         tbo = write_program(self.dir, "test-backend-ops", """
             print("ggml_backend_load_best: no CPU backend", file=sys.stderr)
