@@ -206,23 +206,42 @@ Problem make_problem(GgmlType t, std::int64_t rows, std::int64_t cols, std::int6
   return p;
 }
 
-// Q16 activations: the AVX2 kernels (one-row tiles of 1..4 weight rows, batched tiles of 1..4
-// activation rows against widened 4-row groups) and the scalar reference agree bit for bit.
+// Q16 activations: the AVX2 kernels (one-row tiles of 1..4 weight rows; for batches, version 1's
+// tiles of 1..4 activation rows against widened 4-row groups, version 2's rows-as-lanes tiles on
+// 16- and 8-row groups with padded and single-row tails) and the scalar reference agree bit for
+// bit, in both weight layouts.
 TEST(QuantKernels, Q16ActivationsAvx2MatchesScalarBitwise) {
   if (!kernels::avx2_available()) GTEST_SKIP() << "no AVX2 on this machine: only the scalar kernels run";
   for (GgmlType t : {GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1}) {
     for (std::int64_t cols : {32, 96, 576}) {
-      for (std::int64_t rows : {1, 2, 3, 5, 8, 9}) {
-        for (std::int64_t batch : {1, 2, 3, 4, 5, 7, 9, 16}) {
+      for (std::int64_t rows : {1, 2, 3, 5, 8, 9, 16, 20, 24, 28, 40}) {
+        for (std::int64_t batch : {1, 2, 3, 4, 5, 6, 7, 9, 16, 17}) {
           Problem p = make_problem(t, rows, cols, batch, static_cast<std::uint64_t>(rows * 100 + batch + cols));
-          std::vector<float> ys(static_cast<std::size_t>(rows * batch)), yv(ys.size());
-          MatmulOptions scalar, simd;
-          scalar.max_isa = MatmulOptions::Isa::scalar;
-          scalar.activations = simd.activations = MatmulOptions::Activations::q16;
-          ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, ys.data(), rows, scalar).is_ok());
-          ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, yv.data(), rows, simd).is_ok());
-          ASSERT_EQ(std::memcmp(ys.data(), yv.data(), ys.size() * sizeof(float)), 0)
-              << ggml_type_name(t) << " rows " << rows << " cols " << cols << " batch " << batch;
+          std::vector<std::byte> packed(p.w.size());
+          std::vector<WeightMatrix> layouts{p.wm};
+          if (rows % 4 == 0) {
+            auto r4 = repack_rows4(p.wm, packed.data());
+            ASSERT_TRUE(r4.is_ok());
+            layouts.push_back(*r4);
+          }
+          for (const WeightMatrix& wm : layouts) {
+            std::vector<float> ys(static_cast<std::size_t>(rows * batch));
+            MatmulOptions scalar;
+            scalar.max_isa = MatmulOptions::Isa::scalar;
+            scalar.activations = MatmulOptions::Activations::q16;
+            ASSERT_TRUE(matmul(wm, p.x.data(), batch, cols, ys.data(), rows, scalar).is_ok());
+            for (int version : {0, 1, 2}) {
+              std::vector<float> yv(ys.size());
+              MatmulOptions simd;
+              simd.max_isa = MatmulOptions::Isa::avx2;
+              simd.activations = MatmulOptions::Activations::q16;
+              simd.kernel_version = version;
+              ASSERT_TRUE(matmul(wm, p.x.data(), batch, cols, yv.data(), rows, simd).is_ok());
+              ASSERT_EQ(std::memcmp(ys.data(), yv.data(), ys.size() * sizeof(float)), 0)
+                  << ggml_type_name(t) << " rows " << rows << " cols " << cols << " batch " << batch << " version "
+                  << version << (wm.layout == WeightLayout::rows4 ? " rows4" : " rows");
+            }
+          }
         }
       }
     }

@@ -178,7 +178,7 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
         const std::int32_t* pt = pairs ? pairs_data + b0 * nb * 16 : nullptr;
         kernels::gemm_q16_avx512(w.type, w.layout, wr, w.row_bytes, nr, xt, pt, nbt, k, yt, ldy);
       } else if (avx2) {
-        kernels::gemm_q16_avx2(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
+        kernels::gemm_q16_avx2(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy, options.kernel_version);
       } else {
         kernels::gemm_q16_scalar(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
       }

@@ -385,12 +385,282 @@ void gemm_q16_rows(const std::byte* w, std::size_t row_bytes, std::int64_t r0, c
   }
 }
 
+// --- Batched Q16, rows as lanes (v2 of the batched tile) ---
+//
+// gemm_q16_rows keeps a weight row's 32 products in one register and folds four rows' halves
+// with shuffles, per block and activation row: the fold, convert and multiply cost as much as the
+// products. Here, as in the AVX-512 kernel, the lanes are 8 weight rows: lane r of pair vector p
+// holds row r's elements (2p, 2p + 1) as two int16, and madd against the activation's matching
+// pair (one int32 broadcast from the block, which already stores its quants in that order) adds
+// both products into the row's lane. Pairs with p even are elements j mod 4 in {0, 1} (E), odd p
+// the others (O), so E and O come out per row with no fold, exactly, and the float steps per lane
+// are tile_q16_row's: acc_e = fma(float(E), d_w * d_x, acc_e), acc_o likewise, macc = fma(m_w,
+// s_x, macc) in block order, y = (acc_e + acc_o) + macc.
+constexpr std::int64_t kRows8Vectors = 16;  // pair vectors per block
+
+// 8 rows x 8 words (16-bit) in place: in[r] word j -> in[j] word r.
+inline void transpose_words8x8(__m128i (&m)[8]) {
+  __m128i a[8], b[8];
+  for (int i = 0; i < 4; ++i) {
+    a[2 * i] = _mm_unpacklo_epi16(m[2 * i], m[2 * i + 1]);
+    a[2 * i + 1] = _mm_unpackhi_epi16(m[2 * i], m[2 * i + 1]);
+  }
+  // a[2i]: words 0..3 of rows 2i, 2i+1 interleaved; a[2i+1]: words 4..7.
+  for (int h = 0; h < 2; ++h) {  // h = 0: rows 0..3, h = 1: rows 4..7
+    b[4 * h + 0] = _mm_unpacklo_epi32(a[4 * h + 0], a[4 * h + 2]);  // words 0, 1
+    b[4 * h + 1] = _mm_unpackhi_epi32(a[4 * h + 0], a[4 * h + 2]);  // words 2, 3
+    b[4 * h + 2] = _mm_unpacklo_epi32(a[4 * h + 1], a[4 * h + 3]);  // words 4, 5
+    b[4 * h + 3] = _mm_unpackhi_epi32(a[4 * h + 1], a[4 * h + 3]);  // words 6, 7
+  }
+  for (int q = 0; q < 4; ++q) {
+    m[2 * q] = _mm_unpacklo_epi64(b[q], b[4 + q]);
+    m[2 * q + 1] = _mm_unpackhi_epi64(b[q], b[4 + q]);
+  }
+}
+
+// Rows r0 .. r0+7 at block b as 16 pair vectors (vector p, lane r: row r's elements 2p, 2p + 1),
+// vector p at out[p * stride].
+template <GgmlType T, WeightLayout L>
+inline void widen_rows8(const std::byte* w, std::size_t row_bytes, std::int64_t r0, std::int64_t b, __m256i* out,
+                        int stride) {
+  if constexpr (T == GgmlType::q8_0) {
+    for (int half = 0; half < 2; ++half) {  // quant bytes 0..15 (pairs 0..7), 16..31 (pairs 8..15)
+      __m128i m[8];
+      for (int r = 0; r < 8; ++r) {
+        m[r] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quants<T, L, 8>(w, row_bytes, r0, r, b) + 16 * half));
+      }
+      transpose_words8x8(m);
+      for (int j = 0; j < 8; ++j) _mm256_storeu_si256(out + (8 * half + j) * stride, _mm256_cvtepi8_epi16(m[j]));
+    }
+  } else {
+    // Byte j holds element j (low nibble) and j + 16 (high): word j of a row is pair j in its low
+    // nibbles and pair j + 8 in its high ones.
+    __m128i m[8];
+    for (int r = 0; r < 8; ++r) {
+      m[r] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quants<T, L, 8>(w, row_bytes, r0, r, b)));
+    }
+    transpose_words8x8(m);
+    for (int j = 0; j < 8; ++j) {
+      const __m256i bytes = _mm256_cvtepu8_epi16(m[j]);
+      _mm256_storeu_si256(out + j * stride, _mm256_and_si256(bytes, _mm256_set1_epi16(0x0f)));
+      _mm256_storeu_si256(out + (8 + j) * stride, _mm256_srli_epi16(bytes, 4));
+    }
+  }
+}
+
+// One parity pass of one block of a 16-row widened group (per pair p: rows 0..7, then 8..15)
+// against 4 activation rows: a[g][x] = sum over pairs p = parity, parity + 2, .., 14 + parity of
+// madd(weights[p][g], broadcast pair p of x). In assembly because GCC 12, given this loop in
+// intrinsics, hoists every product ahead of its add and spills them all (or, kept from that,
+// shuffles the sums between registers). One pass at a time holds 8 sums, 2 weight vectors, a
+// broadcast and a product (12 registers), and loads 6 vectors per 8 products.
+inline void parity_pass_16x4(const __m256i* wb, const float* x0, const float* x1, const float* x2, const float* x3,
+                             __m256i (&a)[2][4]) {
+  __m256i w0, w1, bc, t;
+  long count = 8;
+  asm("vpxor %[a00], %[a00], %[a00]\n\t"
+      "vpxor %[a01], %[a01], %[a01]\n\t"
+      "vpxor %[a02], %[a02], %[a02]\n\t"
+      "vpxor %[a03], %[a03], %[a03]\n\t"
+      "vpxor %[a10], %[a10], %[a10]\n\t"
+      "vpxor %[a11], %[a11], %[a11]\n\t"
+      "vpxor %[a12], %[a12], %[a12]\n\t"
+      "vpxor %[a13], %[a13], %[a13]\n\t"
+      "1:\n\t"
+      "vmovdqu (%[w]), %[w0]\n\t"
+      "vmovdqu 32(%[w]), %[w1]\n\t"
+      "vbroadcastss (%[x0]), %[bc]\n\t"
+      "vpmaddwd %[bc], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a00], %[a00]\n\t"
+      "vpmaddwd %[bc], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a10], %[a10]\n\t"
+      "vbroadcastss (%[x1]), %[bc]\n\t"
+      "vpmaddwd %[bc], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a01], %[a01]\n\t"
+      "vpmaddwd %[bc], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a11], %[a11]\n\t"
+      "vbroadcastss (%[x2]), %[bc]\n\t"
+      "vpmaddwd %[bc], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a02], %[a02]\n\t"
+      "vpmaddwd %[bc], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a12], %[a12]\n\t"
+      "vbroadcastss (%[x3]), %[bc]\n\t"
+      "vpmaddwd %[bc], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a03], %[a03]\n\t"
+      "vpmaddwd %[bc], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a13], %[a13]\n\t"
+      "add $128, %[w]\n\t"
+      "add $8, %[x0]\n\t"
+      "add $8, %[x1]\n\t"
+      "add $8, %[x2]\n\t"
+      "add $8, %[x3]\n\t"
+      "dec %[n]\n\t"
+      "jnz 1b"
+      : [a00] "=&x"(a[0][0]), [a01] "=&x"(a[0][1]), [a02] "=&x"(a[0][2]), [a03] "=&x"(a[0][3]),
+        [a10] "=&x"(a[1][0]), [a11] "=&x"(a[1][1]), [a12] "=&x"(a[1][2]), [a13] "=&x"(a[1][3]), [w0] "=&x"(w0),
+        [w1] "=&x"(w1), [bc] "=&x"(bc), [t] "=&x"(t), [w] "+r"(wb), [x0] "+r"(x0), [x1] "+r"(x1), [x2] "+r"(x2),
+        [x3] "+r"(x3), [n] "+r"(count)
+      :
+      : "cc", "memory");
+}
+
+// 4 activation rows (xrow[x]: a row's nb blocks; a tail tile repeats its last row) against a
+// widened 16-row group: y[x * ldy + r] for x < n_out, r < 16. Per block, the even pairs' pass,
+// its sums into acc_e; the odd pairs' pass into acc_o; the constant terms into macc: the float
+// steps of tile_q16_row, lane by lane.
+template <GgmlType T>
+__attribute__((noinline)) void tile_q16_lanes16x4(const __m256i* wide, const float* dw, const float* mw,
+                                                  const BlockQ16x* const (&xrow)[4], std::int64_t nb, float* y,
+                                                  std::int64_t ldy, int n_out) {
+  constexpr bool has_m = T != GgmlType::q8_0;
+  // Touched once per block, the float accumulators stay in memory (the asm at the end of the
+  // block loop), so the passes have the registers.
+  __m256 acc_e[2][4], acc_o[2][4], macc[2][4];
+  for (int g = 0; g < 2; ++g) {
+    for (int x = 0; x < 4; ++x) acc_e[g][x] = acc_o[g][x] = macc[g][x] = _mm256_setzero_ps();
+  }
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const __m256i* wb = wide + b * kRows8Vectors * 2;
+    const float* xp[4];
+    for (int x = 0; x < 4; ++x) xp[x] = reinterpret_cast<const float*>(xrow[x][b].qs);
+    __m256 s[2][4];
+    for (int g = 0; g < 2; ++g) {
+      const __m256 d8 = _mm256_loadu_ps(dw + (b * 2 + g) * 8);
+      for (int x = 0; x < 4; ++x) s[g][x] = _mm256_mul_ps(d8, _mm256_broadcast_ss(&xrow[x][b].d));
+    }
+    for (int parity = 0; parity < 2; ++parity) {
+      __m256i a[2][4];
+      parity_pass_16x4(wb + 2 * parity, xp[0] + parity, xp[1] + parity, xp[2] + parity, xp[3] + parity, a);
+      __m256 (&acc)[2][4] = parity == 0 ? acc_e : acc_o;
+      for (int g = 0; g < 2; ++g) {
+        for (int x = 0; x < 4; ++x) acc[g][x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[g][x]), s[g][x], acc[g][x]);
+      }
+    }
+    if constexpr (has_m) {
+      for (int g = 0; g < 2; ++g) {
+        const __m256 m8 = _mm256_loadu_ps(mw + (b * 2 + g) * 8);
+        for (int x = 0; x < 4; ++x) macc[g][x] = _mm256_fmadd_ps(m8, _mm256_broadcast_ss(&xrow[x][b].s), macc[g][x]);
+      }
+    }
+    asm volatile("" : : "m"(acc_e), "m"(acc_o), "m"(macc) : "memory");
+  }
+  for (int x = 0; x < n_out; ++x) {
+    for (int g = 0; g < 2; ++g) {
+      _mm256_storeu_ps(y + x * ldy + 8 * g, _mm256_add_ps(_mm256_add_ps(acc_e[g][x], acc_o[g][x]), macc[g][x]));
+    }
+  }
+}
+
+// NX activation rows against a widened group of 8 * G rows (per block: for each pair p, G vectors
+// of 8 rows; then the rows' d_w and m_w): y[x * ldy + r] for r < 8 * G. A tile of 16 rows x 2
+// activation rows loads one vector per product (two weight vectors and two broadcasts per four
+// products) and keeps its 8 integer sums in registers; the float accumulators, touched once per
+// block, live in memory.
+template <GgmlType T, int G, int NX>
+__attribute__((noinline)) void tile_q16_lanes(const __m256i* wide, const float* dw, const float* mw,
+                                              const BlockQ16x* xq, std::int64_t nb, float* y, std::int64_t ldy) {
+  static_assert((G == 1 && NX >= 1 && NX <= 4) || (G == 2 && NX == 1));
+  constexpr bool has_m = T != GgmlType::q8_0;
+  // The float accumulators, touched once per block, stay in memory (see the end of the block loop),
+  // so the integer sums and weight vectors have the registers.
+  __m256 acc_e[G][NX], acc_o[G][NX], macc[G][NX];
+  for (int g = 0; g < G; ++g) {
+    for (int x = 0; x < NX; ++x) acc_e[g][x] = acc_o[g][x] = macc[g][x] = _mm256_setzero_ps();
+  }
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const __m256i* wb = wide + b * kRows8Vectors * G;
+    const float* xp[NX];
+    for (int x = 0; x < NX; ++x) xp[x] = reinterpret_cast<const float*>(xq[x * nb + b].qs);
+    __m256i e[G][NX], o[G][NX];
+    for (int g = 0; g < G; ++g) {
+      for (int x = 0; x < NX; ++x) e[g][x] = o[g][x] = _mm256_setzero_si256();
+    }
+    for (int p = 0; p < 16; p += 2) {
+      for (int x = 0; x < NX; ++x) {
+        const __m256i x0 = _mm256_castps_si256(_mm256_broadcast_ss(xp[x] + p));
+        const __m256i x1 = _mm256_castps_si256(_mm256_broadcast_ss(xp[x] + p + 1));
+        for (int g = 0; g < G; ++g) {
+          e[g][x] = _mm256_add_epi32(e[g][x], _mm256_madd_epi16(_mm256_loadu_si256(wb + p * G + g), x0));
+          o[g][x] = _mm256_add_epi32(o[g][x], _mm256_madd_epi16(_mm256_loadu_si256(wb + (p + 1) * G + g), x1));
+        }
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m256 d8 = _mm256_loadu_ps(dw + (b * G + g) * 8);
+      for (int x = 0; x < NX; ++x) {
+        const BlockQ16x& xb = xq[x * nb + b];
+        const __m256 s = _mm256_mul_ps(d8, _mm256_broadcast_ss(&xb.d));
+        acc_e[g][x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(e[g][x]), s, acc_e[g][x]);
+        acc_o[g][x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(o[g][x]), s, acc_o[g][x]);
+        if constexpr (has_m) {
+          macc[g][x] = _mm256_fmadd_ps(_mm256_loadu_ps(mw + (b * G + g) * 8), _mm256_broadcast_ss(&xb.s), macc[g][x]);
+        }
+      }
+    }
+    asm volatile("" : : "m"(acc_e), "m"(acc_o), "m"(macc) : "memory");
+  }
+  for (int g = 0; g < G; ++g) {
+    for (int x = 0; x < NX; ++x) {
+      _mm256_storeu_ps(y + x * ldy + 8 * g, _mm256_add_ps(_mm256_add_ps(acc_e[g][x], acc_o[g][x]), macc[g][x]));
+    }
+  }
+}
+
+// Rows r0 .. r0 + 8G - 1 against nx activation rows: the group widened once into a per-thread
+// buffer, then swept by tiles of activation rows.
+template <GgmlType T, WeightLayout L, int G>
+void gemm_q16_lanes(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const BlockQ16x* xq, std::int64_t nx,
+                    std::int64_t nb, float* y, std::int64_t ldy) {
+  thread_local std::vector<std::int16_t> wide;  // 16 int16 per vector
+  thread_local std::vector<float> scales;       // d_w (8G per block), then m_w (8G per block)
+  wide.resize(static_cast<std::size_t>(nb * kRows8Vectors * G * 16));
+  scales.resize(static_cast<std::size_t>(nb * 16 * G));
+  // Plain pointers: thread_local objects in a shared library cost a __tls_get_addr per access.
+  __m256i* const wide_p = reinterpret_cast<__m256i*>(wide.data());
+  float* const dw = scales.data();
+  float* const mw = dw + nb * 8 * G;
+  for (std::int64_t b = 0; b < nb; ++b) {
+    for (int g = 0; g < G; ++g) {
+      load_scales<T, L, 8>(w, row_bytes, r0 + 8 * g, b, dw + (b * G + g) * 8, mw + (b * G + g) * 8);
+      widen_rows8<T, L>(w, row_bytes, r0 + 8 * g, b, wide_p + b * kRows8Vectors * G + g, G);
+    }
+  }
+  std::int64_t x = 0;
+  if constexpr (G == 2) {
+    // Tiles of 4 activation rows; a tail of 2 or 3 runs as a padded tile (its last row again, not
+    // stored), a tail of 1 through the plain intrinsics, where padding would waste 3/4 of a tile.
+    for (; x < nx; x += 4) {
+      const int n = static_cast<int>(std::min<std::int64_t>(4, nx - x));
+      if (n == 1) {
+        tile_q16_lanes<T, 2, 1>(wide_p, dw, mw, xq + x * nb, nb, y + x * ldy, ldy);
+        break;
+      }
+      const BlockQ16x* xrow[4];
+      for (int i = 0; i < 4; ++i) xrow[i] = xq + (x + std::min(i, n - 1)) * nb;
+      tile_q16_lanes16x4<T>(wide_p, dw, mw, xrow, nb, y + x * ldy, ldy, n);
+    }
+  } else {
+    for (; x + 4 <= nx; x += 4) tile_q16_lanes<T, 1, 4>(wide_p, dw, mw, xq + x * nb, nb, y + x * ldy, ldy);
+    switch (nx - x) {
+      case 3: tile_q16_lanes<T, 1, 3>(wide_p, dw, mw, xq + x * nb, nb, y + x * ldy, ldy); break;
+      case 2: tile_q16_lanes<T, 1, 2>(wide_p, dw, mw, xq + x * nb, nb, y + x * ldy, ldy); break;
+      case 1: tile_q16_lanes<T, 1, 1>(wide_p, dw, mw, xq + x * nb, nb, y + x * ldy, ldy); break;
+      default: break;
+    }
+  }
+}
+
 template <GgmlType T, WeightLayout L>
 void gemm_q16_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ16x* xq, std::int64_t nx,
-                    std::int64_t k, float* y, std::int64_t ldy) {
+                    std::int64_t k, float* y, std::int64_t ldy, int version) {
   const std::int64_t nb = k / kQK;
   std::int64_t r = 0;
   if (nx >= 2) {
+    // Rows as lanes pay off from a full tile of 4 activation rows; 2 or 3 fold (see gemm_q16_lanes).
+    if (version != 1 && nx >= 4) {
+      for (; r + 16 <= nw; r += 16) gemm_q16_lanes<T, L, 2>(w, row_bytes, r, xq, nx, nb, y + r, ldy);
+      for (; r + 8 <= nw; r += 8) gemm_q16_lanes<T, L, 1>(w, row_bytes, r, xq, nx, nb, y + r, ldy);
+    }
     for (; r + 4 <= nw; r += 4) gemm_q16_rows<T, L>(w, row_bytes, r, xq, nx, nb, y + r, ldy);
   }
   for (std::int64_t x = 0; x < nx; ++x) {
@@ -735,8 +1005,8 @@ void gemm_q_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::si
 }
 
 void gemm_q16_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
-                   const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
-  by_type_and_layout<GemmQ16>(type, layout, w, row_bytes, nw, xq, nx, k, y, ldy);
+                   const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy, int version) {
+  by_type_and_layout<GemmQ16>(type, layout, w, row_bytes, nw, xq, nx, k, y, ldy, version);
 }
 
 void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
@@ -770,7 +1040,7 @@ void gemm_q_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::si
 }
 void quantize_row_q16x_avx2(const float* x, BlockQ16x* out, std::int64_t k) { quantize_row_q16x_scalar(x, out, k); }
 void gemm_q16_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
-                   const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+                   const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy, int) {
   gemm_q16_scalar(type, layout, w, row_bytes, nw, xq, nx, k, y, ldy);
 }
 void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
