@@ -1,9 +1,10 @@
 // AVX-512 VNNI kernel for batched Q16 products (gemm_q16 with several activation rows: a server's
 // batch of decode streams), run-time selected above the AVX2 kernels (see quant_kernels.h).
 //
-// The AVX2 tile keeps a weight row's 32 products in the lanes of one register and folds them to
-// the block's two halves E and O with shuffles, per block and activation row; that fold and the
-// separate multiply and add bound it. Here the lanes are weight rows instead: 16 rows per vector,
+// The first AVX2 tile (version 1) keeps a weight row's 32 products in the lanes of one register and
+// folds them to the block's two halves E and O with shuffles, per block and activation row; that
+// fold and the separate multiply and add bound it. Here the lanes are weight rows instead (as in
+// AVX2's version 2, 8 rows per vector there, madd + add for vpdpwssd): 16 rows per vector,
 // and vpdpwssd adds a pair of int16 products per lane straight into an int32 accumulator. Pairs
 // are (element j, element j + 16), both in the same half (j mod 4 == (j + 16) mod 4), which is the
 // low and the high nibble of one Q4 quant byte, and the activation side broadcasts the matching
