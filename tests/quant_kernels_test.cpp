@@ -526,6 +526,13 @@ TEST(QuantKernels, MatmulRejectsBadArguments) {
   bad.row_bytes = 41;
   EXPECT_EQ(matmul(bad, p.x.data(), 1, 64, y.data(), 4).code(), ErrorCode::invalid_argument);
   EXPECT_TRUE(matmul(p.wm, p.x.data(), 0, 64, y.data(), 4).is_ok());
+  for (int version : {-1, 3}) {
+    MatmulOptions o;
+    o.kernel_version = version;
+    const kallpa::Status s = matmul(p.wm, p.x.data(), 1, 64, y.data(), 4, o);
+    EXPECT_EQ(s.code(), ErrorCode::invalid_argument) << version;
+    EXPECT_EQ(s.field(), "options.kernel_version");
+  }
   EXPECT_TRUE(quant_kernel_isa() == "avx512-vnni" || quant_kernel_isa() == "avx2" || quant_kernel_isa() == "scalar");
   EXPECT_EQ(dequantize_rows(p.wm, 3, 2, y.data()).code(), ErrorCode::invalid_argument);
 }

@@ -19,6 +19,7 @@ namespace kallpa::model {
 namespace {
 
 constexpr std::int64_t kBatchChunk = 64;
+constexpr int kLatestKernelVersion = 2;  // MatmulOptions::kernel_version
 
 enum class KernelIsa { scalar, avx2, avx512 };
 
@@ -91,6 +92,10 @@ std::int64_t row_chunk_for(const WeightMatrix& w, std::int64_t batch) {
 
 Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_t batch, std::int64_t ldx,
                     const MatmulOptions& options) {
+  if (options.kernel_version < 0 || options.kernel_version > kLatestKernelVersion) {
+    return Status::invalid("options.kernel_version", fmt::format("is {}; the kernels have versions 1..{} (0: the latest)",
+                                                                 options.kernel_version, kLatestKernelVersion));
+  }
   if (jobs.empty()) return {};
   const std::int64_t k = jobs[0].w->cols;
   bool any_quant = false;

@@ -89,7 +89,8 @@ struct MatmulOptions {
   int max_threads = 0;  // 0: all of the pool's threads
   Isa max_isa = Isa::best;
   // Where a kernel has numbered versions (the AVX2 batched Q16 product: 1, 2), which one; 0 is the
-  // default (the latest). Every version gives the same bits; benchmarks put them side by side.
+  // default (the latest); anything else is invalid_argument. Every version gives the same bits;
+  // benchmarks put them side by side.
   int kernel_version = 0;
   Activations activations = Activations::f32;  // ignored for F32/F16/BF16 weights
 };
