@@ -208,8 +208,8 @@ Problem make_problem(GgmlType t, std::int64_t rows, std::int64_t cols, std::int6
 
 // Q16 activations: the AVX2 kernels (one-row tiles of 1..4 weight rows; for batches, version 1's
 // tiles of 1..4 activation rows against widened 4-row groups, version 2's rows-as-lanes tiles on
-// 16- and 8-row groups with padded and single-row tails) and the scalar reference agree bit for
-// bit, in both weight layouts.
+// 16-row groups with padded and single-row tails, and version 1 past them) and the scalar
+// reference agree bit for bit, in both weight layouts.
 TEST(QuantKernels, Q16ActivationsAvx2MatchesScalarBitwise) {
   if (!kernels::avx2_available()) GTEST_SKIP() << "no AVX2 on this machine: only the scalar kernels run";
   for (GgmlType t : {GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1}) {

@@ -396,7 +396,7 @@ void gemm_q16_rows(const std::byte* w, std::size_t row_bytes, std::int64_t r0, c
 // the others (O), so E and O come out per row with no fold, exactly, and the float steps per lane
 // are tile_q16_row's: acc_e = fma(float(E), d_w * d_x, acc_e), acc_o likewise, macc = fma(m_w,
 // s_x, macc) in block order, y = (acc_e + acc_o) + macc.
-constexpr std::int64_t kRows8Vectors = 16;  // pair vectors per block
+constexpr std::int64_t kLanesBlockVectors = 32;  // pair vectors per block of a 16-row group
 
 // 8 rows x 8 words (16-bit) in place: in[r] word j -> in[j] word r.
 inline void transpose_words8x8(__m128i (&m)[8]) {
@@ -520,7 +520,7 @@ __attribute__((noinline)) void tile_q16_lanes16x4(const __m256i* wide, const flo
     for (int x = 0; x < 4; ++x) acc_e[g][x] = acc_o[g][x] = macc[g][x] = _mm256_setzero_ps();
   }
   for (std::int64_t b = 0; b < nb; ++b) {
-    const __m256i* wb = wide + b * kRows8Vectors * 2;
+    const __m256i* wb = wide + b * kLanesBlockVectors;
     const float* xp[4];
     for (int x = 0; x < 4; ++x) xp[x] = reinterpret_cast<const float*>(xrow[x][b].qs);
     __m256 s[2][4];
@@ -551,102 +551,36 @@ __attribute__((noinline)) void tile_q16_lanes16x4(const __m256i* wide, const flo
   }
 }
 
-// NX activation rows against a widened group of 8 * G rows (per block: for each pair p, G vectors
-// of 8 rows; then the rows' d_w and m_w): y[x * ldy + r] for r < 8 * G. A tile of 16 rows x 2
-// activation rows loads one vector per product (two weight vectors and two broadcasts per four
-// products) and keeps its 8 integer sums in registers; the float accumulators, touched once per
-// block, live in memory.
-template <GgmlType T, int G, int NX>
-__attribute__((noinline)) void tile_q16_lanes(const __m256i* wide, const float* dw, const float* mw,
-                                              const BlockQ16x* xq, std::int64_t nb, float* y, std::int64_t ldy) {
-  static_assert((G == 1 && NX >= 1 && NX <= 4) || (G == 2 && NX == 1));
-  constexpr bool has_m = T != GgmlType::q8_0;
-  // The float accumulators, touched once per block, stay in memory (see the end of the block loop),
-  // so the integer sums and weight vectors have the registers.
-  __m256 acc_e[G][NX], acc_o[G][NX], macc[G][NX];
-  for (int g = 0; g < G; ++g) {
-    for (int x = 0; x < NX; ++x) acc_e[g][x] = acc_o[g][x] = macc[g][x] = _mm256_setzero_ps();
-  }
-  for (std::int64_t b = 0; b < nb; ++b) {
-    const __m256i* wb = wide + b * kRows8Vectors * G;
-    const float* xp[NX];
-    for (int x = 0; x < NX; ++x) xp[x] = reinterpret_cast<const float*>(xq[x * nb + b].qs);
-    __m256i e[G][NX], o[G][NX];
-    for (int g = 0; g < G; ++g) {
-      for (int x = 0; x < NX; ++x) e[g][x] = o[g][x] = _mm256_setzero_si256();
-    }
-    for (int p = 0; p < 16; p += 2) {
-      for (int x = 0; x < NX; ++x) {
-        const __m256i x0 = _mm256_castps_si256(_mm256_broadcast_ss(xp[x] + p));
-        const __m256i x1 = _mm256_castps_si256(_mm256_broadcast_ss(xp[x] + p + 1));
-        for (int g = 0; g < G; ++g) {
-          e[g][x] = _mm256_add_epi32(e[g][x], _mm256_madd_epi16(_mm256_loadu_si256(wb + p * G + g), x0));
-          o[g][x] = _mm256_add_epi32(o[g][x], _mm256_madd_epi16(_mm256_loadu_si256(wb + (p + 1) * G + g), x1));
-        }
-      }
-    }
-    for (int g = 0; g < G; ++g) {
-      const __m256 d8 = _mm256_loadu_ps(dw + (b * G + g) * 8);
-      for (int x = 0; x < NX; ++x) {
-        const BlockQ16x& xb = xq[x * nb + b];
-        const __m256 s = _mm256_mul_ps(d8, _mm256_broadcast_ss(&xb.d));
-        acc_e[g][x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(e[g][x]), s, acc_e[g][x]);
-        acc_o[g][x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(o[g][x]), s, acc_o[g][x]);
-        if constexpr (has_m) {
-          macc[g][x] = _mm256_fmadd_ps(_mm256_loadu_ps(mw + (b * G + g) * 8), _mm256_broadcast_ss(&xb.s), macc[g][x]);
-        }
-      }
-    }
-    asm volatile("" : : "m"(acc_e), "m"(acc_o), "m"(macc) : "memory");
-  }
-  for (int g = 0; g < G; ++g) {
-    for (int x = 0; x < NX; ++x) {
-      _mm256_storeu_ps(y + x * ldy + 8 * g, _mm256_add_ps(_mm256_add_ps(acc_e[g][x], acc_o[g][x]), macc[g][x]));
-    }
-  }
-}
-
-// Rows r0 .. r0 + 8G - 1 against nx activation rows: the group widened once into a per-thread
-// buffer, then swept by tiles of activation rows.
-template <GgmlType T, WeightLayout L, int G>
+// Rows r0 .. r0 + 15 against nx >= 2 activation rows: the group widened once into a per-thread
+// buffer (per block: for each pair p, rows 0..7 then 8..15), then swept by tiles of 4 activation
+// rows. A tail of 2 or 3 runs as a padded tile (its last row again, not stored); a tail of 1 goes
+// to tile_q16_row, where padding would waste 3/4 of a tile.
+template <GgmlType T, WeightLayout L>
 void gemm_q16_lanes(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const BlockQ16x* xq, std::int64_t nx,
                     std::int64_t nb, float* y, std::int64_t ldy) {
   thread_local std::vector<std::int16_t> wide;  // 16 int16 per vector
-  thread_local std::vector<float> scales;       // d_w (8G per block), then m_w (8G per block)
-  wide.resize(static_cast<std::size_t>(nb * kRows8Vectors * G * 16));
-  scales.resize(static_cast<std::size_t>(nb * 16 * G));
+  thread_local std::vector<float> scales;       // d_w (16 per block), then m_w (16 per block)
+  wide.resize(static_cast<std::size_t>(nb * kLanesBlockVectors * 16));
+  scales.resize(static_cast<std::size_t>(nb * 32));
   // Plain pointers: thread_local objects in a shared library cost a __tls_get_addr per access.
   __m256i* const wide_p = reinterpret_cast<__m256i*>(wide.data());
   float* const dw = scales.data();
-  float* const mw = dw + nb * 8 * G;
+  float* const mw = dw + nb * 16;
   for (std::int64_t b = 0; b < nb; ++b) {
-    for (int g = 0; g < G; ++g) {
-      load_scales<T, L, 8>(w, row_bytes, r0 + 8 * g, b, dw + (b * G + g) * 8, mw + (b * G + g) * 8);
-      widen_rows8<T, L>(w, row_bytes, r0 + 8 * g, b, wide_p + b * kRows8Vectors * G + g, G);
+    for (int g = 0; g < 2; ++g) {
+      load_scales<T, L, 8>(w, row_bytes, r0 + 8 * g, b, dw + (b * 2 + g) * 8, mw + (b * 2 + g) * 8);
+      widen_rows8<T, L>(w, row_bytes, r0 + 8 * g, b, wide_p + b * kLanesBlockVectors + g, 2);
     }
   }
-  std::int64_t x = 0;
-  if constexpr (G == 2) {
-    // Tiles of 4 activation rows; a tail of 2 or 3 runs as a padded tile (its last row again, not
-    // stored), a tail of 1 through the plain intrinsics, where padding would waste 3/4 of a tile.
-    for (; x < nx; x += 4) {
-      const int n = static_cast<int>(std::min<std::int64_t>(4, nx - x));
-      if (n == 1) {
-        tile_q16_lanes<T, 2, 1>(wide_p, dw, mw, xq + x * nb, nb, y + x * ldy, ldy);
-        break;
-      }
-      const BlockQ16x* xrow[4];
-      for (int i = 0; i < 4; ++i) xrow[i] = xq + (x + std::min(i, n - 1)) * nb;
-      tile_q16_lanes16x4<T>(wide_p, dw, mw, xrow, nb, y + x * ldy, ldy, n);
+  for (std::int64_t x = 0; x < nx; x += 4) {
+    const int n = static_cast<int>(std::min<std::int64_t>(4, nx - x));
+    if (n == 1) {
+      for (int r = 0; r < 16; r += 4) tile_q16_row<T, L, 4>(w, row_bytes, r0 + r, xq + x * nb, nb, y + x * ldy + r);
+      break;
     }
-  } else {
-    for (; x + 4 <= nx; x += 4) tile_q16_lanes<T, 1, 4>(wide_p, dw, mw, xq + x * nb, nb, y + x * ldy, ldy);
-    switch (nx - x) {
-      case 3: tile_q16_lanes<T, 1, 3>(wide_p, dw, mw, xq + x * nb, nb, y + x * ldy, ldy); break;
-      case 2: tile_q16_lanes<T, 1, 2>(wide_p, dw, mw, xq + x * nb, nb, y + x * ldy, ldy); break;
-      case 1: tile_q16_lanes<T, 1, 1>(wide_p, dw, mw, xq + x * nb, nb, y + x * ldy, ldy); break;
-      default: break;
-    }
+    const BlockQ16x* xrow[4];
+    for (int i = 0; i < 4; ++i) xrow[i] = xq + (x + std::min(i, n - 1)) * nb;
+    tile_q16_lanes16x4<T>(wide_p, dw, mw, xrow, nb, y + x * ldy, ldy, n);
   }
 }
 
@@ -656,10 +590,9 @@ void gemm_q16_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, 
   const std::int64_t nb = k / kQK;
   std::int64_t r = 0;
   if (nx >= 2) {
-    // Rows as lanes pay off from a full tile of 4 activation rows; 2 or 3 fold (see gemm_q16_lanes).
+    // Rows as lanes pay off from a full tile of 4 activation rows; 2 or 3 fold.
     if (version != 1 && nx >= 4) {
-      for (; r + 16 <= nw; r += 16) gemm_q16_lanes<T, L, 2>(w, row_bytes, r, xq, nx, nb, y + r, ldy);
-      for (; r + 8 <= nw; r += 8) gemm_q16_lanes<T, L, 1>(w, row_bytes, r, xq, nx, nb, y + r, ldy);
+      for (; r + 16 <= nw; r += 16) gemm_q16_lanes<T, L>(w, row_bytes, r, xq, nx, nb, y + r, ldy);
     }
     for (; r + 4 <= nw; r += 4) gemm_q16_rows<T, L>(w, row_bytes, r, xq, nx, nb, y + r, ldy);
   }

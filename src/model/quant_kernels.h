@@ -102,7 +102,8 @@ void gemm_q_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::si
 void quantize_row_q16x_avx2(const float* x, BlockQ16x* out, std::int64_t k);
 // Batches (nx >= 2) have numbered kernel versions, benchmarked side by side, all bit for bit the
 // same: 1 folds 4 weight rows' products per register (gemm_q16_rows); 2 puts 8 weight rows in the
-// lanes (gemm_q16_lanes: groups of 16 and 8 rows, from 4 activation rows; fewer fold as in 1).
+// lanes (gemm_q16_lanes: groups of 16 rows, from 4 activation rows; fewer activation rows, and
+// rows past the last group of 16, fold as in 1).
 // 0 is the default, the latest.
 void gemm_q16_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                    const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy, int version = 0);
