@@ -108,6 +108,7 @@ TEST(MachinePeakTest, MeasuresPositiveCeilings) {
   MachinePeak p = measure_peak(1);
   EXPECT_EQ(p.threads, 1);
   EXPECT_GT(p.fma_gflops, 0.1);
+  EXPECT_GT(p.int16_gops, 0.1);
   EXPECT_GT(p.dram_read_gbps, 0.1);
   EXPECT_FALSE(p.simd_target.empty());
 }

@@ -1,5 +1,7 @@
 // FMA peak: many independent multiply-add chains per thread, enough to cover the FMA latency on
-// every port. Bandwidth: every thread streams its own slice of a buffer far larger than L3.
+// every port. The int16 peak likewise for pairwise-widening int16 multiply-adds into int32
+// (pmaddwd + paddd on AVX2, vpdpwssd on AVX-512 VNNI): what the quantised matmuls' integer dot
+// products run on, so that batched decode can be set against it. Bandwidth: every thread streams its own slice of a buffer far larger than L3.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "harness/peak.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -36,6 +38,50 @@ float FmaChains(std::int64_t iterations) {
   return hn::GetLane(hn::SumOfLanes(df, s));
 }
 
+// Each iteration does 10 vector int16 multiply-adds (2 ops per int16 lane each): ten chains cover
+// the multiply-add-then-add latency on two ports and, unlike twelve, fit AVX2's registers. Each
+// chain multiplies its own sum's halves, so nothing is loop-invariant for the compiler to hoist.
+#if HWY_TARGET == HWY_SCALAR
+std::int32_t Int16Chains(std::int64_t iterations) {
+  std::uint32_t c[10];
+  for (int j = 0; j < 10; ++j) c[j] = static_cast<std::uint32_t>(j);
+  for (std::int64_t i = 0; i < iterations; ++i) {
+    for (std::uint32_t& v : c) {
+      const auto lo = static_cast<std::int16_t>(v & 0xffff), hi = static_cast<std::int16_t>(v >> 16);
+      v += static_cast<std::uint32_t>(std::int32_t{lo} * 3 + std::int32_t{hi} * 3);
+    }
+  }
+  std::uint32_t sum = 0;
+  for (std::uint32_t v : c) sum += v;
+  return static_cast<std::int32_t>(sum);
+}
+#else
+std::int32_t Int16Chains(std::int64_t iterations) {
+  const hn::ScalableTag<std::int32_t> di;
+  const hn::Repartition<std::int16_t, decltype(di)> dw;
+  const auto b = hn::Set(dw, std::int16_t{3});
+  auto c0 = hn::Set(di, 0), c1 = hn::Set(di, 1), c2 = hn::Set(di, 2), c3 = hn::Set(di, 3);
+  auto c4 = hn::Set(di, 4), c5 = hn::Set(di, 5), c6 = hn::Set(di, 6), c7 = hn::Set(di, 7);
+  auto c8 = hn::Set(di, 8), c9 = hn::Set(di, 9);
+  auto odd = hn::Zero(di);  // the second half of the accumulator, for targets that use one
+  for (std::int64_t i = 0; i < iterations; ++i) {
+    c0 = hn::ReorderWidenMulAccumulate(di, hn::BitCast(dw, c0), b, c0, odd);
+    c1 = hn::ReorderWidenMulAccumulate(di, hn::BitCast(dw, c1), b, c1, odd);
+    c2 = hn::ReorderWidenMulAccumulate(di, hn::BitCast(dw, c2), b, c2, odd);
+    c3 = hn::ReorderWidenMulAccumulate(di, hn::BitCast(dw, c3), b, c3, odd);
+    c4 = hn::ReorderWidenMulAccumulate(di, hn::BitCast(dw, c4), b, c4, odd);
+    c5 = hn::ReorderWidenMulAccumulate(di, hn::BitCast(dw, c5), b, c5, odd);
+    c6 = hn::ReorderWidenMulAccumulate(di, hn::BitCast(dw, c6), b, c6, odd);
+    c7 = hn::ReorderWidenMulAccumulate(di, hn::BitCast(dw, c7), b, c7, odd);
+    c8 = hn::ReorderWidenMulAccumulate(di, hn::BitCast(dw, c8), b, c8, odd);
+    c9 = hn::ReorderWidenMulAccumulate(di, hn::BitCast(dw, c9), b, c9, odd);
+  }
+  const auto s = hn::Add(hn::Add(hn::Add(hn::Add(c0, c1), hn::Add(c2, c3)), odd),
+                         hn::Add(hn::Add(hn::Add(c4, c5), hn::Add(c6, c7)), hn::Add(c8, c9)));
+  return hn::GetLane(hn::SumOfLanes(di, s));
+}
+#endif
+
 std::int64_t FloatLanes() { return static_cast<std::int64_t>(hn::Lanes(hn::ScalableTag<float>())); }
 
 float SumStream(const float* data, std::int64_t count) {
@@ -67,6 +113,7 @@ namespace kallpa::harness {
 
 HWY_EXPORT(FmaChains);
 HWY_EXPORT(FloatLanes);
+HWY_EXPORT(Int16Chains);
 HWY_EXPORT(SumStream);
 
 namespace {
@@ -102,6 +149,18 @@ MachinePeak measure_peak(int threads) {
                     }));
   }
   peak.fma_gflops = double(iterations) * 12.0 * double(lanes) * 2.0 * peak.threads / best / 1e9;
+
+  std::vector<std::int32_t> int_sink(static_cast<std::size_t>(peak.threads));
+  const std::int64_t int_iterations = 8'000'000'000 / (40 * lanes);  // 2 int16 lanes per float lane
+  best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    best = std::min(best, timed_on_threads(peak.threads, [&](int t) {
+                      int_sink[static_cast<std::size_t>(t)] = HWY_DYNAMIC_DISPATCH(Int16Chains)(int_iterations);
+                    }));
+  }
+  peak.int16_gops = double(int_iterations) * 10.0 * double(2 * lanes) * 2.0 * peak.threads / best / 1e9;
+  volatile std::int32_t keep_int = int_sink[0];
+  (void)keep_int;
 
   // 512 MiB: far beyond any L3 we expect, so this is DRAM.
   const std::int64_t total = std::int64_t{128} << 20;

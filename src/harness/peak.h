@@ -9,6 +9,7 @@ namespace kallpa::harness {
 struct MachinePeak {
   int threads = 1;
   double fma_gflops = 0.0;          // f32 fused multiply-add throughput, all threads
+  double int16_gops = 0.0;          // int16 x int16 -> int32 multiply-accumulate (2 ops each), all threads
   double dram_read_gbps = 0.0;      // streaming reads of a buffer far larger than the caches
   std::string simd_target;          // the Highway target that ran, e.g. "AVX2" or "AVX3"
 };

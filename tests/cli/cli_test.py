@@ -225,6 +225,14 @@ def test_bench_model_batch():
     check(rows["tg4"]["tokens"] == 4 and rows["tg4 x3"]["tokens"] == 12, "a batch counts every sequence's tokens", r)
     check(all(row["tokens_per_second"] > 0 and len(row["seconds"]) == 1 for row in rows.values()),
           "every row has a rate and one timed run", r)
+    # matmul_gops is the rate times 2 ops per weight of every projection and the head: one
+    # constant per model (SmolLM2-135M: 30 layers of 3,538,944 weights + a 576 x 49152 head).
+    per_token = {t: row["matmul_gops"] * 1e9 / row["tokens_per_second"] for t, row in rows.items()}
+    check(max(per_token.values()) - min(per_token.values()) < 1e-6 * max(per_token.values()),
+          f"one matmul op count per token for every test: {per_token}", r)
+    if "SmolLM2-135M" in model:
+        check(abs(per_token["tg4"] - 2 * (30 * 3538944 + 576 * 49152)) < 1.0,
+              f"SmolLM2-135M's matmuls are 269.0 M ops per token: {per_token['tg4']}", r)
     expect_usage_error(["bench", "model", "-m", model, "-B", "0"], ["--batch"])
 
 

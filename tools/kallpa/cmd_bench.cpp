@@ -35,11 +35,12 @@ int run_peak(const BenchCliOptions& options) {
   set_threads(options.threads);
   const harness::MachinePeak peak = harness::measure_peak(options.threads);
   if (options.json) {
-    fmt::print("{{\"threads\": {}, \"simd\": \"{}\", \"fma_gflops\": {:.2f}, \"dram_read_gbps\": {:.2f}}}\n",
-               peak.threads, peak.simd_target, peak.fma_gflops, peak.dram_read_gbps);
+    fmt::print("{{\"threads\": {}, \"simd\": \"{}\", \"fma_gflops\": {:.2f}, \"int16_gops\": {:.2f}, "
+               "\"dram_read_gbps\": {:.2f}}}\n",
+               peak.threads, peak.simd_target, peak.fma_gflops, peak.int16_gops, peak.dram_read_gbps);
   } else {
-    fmt::print("threads {}  simd {}  f32 FMA peak {:.1f} GFLOP/s  DRAM read {:.1f} GB/s\n", peak.threads,
-               peak.simd_target, peak.fma_gflops, peak.dram_read_gbps);
+    fmt::print("threads {}  simd {}  f32 FMA peak {:.1f} GFLOP/s  int16 multiply-add peak {:.1f} GOP/s  DRAM read {:.1f} GB/s\n",
+               peak.threads, peak.simd_target, peak.fma_gflops, peak.int16_gops, peak.dram_read_gbps);
   }
   return kExitOk;
 }

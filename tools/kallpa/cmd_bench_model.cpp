@@ -5,6 +5,10 @@
 // them (a server's continuous batch at steady state, as llama-batched-bench measures it), so the
 // aggregate rate can be set against one sequence's without HTTP, scheduling or sampling in the way.
 //
+// Each test also gives its matmul rate: 2 ops per weight per token over every projection and the
+// output head, against which `kallpa bench peak`'s f32 FMA (prompt rows) and int16 multiply-add
+// (decode rows) ceilings can be set.
+//
 // Prompts are real text (a paragraph tiled to length) rather than random ids, so the tokens are
 // ones the model meets; generation is greedy and never stops early, so every run does the same work.
 #include "cmd_bench_model.h"
@@ -65,6 +69,14 @@ std::pair<double, double> rate_stats(const Measurement& m) {
   double var = 0;
   for (double r : rates) var += (r - mu) * (r - mu);
   return {mu, rates.size() > 1 ? std::sqrt(var / double(rates.size() - 1)) : 0.0};
+}
+
+// Multiply-adds of every weight matrix for one token: q, k, v, o, gate, up and down per layer,
+// and the output head; 2 ops each.
+double matmul_ops_per_token(const model::ModelConfig& c) {
+  const double e = c.n_embd, q = c.q_dim(), kv = c.kv_dim(), ff = c.n_ff;
+  const double per_layer = e * q + 2.0 * e * kv + q * e + 3.0 * e * ff;
+  return 2.0 * (double(c.n_layer) * per_layer + e * double(c.vocab_size));
 }
 
 Result<std::vector<std::int32_t>> tiled_text(const tokenizer::Tokenizer& tok, std::int64_t n) {
@@ -215,6 +227,7 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
   const int threads = parallel::ThreadPool::global().num_threads();
   const std::string model = engine->options().model_path;
   const std::string device(engine->ops().device_name());
+  const double ops_per_token = matmul_ops_per_token(engine->config());
   if (o.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const Measurement& m : results) {
@@ -228,18 +241,19 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
                      {"attention", backend},
                      {"seconds", m.seconds},
                      {"tokens_per_second", rate},
-                     {"tokens_per_second_stddev", sd}});
+                     {"tokens_per_second_stddev", sd},
+                     {"matmul_gops", rate * ops_per_token * 1e-9}});
     }
     fmt::print("{}\n", out.dump(2));
     return kExitOk;
   }
   Table table({{"model"}, {"threads", Table::Align::right}, {"device"}, {"attention"}, {"test"},
-               {"tok/s", Table::Align::right}});
+               {"tok/s", Table::Align::right}, {"matmul GOP/s", Table::Align::right}});
   for (const Measurement& m : results) {
     const auto [rate, sd] = rate_stats(m);
     table.add_row({std::filesystem::path(model).filename().string(), std::to_string(threads), device, backend,
                    m.depth > 0 ? fmt::format("{} @ d{}", m.test, m.depth) : m.test,
-                   fmt::format("{:.1f} ± {:.1f}", rate, sd)});
+                   fmt::format("{:.1f} ± {:.1f}", rate, sd), fmt::format("{:.1f}", rate * ops_per_token * 1e-9)});
   }
   table.print(stdout);
   return kExitOk;
