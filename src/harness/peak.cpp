@@ -1,7 +1,8 @@
 // FMA peak: many independent multiply-add chains per thread, enough to cover the FMA latency on
 // every port. The int16 peak likewise for pairwise-widening int16 multiply-adds into int32
-// (pmaddwd + paddd on AVX2, vpdpwssd on AVX-512 VNNI): what the quantised matmuls' integer dot
-// products run on, so that batched decode can be set against it. Bandwidth: every thread streams its own slice of a buffer far larger than L3.
+// (Highway's ReorderWidenMulAccumulate: pmaddwd + paddd on x86), what the quantised matmuls'
+// integer dot products run on, so that batched decode can be set against it. Bandwidth: every
+// thread streams its own slice of a buffer far larger than L3.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "harness/peak.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -151,7 +152,8 @@ MachinePeak measure_peak(int threads) {
   peak.fma_gflops = double(iterations) * 12.0 * double(lanes) * 2.0 * peak.threads / best / 1e9;
 
   std::vector<std::int32_t> int_sink(static_cast<std::size_t>(peak.threads));
-  const std::int64_t int_iterations = 8'000'000'000 / (40 * lanes);  // 2 int16 lanes per float lane
+  // About 8 G ops per thread, as above: 10 vectors of 2 * lanes int16 products, 2 ops each.
+  const std::int64_t int_iterations = 8'000'000'000 / (40 * lanes);
   best = 1e30;
   for (int rep = 0; rep < 3; ++rep) {
     best = std::min(best, timed_on_threads(peak.threads, [&](int t) {
