@@ -118,6 +118,15 @@ void LlamaModel::Scratch::reset() noexcept {
   size_ = 0;
 }
 
+std::int64_t LlamaModel::matmul_weights_per_token() const noexcept {
+  auto count = [](const WeightMatrix& w) { return w.rows * w.cols; };
+  std::int64_t total = count(output_);
+  for (const Layer& l : layers_) {
+    total += count(l.wq) + count(l.wk) + count(l.wv) + count(l.wo) + count(l.gate) + count(l.up) + count(l.down);
+  }
+  return total;
+}
+
 Result<std::unique_ptr<runtime::KvCache>> LlamaModel::make_cache(runtime::KvCacheOptions options) const {
   return runtime::KvCache::create(static_cast<std::int32_t>(config_.n_layer), static_cast<std::int32_t>(config_.n_head_kv),
                                   static_cast<std::int32_t>(config_.head_dim), options, ops_);

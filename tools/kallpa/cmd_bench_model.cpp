@@ -71,14 +71,6 @@ std::pair<double, double> rate_stats(const Measurement& m) {
   return {mu, rates.size() > 1 ? std::sqrt(var / double(rates.size() - 1)) : 0.0};
 }
 
-// Multiply-adds of every weight matrix for one token: q, k, v, o, gate, up and down per layer,
-// and the output head; 2 ops each.
-double matmul_ops_per_token(const model::ModelConfig& c) {
-  const double e = c.n_embd, q = c.q_dim(), kv = c.kv_dim(), ff = c.n_ff;
-  const double per_layer = e * q + 2.0 * e * kv + q * e + 3.0 * e * ff;
-  return 2.0 * (double(c.n_layer) * per_layer + e * double(c.vocab_size));
-}
-
 Result<std::vector<std::int32_t>> tiled_text(const tokenizer::Tokenizer& tok, std::int64_t n) {
   auto piece = tok.encode(kText, {.add_special = false});
   if (!piece) return piece.status();
@@ -227,7 +219,9 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
   const int threads = parallel::ThreadPool::global().num_threads();
   const std::string model = engine->options().model_path;
   const std::string device(engine->ops().device_name());
-  const double ops_per_token = matmul_ops_per_token(engine->config());
+  // 2 ops (multiply, add) per weight of every matrix product a token goes through.
+  const double ops_per_token = 2.0 * double(engine->model().matmul_weights_per_token());
+  auto matmul_gops = [&](double tokens_per_second) { return tokens_per_second * ops_per_token * 1e-9; };
   if (o.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const Measurement& m : results) {
@@ -242,7 +236,7 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
                      {"seconds", m.seconds},
                      {"tokens_per_second", rate},
                      {"tokens_per_second_stddev", sd},
-                     {"matmul_gops", rate * ops_per_token * 1e-9}});
+                     {"matmul_gops", matmul_gops(rate)}});
     }
     fmt::print("{}\n", out.dump(2));
     return kExitOk;
@@ -253,7 +247,7 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
     const auto [rate, sd] = rate_stats(m);
     table.add_row({std::filesystem::path(model).filename().string(), std::to_string(threads), device, backend,
                    m.depth > 0 ? fmt::format("{} @ d{}", m.test, m.depth) : m.test,
-                   fmt::format("{:.1f} ± {:.1f}", rate, sd), fmt::format("{:.1f}", rate * ops_per_token * 1e-9)});
+                   fmt::format("{:.1f} ± {:.1f}", rate, sd), fmt::format("{:.1f}", matmul_gops(rate))});
   }
   table.print(stdout);
   return kExitOk;

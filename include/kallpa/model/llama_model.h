@@ -46,6 +46,9 @@ class LlamaModel {
 
   const ModelConfig& config() const noexcept { return config_; }
   const GgufFile& file() const noexcept { return *file_; }
+  // Weights of the matrix products one token goes through (every layer's projections and the
+  // output head; not the embedding lookup or the norms): its matmul multiply-adds.
+  std::int64_t matmul_weights_per_token() const noexcept;
 
   // A KV cache shaped for this model, in the memory of its ops' device.
   Result<std::unique_ptr<runtime::KvCache>> make_cache(runtime::KvCacheOptions options) const;
