@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <algorithm>
 #include <map>
 #include <random>
@@ -85,9 +86,9 @@ TEST(Sampler, LowTemperatureConcentrates) {
   EXPECT_GT(top, 480);
 }
 
-// The sampler sorts lazily; an oracle that sorts the whole vocabulary and applies top-k, min-p and
-// top-p in that order must make the same draw from the same random number, on a large vocabulary
-// with ties, a flat tail and a peaked head.
+// The sampler sorts lazily (and not at all without filters); an oracle that sorts the whole
+// vocabulary and applies top-k, min-p and top-p in that order must make the same draw from the
+// same random number, on a large vocabulary with ties, a flat tail and a peaked head.
 std::int32_t oracle_draw(std::vector<float> logits, const SamplingParams& p, std::uint64_t raw) {
   struct C {
     float logit;
@@ -115,6 +116,17 @@ std::int32_t oracle_draw(std::vector<float> logits, const SamplingParams& p, std
       if (cum >= double(p.top_p)) break;
     }
     keep = n;
+  }
+  const bool filtered = (p.top_k > 0 && static_cast<std::size_t>(p.top_k) < c.size()) || p.top_p < 1 || p.min_p > 0;
+  if (!filtered) {
+    // Unfiltered, the sampler walks the whole vocabulary in id order.
+    std::vector<std::pair<std::int32_t, double>> by_id;
+    for (std::size_t i = 0; i < keep; ++i) by_id.push_back({c[i].id, prob[i]});
+    std::sort(by_id.begin(), by_id.end());
+    for (std::size_t i = 0; i < keep; ++i) {
+      c[i].id = by_id[i].first;
+      prob[i] = by_id[i].second;
+    }
   }
   double total = 0;
   for (std::size_t i = 0; i < keep; ++i) total += prob[i];
@@ -159,6 +171,62 @@ TEST(Sampler, LazySortingDrawsWhatAFullSortDraws) {
     }
   }
   EXPECT_LE(mismatches, 1) << "of " << draws;
+}
+
+TEST(Sampler, UnfilteredDrawsFollowTheDistributionAcrossBlocks) {
+  // 1000 tokens span several of the sampler's sum blocks; the mass sits in a few tokens far
+  // apart, in the first, a middle and the last block, plus a flat tail.
+  std::vector<double> p(1000, 0.1 / 996);
+  p[3] = 0.3;
+  p[511] = 0.25;
+  p[600] = 0.05;
+  p[999] = 0.3;
+  Sampler s({.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 11});
+  std::map<std::int32_t, int> counts;
+  const int n = 40000;
+  for (int i = 0; i < n; ++i) {
+    auto l = logits_from_probs(p);
+    ++counts[s.sample(l, {})];
+  }
+  int tail = 0;
+  for (const auto& [id, count] : counts) {
+    if (id != 3 && id != 511 && id != 600 && id != 999) tail += count;
+  }
+  for (int id : {3, 511, 600, 999}) EXPECT_NEAR(counts[id] / double(n), p[static_cast<std::size_t>(id)], 0.01) << id;
+  EXPECT_NEAR(tail / double(n), 0.1, 0.01);
+}
+
+TEST(Sampler, MaskedAndNanLogitsAreNeverDrawn) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const SamplingParams& params : {SamplingParams{.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 5},
+                                       SamplingParams{.temperature = 1.0f, .top_k = 0, .top_p = 0.99f, .min_p = 0.0f, .seed = 5}}) {
+    Sampler s(params);
+    std::vector<float> base(700, -inf);
+    for (std::size_t i = 0; i < base.size(); i += 3) base[i] = std::nanf("");
+    base[2] = -100.0f;  // weighs e^-100 relative to the others: below f32's range, so 0
+    base[350] = 0.0f;
+    base[698] = 0.5f;
+    std::map<std::int32_t, int> seen;
+    for (int i = 0; i < 2000; ++i) {
+      auto l = base;
+      ++seen[s.sample(l, {})];
+    }
+    EXPECT_EQ(seen.size(), 2u);
+    EXPECT_GT(seen[350], 0);
+    EXPECT_GT(seen[698], seen[350]);
+  }
+}
+
+TEST(Sampler, InfiniteLogitsAndTinyTemperaturesAreGreedy) {
+  const float inf = std::numeric_limits<float>::infinity();
+  Sampler s({.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 1});
+  std::vector<float> l = {0.0f, inf, 3.0f, inf};
+  EXPECT_EQ(s.sample(l, {}), 1);
+  std::vector<float> all_masked = {-inf, -inf, -inf};
+  EXPECT_EQ(s.sample(all_masked, {}), 0);
+  Sampler tiny({.temperature = 1e-40f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 1});
+  std::vector<float> m = {0.5f, 2.0f, 1.0f};
+  EXPECT_EQ(tiny.sample(m, {}), 1);
 }
 
 TEST(SamplingParams, RejectsOutOfRangeValues) {

@@ -25,6 +25,70 @@ Status SamplingParams::validate() const {
 
 Sampler::Sampler(SamplingParams params) : params_(params), rng_(params.seed) {}
 
+double Sampler::uniform_below(double total) {
+  // From the 53-bit mantissa: reproducible across libstdc++ versions, unlike
+  // std::uniform_real_distribution's unspecified algorithm.
+  return static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0) * total;
+}
+
+std::int32_t Sampler::draw_unfiltered(std::span<const float> logits) {
+  // With every token a candidate, no order by probability is needed: the draw walks the
+  // vocabulary in id order, first over block sums and then within one block, so a step costs a
+  // few linear passes over the logits and no sort (which dominated at a 49k vocabulary).
+  const std::size_t vocab = logits.size();
+  const float max_logit = max_ignoring_nan(logits.data(), static_cast<std::int64_t>(vocab));
+  if (std::isinf(max_logit)) {
+    // +inf dominates every finite logit, and all -inf leaves nothing to weigh: the lowest id at
+    // the maximum, as greedy picks (none when every logit is NaN).
+    for (std::size_t i = 0; i < vocab; ++i) {
+      if (logits[i] == max_logit) return static_cast<std::int32_t>(i);
+    }
+    return 0;
+  }
+  // Weights exp((l - max) / T), exactly 0 for NaN and for what falls below f32's range (so a
+  // masked token can never be drawn); the maximum weighs 1, so the total is at least 1.
+  exps_.resize(vocab);
+  shifted_exp(logits.data(), exps_.data(), static_cast<std::int64_t>(vocab), max_logit, 1.0f / params_.temperature);
+
+  // Block sums: f32 within a block of kSampleBlock (8 lanes, a fixed order on every machine),
+  // f64 across blocks so that a long tail keeps its mass.
+  const std::size_t blocks = (vocab + kSampleBlock - 1) / kSampleBlock;
+  block_sums_.resize(blocks);
+  double total = 0.0;
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::size_t begin = b * kSampleBlock, end = std::min(vocab, begin + kSampleBlock);
+    float lanes[8] = {};
+    std::size_t i = begin;
+    for (; i + 8 <= end; i += 8) {
+      for (std::size_t j = 0; j < 8; ++j) lanes[j] += exps_[i + j];
+    }
+    for (; i < end; ++i) lanes[0] += exps_[i];
+    const double sum = double((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + double((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    block_sums_[b] = sum;
+    total += sum;
+  }
+
+  const double u = uniform_below(total);
+  double acc = 0.0;
+  std::size_t b = 0;
+  while (b + 1 < blocks && acc + block_sums_[b] <= u) acc += block_sums_[b++];
+  // Within the block the running sum is taken in another order than the block's own, so rounding
+  // may leave u just past its end: then the block's last token of non-zero weight is drawn.
+  const std::size_t begin = b * kSampleBlock, end = std::min(vocab, begin + kSampleBlock);
+  std::size_t last_weighted = end;
+  for (std::size_t i = begin; i < end; ++i) {
+    if (exps_[i] == 0.0f) continue;
+    last_weighted = i;
+    acc += double(exps_[i]);
+    if (u < acc) return static_cast<std::int32_t>(i);
+  }
+  if (last_weighted != end) return static_cast<std::int32_t>(last_weighted);
+  // Only reachable when rounding put u past the last block with weight (its sum is 0 here).
+  std::size_t i = vocab;
+  while (i > 0 && exps_[i - 1] == 0.0f) --i;
+  return static_cast<std::int32_t>(i > 0 ? i - 1 : 0);
+}
+
 void Sampler::reset() { rng_.seed(params_.seed); }
 
 std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32_t> recent) {
@@ -45,7 +109,9 @@ std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32
     }
   }
 
-  if (params_.temperature == 0.0f) {
+  // A temperature so small that its inverse overflows is greedy in the limit, and would turn
+  // the scaled logits into inf - inf.
+  if (params_.temperature == 0.0f || !std::isfinite(1.0f / params_.temperature)) {
     // Greedy; ties go to the lowest id so that the choice never depends on the platform.
     std::int32_t best = 0;
     for (std::int32_t i = 1; i < vocab; ++i) {
@@ -53,6 +119,9 @@ std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32
     }
     return best;
   }
+
+  const bool filtered = (params_.top_k > 0 && params_.top_k < vocab) || params_.top_p < 1.0f || params_.min_p > 0.0f;
+  if (!filtered) return draw_unfiltered(logits);
 
   candidates_.clear();
   candidates_.reserve(logits.size());
@@ -129,9 +198,7 @@ std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32
 
   double total = 0.0;
   for (std::size_t i = 0; i < keep; ++i) total += candidates_[i].prob;
-  // A uniform draw in [0, total) from the 53-bit mantissa: reproducible across libstdc++ versions,
-  // unlike std::uniform_real_distribution's unspecified algorithm.
-  const double u = static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0) * total;
+  const double u = uniform_below(total);
   double acc = 0.0;
   for (std::size_t i = 0; i < keep; ++i) {
     sort_prefix(i + 1);

@@ -34,4 +34,11 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {
 // give exp(-87) ~ 1.6e-38 rather than a denormal or 0), else std::exp.
 void exp_inplace(float* x, std::int64_t n) noexcept;
 
+// The largest of x[0..n) that is not NaN; -inf when there is none.
+float max_ignoring_nan(const float* x, std::int64_t n) noexcept;
+
+// out[i] = exp((x[i] - shift) * scale), and exactly 0 where x[i] is NaN or the scaled value is
+// below -87 (where f32 runs out of normal range): a softmax's weights, with masked entries 0.
+void shifted_exp(const float* x, float* out, std::int64_t n, float shift, float scale) noexcept;
+
 }  // namespace kallpa::runtime

@@ -1,6 +1,7 @@
 // Turning logits into the next token: repetition penalty, temperature, then top-k, top-p and
 // min-p filters, then a seeded draw. Temperature 0 is greedy. The same seed and the same logits
-// always give the same token.
+// always give the same token. With a filter on, the draw walks the survivors from the most likely
+// down; with none, it walks the whole vocabulary in id order (no sort needed).
 #pragma once
 
 #include <cstdint>
@@ -43,10 +44,17 @@ class Sampler {
     std::int32_t id;
     double prob = 0.0;
   };
+  static constexpr std::size_t kSampleBlock = 256;
+  // The draw when no filter is on: every token weighed, walked in id order (see sampler.cpp).
+  std::int32_t draw_unfiltered(std::span<const float> logits);
+  // A uniform double in [0, total) from the next random number.
+  double uniform_below(double total);
+
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<Candidate> candidates_;  // reused across calls
   std::vector<float> exps_;
+  std::vector<double> block_sums_;
 };
 
 }  // namespace kallpa::runtime
