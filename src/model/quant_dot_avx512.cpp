@@ -198,12 +198,6 @@ inline void transpose_bytes16x16(const ByteShuffles& sh, const __m512i (&in)[4],
   t[3] = _mm512_permutex2var_epi8(a_hi, sh.b23, b_hi);
 }
 
-// Asks for every cache line of [p, p + bytes) at `Hint`'s level.
-template <auto Hint>  // _MM_HINT_*: an enum in GCC, an int in Clang
-inline void prefetch_lines(const std::byte* p, std::size_t bytes) {
-  for (std::size_t off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), Hint);
-}
-
 // Weights in the rows4 layout, where a 4-row group's quants are contiguous: byte transposes
 // instead of row_pairs + transpose16x16 (~50-70 instructions per block instead of ~130-150).
 //   Q4: 64 bytes per group (row i's byte j at 16 i + j: element j in the low nibble, j + 16 in the
@@ -224,7 +218,7 @@ void widen_rows4(const std::byte* w, std::size_t row_bytes, std::int64_t r0, std
   for (std::int64_t b = 0; b < nb; ++b) {
     const std::byte* blk[4];
     for (int i = 0; i < 4; ++i) blk[i] = group + 4 * i * row_bytes + static_cast<std::size_t>(b) * 4 * g.bytes;
-    prefetch_lines<_MM_HINT_T0>(next + static_cast<std::size_t>(b) * kGroupRows * g.bytes, kGroupRows * g.bytes);
+    prefetch_lines<kPrefetchToL1>(next + static_cast<std::size_t>(b) * kGroupRows * g.bytes, kGroupRows * g.bytes);
     std::byte* out = wide + b * kWideBlockBytes;
     if constexpr (T == GgmlType::q8_0) {
       __m512i lo_in[4], hi_in[4], lo[4], hi[4];
@@ -341,7 +335,7 @@ void gemm_q16_groups(const std::byte* w, std::size_t row_bytes, std::int64_t n_g
   // group at once, into L2, lets the misses overlap: x16 generation 458 -> 498 tok/s, medians of 8
   // interleaved pairs with and without of `kallpa bench model -p 16 -n 64 -d 0 -B 16 -r 3` on a
   // Xeon with AVX-512 VNNI (single pairs ranged 0.95-1.33).
-  if (n_groups > 0) prefetch_lines<_MM_HINT_T1>(w, kGroupRows * row_bytes);
+  if (n_groups > 0) prefetch_lines<kPrefetchToL2>(w, kGroupRows * row_bytes);
   for (std::int64_t g = 0; g < n_groups; ++g) {
     widen_group<T, L>(w, row_bytes, g * kGroupRows, nb, wide);
     float* yg = y + g * kGroupRows;

@@ -72,6 +72,15 @@ constexpr BlockPtr block_ptr(BlockGeom g, WeightLayout layout, const std::byte* 
   return {w + at.d, w + at.m, w + at.qs};
 }
 
+// Asks for every cache line of [p, p + bytes), at the level Locality names (__builtin_prefetch's:
+// 3 = into L1, 2 = into L2).
+inline constexpr int kPrefetchToL1 = 3;
+inline constexpr int kPrefetchToL2 = 2;
+template <int Locality>
+inline void prefetch_lines(const std::byte* p, std::size_t bytes) {
+  for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, Locality);
+}
+
 // Row r of a quantised matrix as ggml's row bytes (k / 32 blocks) in out.
 void load_row_ggml(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t r,
                    std::int64_t k, std::byte* out);
