@@ -1,5 +1,5 @@
-// The engine's vectorised exp (runtime/vector_exp.h) against std::exp, and the sampler's use of
-// it: masked (-inf) logits are never drawn.
+// The engine's vectorised exp, max and softmax weights (runtime/vector_exp.h) against scalar
+// math, and the sampler's use of them: masked (-inf) logits are never drawn.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,6 +21,42 @@ TEST(VectorExp, WithinAFewUlpOfStdExpOverTheNormalRange) {
   for (std::size_t i = 0; i < x.size(); ++i) {
     const double want = std::exp(double(x[i]));
     EXPECT_NEAR(y[i], want, want * 4e-7) << "x = " << x[i];
+  }
+}
+
+TEST(VectorExp, MaxIgnoringNanSkipsNanAndCoversTheTail) {
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  for (std::size_t n : {0u, 1u, 7u, 8u, 9u, 23u, 64u}) {
+    for (std::size_t at = 0; at < n; ++at) {  // the largest in every position: vector body and tail
+      std::vector<float> x(n);
+      for (std::size_t i = 0; i < n; ++i) x[i] = (i % 3 == 0) ? nan : -static_cast<float>(i);
+      x[at] = 5.0f;
+      EXPECT_EQ(max_ignoring_nan(x.data(), static_cast<std::int64_t>(n)), 5.0f) << n << " " << at;
+    }
+    std::vector<float> all_nan(n, nan);
+    EXPECT_EQ(max_ignoring_nan(all_nan.data(), static_cast<std::int64_t>(n)), -inf) << n;
+  }
+}
+
+TEST(VectorExp, ShiftedExpIsASoftmaxWeightWithMaskedEntriesZero) {
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x;
+  for (int i = 0; i < 37; ++i) x.push_back(static_cast<float>(i) * 0.37f - 3.0f);
+  x[4] = nan;
+  x[9] = -inf;
+  x[20] = -500.0f;  // (x - shift) * scale far below -87: 0, not exp(-87)
+  x[33] = nan;
+  std::vector<float> y(x.size(), -1.0f);
+  const float shift = 10.0f, scale = 1.25f;
+  shifted_exp(x.data(), y.data(), static_cast<std::int64_t>(x.size()), shift, scale);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i]) || x[i] == -inf || x[i] == -500.0f) {
+      EXPECT_EQ(y[i], 0.0f) << i;
+      continue;
+    }
+    const float arg = (x[i] - shift) * scale;  // the f32 argument: its own rounding is not exp's error
+    const double want = std::exp(double(arg));
+    EXPECT_NEAR(y[i], want, want * 4e-7) << i;
   }
 }
 
