@@ -21,6 +21,8 @@ TEST(Sampler, GreedyPicksArgmaxAndLowestIdOnTies) {
   Sampler s({.temperature = 0.0f});
   std::vector<float> l = {0.1f, 3.0f, -1.0f, 3.0f};
   EXPECT_EQ(s.sample(l, {}), 1);
+  std::vector<float> nan_first = {std::nanf(""), -2.0f, 1.0f, std::nanf("")};
+  EXPECT_EQ(s.sample(nan_first, {}), 2);
 }
 
 TEST(Sampler, SameSeedSameSequenceDifferentSeedDiffers) {

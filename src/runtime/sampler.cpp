@@ -112,12 +112,14 @@ std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32
   // A temperature so small that its inverse overflows is greedy in the limit, and would turn
   // the scaled logits into inf - inf.
   if (params_.temperature == 0.0f || !std::isfinite(1.0f / params_.temperature)) {
-    // Greedy; ties go to the lowest id so that the choice never depends on the platform.
-    std::int32_t best = 0;
-    for (std::int32_t i = 1; i < vocab; ++i) {
-      if (logits[static_cast<std::size_t>(i)] > logits[static_cast<std::size_t>(best)]) best = i;
+    // Greedy; ties go to the lowest id so that the choice never depends on the platform, and NaN
+    // logits are passed over (a NaN first would otherwise compare below nothing and win).
+    std::int32_t best = -1;
+    for (std::int32_t i = 0; i < vocab; ++i) {
+      const float l = logits[static_cast<std::size_t>(i)];
+      if (!std::isnan(l) && (best < 0 || l > logits[static_cast<std::size_t>(best)])) best = i;
     }
-    return best;
+    return best < 0 ? 0 : best;
   }
 
   const bool filtered = (params_.top_k > 0 && params_.top_k < vocab) || params_.top_p < 1.0f || params_.min_p > 0.0f;
