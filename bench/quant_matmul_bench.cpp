@@ -1,7 +1,7 @@
 // kallpa::model::matmul on SmolLM2-135M's matrix shapes (rows x cols = outputs x inputs: Q4_1
 // 576x576 q/o, 192x576 k/v, 1536x576 gate/up, 576x1536 down; Q8_0 49152x576 output head), exact f32
-// activations (the default) vs Q8- and Q16-quantised activations (act 0/1/2), batch 1 (decode), 16
-// (a server's batch of decode streams) and 512 (prefill), kernel versions side by side. threads:0
+// activations (the default) vs Q8- and Q16-quantised activations (act 0/1/2), batch 1 (decode), 4
+// and 16 (a server's batch of decode streams) and 512 (prefill), kernel versions side by side. threads:0
 // uses the whole pool, threads:1 one thread (the kernels without scheduling). Counters: GFLOP/s (2 * rows * cols * batch per call) and weight GB/s
 // (quantised bytes read per call). The head (30 MB) does not fit in the caches; the Q4_1 shapes do.
 //
@@ -20,7 +20,10 @@
 // per vector, tiles of 16 rows x 4 activation rows), all bit-identical. On Zen 3, one thread,
 //   KALLPA_THREADS=1 build/bench/quant_matmul_bench --benchmark_filter='b:16/act:2/threads:1/v:2/q8_0:./avx2:1'
 //     --benchmark_repetitions=3 --benchmark_enable_random_interleaving=true
-// (KALLPA_THREADS=1: a quiet second core) gave kv:2 1.1-1.3x kv:1 on every shape.
+// (KALLPA_THREADS=1: a quiet second core) gave kv:2 1.1-1.3x kv:1 on every shape. Batch 4 shows
+// what the rows-as-lanes widening costs when only one tile of activation rows shares it: 1536x576,
+// whole pool, Zen 3: b:1 25 us, b:4 70 us (kv:1 78), b:16 166 us, i.e. ~8 us per activation row
+// beyond the first four and ~38 us for the widening itself, more than the whole b:1 product.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -93,7 +96,7 @@ void shapes(benchmark::internal::Benchmark* b) {
   const std::tuple<std::int64_t, std::int64_t, std::int64_t> kShapes[] = {
       {576, 576, 0}, {192, 576, 0}, {1536, 576, 0}, {576, 1536, 0}, {49152, 576, 1}};
   for (std::int64_t threads : {0, 1}) {  // 0: the whole pool; 1: the kernels alone, no scheduling
-    for (std::int64_t batch : {1, 16, 512}) {
+    for (std::int64_t batch : {1, 4, 16, 512}) {
       for (const auto& [rows, cols, head] : kShapes) {
         if (head != 0 && batch == 512) continue;  // the head runs on one row per sequence
         for (std::int64_t act : {0, 1, 2}) {
@@ -101,7 +104,7 @@ void shapes(benchmark::internal::Benchmark* b) {
             b->Args({rows, cols, batch, act, threads, v, head, 0, 0});
             // Batched Q16 decode: the AVX-512 VNNI kernel (where the machine has it) beside AVX2,
             // and AVX2's kernel versions side by side (kv: 1 = 4-row fold, 2 = rows as lanes).
-            if (act == 2 && batch == 16) {
+            if (act == 2 && (batch == 4 || batch == 16)) {
               for (std::int64_t kv : {1, 2}) b->Args({rows, cols, batch, act, threads, v, head, 1, kv});
             }
           }
