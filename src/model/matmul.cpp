@@ -76,8 +76,9 @@ Status check_job(const WeightMatrix& w, std::int64_t batch, std::int64_t ldx, st
 }
 
 // Output rows per task: enough work per task to amortise scheduling, a multiple of 4 (tasks start
-// at a rows4 group), of 16 for batches. Decode-sized batches use small tasks for balance, but at most ~64 per matrix:
-// each task costs a shared atomic and a call, and the output head alone has 49k rows. A server's
+// at a rows4 group), of 16 for batches. Decode-sized batches use small tasks for balance, but at
+// most ~64 per matrix: each task costs a shared atomic and a call, and the output head alone has
+// 49k rows. A server's
 // batch of decode rows (up to one batch chunk) takes 32 rows per task: with 64, SmolLM2's 576-row
 // matrices made 9 tasks, so one of two threads idled a ninth of the time.
 std::int64_t row_chunk_for(const WeightMatrix& w, std::int64_t batch) {
