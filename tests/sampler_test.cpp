@@ -156,6 +156,9 @@ TEST(Sampler, LazySortingDrawsWhatAFullSortDraws) {
       {.temperature = 2.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.01f, .seed = 5},
       {.temperature = 5.0f, .top_k = 0, .top_p = 0.99f, .min_p = 0.0f, .seed = 6},
       {.temperature = 3.0f, .top_k = 0, .top_p = 0.5f, .min_p = 0.001f, .seed = 7},
+      // Nearly flat: top-p walks most of the vocabulary (the sampler's linear-time sort).
+      {.temperature = 40.0f, .top_k = 0, .top_p = 0.95f, .min_p = 0.0f, .seed = 8},
+      {.temperature = 40.0f, .top_k = 5000, .top_p = 0.9f, .min_p = 0.0f, .seed = 9},
   };
   int mismatches = 0, draws = 0;
   for (const SamplingParams& p : params) {

@@ -1,6 +1,7 @@
 #include "kallpa/runtime/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -24,6 +25,7 @@ Status SamplingParams::validate() const {
 }
 
 Sampler::Sampler(SamplingParams params) : params_(params), rng_(params.seed) {}
+
 
 double Sampler::uniform_below(double total) {
   // From the 53-bit mantissa: reproducible across libstdc++ versions, unlike
@@ -89,6 +91,41 @@ std::int32_t Sampler::draw_unfiltered(std::span<const float> logits) {
   return static_cast<std::int32_t>(i > 0 ? i - 1 : 0);
 }
 
+void Sampler::sort_by_logit(std::size_t from, std::size_t to, std::size_t vocab) {
+  const auto first = candidates_.begin() + static_cast<std::ptrdiff_t>(from);
+  const auto last = candidates_.begin() + static_cast<std::ptrdiff_t>(to);
+  if (to - from < 4096) {  // the passes below cost O(vocab) whatever the range
+    std::sort(first, last, ByLogit{});
+    return;
+  }
+  // Back into id order first (ids are distinct and below vocab: one pass through positions by
+  // id), so that stable radix passes on the logit alone leave ties in id order, as ByLogit does.
+  const std::size_t n = to - from;
+  position_by_id_.assign(vocab, -1);
+  for (std::size_t i = from; i < to; ++i) position_by_id_[static_cast<std::size_t>(candidates_[i].id)] = static_cast<std::int64_t>(i);
+  radix_in_.clear();
+  for (std::int64_t pos : position_by_id_) {
+    if (pos >= 0) radix_in_.push_back(candidates_[static_cast<std::size_t>(pos)]);
+  }
+  // Descending logit as an ascending unsigned key: IEEE order made monotone, then reversed;
+  // -0 counts as +0, as the comparison does. Candidates are never NaN.
+  auto key = [](float logit) {
+    std::uint32_t u = std::bit_cast<std::uint32_t>(logit);
+    if (u == 0x80000000u) u = 0;
+    u = (u & 0x80000000u) != 0 ? ~u : u | 0x80000000u;
+    return ~u;
+  };
+  radix_out_.resize(n);
+  for (int shift = 0; shift < 32; shift += 8) {
+    std::size_t start[257] = {};
+    for (const Candidate& c : radix_in_) ++start[((key(c.logit) >> shift) & 0xff) + 1];
+    for (int d = 0; d < 256; ++d) start[d + 1] += start[d];
+    for (const Candidate& c : radix_in_) radix_out_[start[(key(c.logit) >> shift) & 0xff]++] = c;
+    radix_in_.swap(radix_out_);
+  }
+  std::copy(radix_in_.begin(), radix_in_.end(), first);
+}
+
 void Sampler::reset() { rng_.seed(params_.seed); }
 
 std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32_t> recent) {
@@ -132,7 +169,6 @@ std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32
     if (!std::isnan(l)) candidates_.push_back({l / params_.temperature, i});
   }
   if (candidates_.empty()) return 0;
-  auto by_logit = [](const Candidate& a, const Candidate& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
 
   // The candidates are only ever consumed from the most likely down, and almost all of the mass
   // sits in the first few dozen of a 49k vocabulary, so they are sorted lazily: sorted(n) makes the
@@ -143,9 +179,16 @@ std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32
     n = std::min(n, keep);
     if (n <= sorted) return;
     n = std::min(keep, std::max({n, sorted * 4, std::size_t{32}}));  // geometric: O(V log n) in all
-    std::partial_sort(candidates_.begin() + static_cast<std::ptrdiff_t>(sorted),
-                      candidates_.begin() + static_cast<std::ptrdiff_t>(n),
-                      candidates_.begin() + static_cast<std::ptrdiff_t>(keep), by_logit);
+    if (n > std::min<std::size_t>(1024, keep / 8)) {
+      // A deep walk (a flat distribution under top-p): the rest sorted in linear time instead
+      // (49k tokens, top_p 0.95, flat: 14.8 ms a draw with partial_sort; bench/sampler_bench).
+      sort_by_logit(sorted, keep, static_cast<std::size_t>(vocab));
+      n = keep;
+    } else {
+      std::partial_sort(candidates_.begin() + static_cast<std::ptrdiff_t>(sorted),
+                        candidates_.begin() + static_cast<std::ptrdiff_t>(n),
+                        candidates_.begin() + static_cast<std::ptrdiff_t>(keep), ByLogit{});
+    }
     sorted = n;
   };
   if (params_.top_k > 0 && static_cast<std::size_t>(params_.top_k) < keep) {

@@ -47,6 +47,15 @@ class Sampler {
   static constexpr std::size_t kSampleBlock = 256;
   // The draw when no filter is on: every token weighed, walked in id order (see sampler.cpp).
   std::int32_t draw_unfiltered(std::span<const float> logits);
+  // The candidates' order: logit descending, then id (a type, so that the sorts inline it).
+  struct ByLogit {
+    bool operator()(const Candidate& a, const Candidate& b) const noexcept {
+      return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+    }
+  };
+  // Sorts candidates_[from, to) by ByLogit; a long range in linear time (four stable radix
+  // passes).
+  void sort_by_logit(std::size_t from, std::size_t to, std::size_t vocab);
   // A uniform double in [0, total) from the next random number.
   double uniform_below(double total);
 
@@ -55,6 +64,8 @@ class Sampler {
   std::vector<Candidate> candidates_;  // reused across calls
   std::vector<float> exps_;
   std::vector<double> block_sums_;
+  std::vector<std::int64_t> position_by_id_;  // sort_by_logit's scratch
+  std::vector<Candidate> radix_in_, radix_out_;
 };
 
 }  // namespace kallpa::runtime
