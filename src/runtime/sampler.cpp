@@ -26,6 +26,21 @@ Status SamplingParams::validate() const {
 
 Sampler::Sampler(SamplingParams params) : params_(params), rng_(params.seed) {}
 
+namespace {
+
+// The greedy choice: the largest logit, ties to the lowest id so that the choice never depends on
+// the platform, NaN passed over (a NaN first would otherwise compare below nothing and win); 0
+// when every logit is NaN.
+std::int32_t argmax_lowest_id(std::span<const float> logits) {
+  std::int32_t best = -1;
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    const float l = logits[i];
+    if (!std::isnan(l) && (best < 0 || l > logits[static_cast<std::size_t>(best)])) best = static_cast<std::int32_t>(i);
+  }
+  return best < 0 ? 0 : best;
+}
+
+}  // namespace
 
 double Sampler::uniform_below(double total) {
   // From the 53-bit mantissa: reproducible across libstdc++ versions, unlike
@@ -39,14 +54,8 @@ std::int32_t Sampler::draw_unfiltered(std::span<const float> logits) {
   // few linear passes over the logits and no sort (which dominated at a 49k vocabulary).
   const std::size_t vocab = logits.size();
   const float max_logit = max_ignoring_nan(logits.data(), static_cast<std::int64_t>(vocab));
-  if (std::isinf(max_logit)) {
-    // +inf dominates every finite logit, and all -inf leaves nothing to weigh: the lowest id at
-    // the maximum, as greedy picks (none when every logit is NaN).
-    for (std::size_t i = 0; i < vocab; ++i) {
-      if (logits[i] == max_logit) return static_cast<std::int32_t>(i);
-    }
-    return 0;
-  }
+  // +inf dominates every finite logit, and all -inf (or all NaN) leaves nothing to weigh.
+  if (std::isinf(max_logit)) return argmax_lowest_id(logits);
   // Weights exp((l - max) / T), exactly 0 for NaN and for what falls below f32's range (so a
   // masked token can never be drawn); the maximum weighs 1, so the total is at least 1.
   exps_.resize(vocab);
@@ -149,14 +158,7 @@ std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32
   // A temperature so small that its inverse overflows is greedy in the limit, and would turn
   // the scaled logits into inf - inf.
   if (params_.temperature == 0.0f || !std::isfinite(1.0f / params_.temperature)) {
-    // Greedy; ties go to the lowest id so that the choice never depends on the platform, and NaN
-    // logits are passed over (a NaN first would otherwise compare below nothing and win).
-    std::int32_t best = -1;
-    for (std::int32_t i = 0; i < vocab; ++i) {
-      const float l = logits[static_cast<std::size_t>(i)];
-      if (!std::isnan(l) && (best < 0 || l > logits[static_cast<std::size_t>(best)])) best = i;
-    }
-    return best < 0 ? 0 : best;
+    return argmax_lowest_id(logits);
   }
 
   const bool filtered = (params_.top_k > 0 && params_.top_k < vocab) || params_.top_p < 1.0f || params_.min_p > 0.0f;
@@ -181,7 +183,8 @@ std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32
     n = std::min(keep, std::max({n, sorted * 4, std::size_t{32}}));  // geometric: O(V log n) in all
     if (n > std::min<std::size_t>(1024, keep / 8)) {
       // A deep walk (a flat distribution under top-p): the rest sorted in linear time instead
-      // (49k tokens, top_p 0.95, flat: 14.8 ms a draw with partial_sort; bench/sampler_bench).
+      // of more partial_sorts (49k tokens, top_p 0.95, flat: 10.1 -> 1.9 ms a draw,
+      // `build/bench/sampler_bench --benchmark_filter=top_p --benchmark_repetitions=3`).
       sort_by_logit(sorted, keep, static_cast<std::size_t>(vocab));
       n = keep;
     } else {
