@@ -33,7 +33,9 @@
 //               accumulators), whole steps of P·V unrolled over their eight keys, the row groups
 //               planned once per task, and the softmax's masking pass skipped for fully visible rows.
 //               Fewer instructions than v7; the default beyond 1 MiB of K/V since session 8.
-//   decode_dram/*: K/V of 256 MiB (far beyond L3) on huge pages, v5, v6, v7 and v8 side by side with
+//   v9 lanes:   v8 with a step of one key per vector lane: on AVX-512 sixteen keys, whose dots
+//               reduce in one 16-way tree, and P·V slices sized for 32 registers (AVX2: v8's walk).
+//   decode_dram/*: K/V of 256 MiB (far beyond L3) on huge pages, v5, v6, v7, v8 and v9 side by side with
 //               stream_read, a plain sum of the same bytes on the same threads: the practical ceiling.
 //               Compare with --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true;
 //               KALLPA_BENCH_HUGE_PAGES=0 puts the buffers on 4 KiB pages.
@@ -213,10 +215,12 @@ void register_decode_versions(const std::string& name, const Shape& s) {
   static cpu_flash::CpuFlashBackend v7_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::grouped});
   static cpu_flash::CpuFlashBackend v8(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::grouped8});
   static cpu_flash::CpuFlashBackend v8_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::grouped8});
+  static cpu_flash::CpuFlashBackend v9(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::lanes});
+  static cpu_flash::CpuFlashBackend v9_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::lanes});
   if (name.rfind("decode_dram", 0) == 0) {  // only the DRAM contenders and the ceiling
     for (const auto& [suffix, be] :
          {std::pair{"/v5_stream", &v5}, std::pair{"/v6_fused", &v6}, std::pair{"/v7_grouped", &v7},
-          std::pair{"/v8_grouped8", &v8}})
+          std::pair{"/v8_grouped8", &v8}, std::pair{"/v9_lanes", &v9}})
       benchmark::RegisterBenchmark((name + suffix).c_str(), [s, be = be](benchmark::State& st) { run_backend(st, *be, s); })
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
@@ -231,10 +235,12 @@ void register_decode_versions(const std::string& name, const Shape& s) {
                                                                      {"/v5_stream_t1", &v5_1},
                                                                      {"/v6_fused_t1", &v6_1},
                                                                      {"/v7_grouped_t1", &v7_1},
-                                                                     {"/v8_grouped8_t1", &v8_1}};
+                                                                     {"/v8_grouped8_t1", &v8_1},
+                                                                     {"/v9_lanes_t1", &v9_1}};
   const std::pair<const char*, cpu_flash::CpuFlashBackend*> all[] = {
       {"/v2_tiled", &v2}, {"/v3_staged", &v3}, {"/v4_direct", &v4},
-      {"/v5_stream", &v5}, {"/v6_fused", &v6}, {"/v7_grouped", &v7}, {"/v8_grouped8", &v8}};
+      {"/v5_stream", &v5}, {"/v6_fused", &v6}, {"/v7_grouped", &v7}, {"/v8_grouped8", &v8},
+      {"/v9_lanes", &v9}};
   for (const auto& [suffix, be] : one)
     benchmark::RegisterBenchmark((name + suffix).c_str(), [s, be = be](benchmark::State& st) { run_backend(st, *be, s); })
         ->Unit(benchmark::kMillisecond);

@@ -248,8 +248,7 @@ std::string describe(const Spec& s) {
 }
 
 // The automatic choice, the previous prefill generation (v2 rows kernel), the streaming decode
-// kernels (v5, v6, v7 and v8; v8 is the automatic choice for K/V beyond the caches) and the
-// generic path.
+// kernels (v5, v6, v7, v8 and v9) and the generic path.
 void check_all_paths(const Spec& s) {
   SCOPED_TRACE(describe(s));
   using cpu_flash::DecodeKernel;
@@ -260,6 +259,7 @@ void check_all_paths(const Spec& s) {
   CpuFlashBackend fused_v6(Options{0, Path::fast, DecodeKernel::fused});
   CpuFlashBackend grouped_v7(Options{0, Path::fast, DecodeKernel::grouped});
   CpuFlashBackend grouped_v8(Options{0, Path::fast, DecodeKernel::grouped8});
+  CpuFlashBackend lanes_v9(Options{0, Path::fast, DecodeKernel::lanes});
   CpuFlashBackend generic(Options{0, Path::generic});
   const auto want = ref(s);
   expect_close(run(fast, s), want, s, "fast");
@@ -268,6 +268,7 @@ void check_all_paths(const Spec& s) {
   expect_close(run(fused_v6, s), want, s, "fast, decode v6");
   expect_close(run(grouped_v7, s), want, s, "fast, decode v7");
   expect_close(run(grouped_v8, s), want, s, "fast, decode v8");
+  expect_close(run(lanes_v9, s), want, s, "fast, decode v9");
   expect_close(run(generic, s), want, s, "generic");
 }
 
@@ -377,7 +378,8 @@ Spec long_dense_decode(std::int32_t skv) {
   return Spec{.dt = DType::f16, .sq = {1}, .skv = {skv}, .hq = 32, .hkv = 8, .d = 128, .dv = 128, .lse = true};
 }
 
-// Every decode kernel generation (tiled, staged, direct, stream, fused, grouped, grouped8) against the reference on decode-shaped
+// Every decode kernel generation (tiled, staged, direct, stream, fused, grouped, grouped8, lanes)
+// against the reference on decode-shaped
 // problems: GQA groups, paged caches (the engine's page 16, 3 KV heads), ragged batches, several
 // query rows per sequence (speculative / chunked decode), masks, softcap, ALiBi, lse, padded
 // strides (which force the staged kernel) and chunk splits with the merge.
@@ -407,14 +409,14 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
   }
   expect_decode_kernels_match(specs, {DecodeKernel::tiled, DecodeKernel::staged, DecodeKernel::direct,
                                       DecodeKernel::stream, DecodeKernel::fused, DecodeKernel::grouped,
-                                      DecodeKernel::grouped8});
+                                      DecodeKernel::grouped8, DecodeKernel::lanes});
 }
 
-// Decode v8 and v7 (the automatic choice beyond the caches) against the reference over the
-// contract its in-place kernels take: K/V dtypes f16/bf16/f32, GQA groups of 1, 3, 4 and 8 (one
-// and two row groups of four), paged caches with odd page sizes, ragged lengths that end within an
-// eight-key step, several queries per sequence, causal, windows, softcap, ALiBi and lse, and a long
-// sequence split into chunks that are merged.
+// Decode v7, v8 and v9 (the grouped kernels) against the reference over the contract their
+// in-place kernels take: K/V dtypes f16/bf16/f32, GQA groups of 1, 3, 4 and 8 (one and two row
+// groups of four), paged caches with odd page sizes, ragged lengths that end within a step (eight
+// keys; v9: one per lane), several queries per sequence, causal, windows, softcap, ALiBi and lse,
+// and a long sequence split into chunks that are merged.
 TEST(CpuFlash, DecodeV8MatchesReference) {
   using cpu_flash::DecodeKernel;
   std::vector<Spec> specs;
@@ -433,7 +435,7 @@ TEST(CpuFlash, DecodeV8MatchesReference) {
       specs.push_back(s);
     }
   specs.push_back(long_dense_decode(5003));
-  expect_decode_kernels_match(specs, {DecodeKernel::grouped, DecodeKernel::grouped8});
+  expect_decode_kernels_match(specs, {DecodeKernel::grouped, DecodeKernel::grouped8, DecodeKernel::lanes});
 }
 
 // Builds s into b with a NaN at element `at` of its f32 buffer `buf` and runs `opts` on it in place.
@@ -464,7 +466,7 @@ void expect_nan_where(const Built& b, const Spec& s, Pred&& nan) {
 TEST(CpuFlash, DecodeNanOnlyWhereVisible) {
   using cpu_flash::DecodeKernel;
   for (DecodeKernel k : {DecodeKernel::staged, DecodeKernel::direct, DecodeKernel::stream, DecodeKernel::fused,
-                        DecodeKernel::grouped, DecodeKernel::grouped8}) {
+                        DecodeKernel::grouped, DecodeKernel::grouped8, DecodeKernel::lanes}) {
     Spec s = shaped({2}, {600}, 4, 1, 16);
     s.causal = true;
     Built b;
@@ -666,6 +668,10 @@ TEST(CpuFlash, EverySimdTarget) {
       expect_close(run(grouped8, s), ref(s), s, "decode v8");
       s.d = s.dv = 64;
       expect_close(run(grouped8, s), ref(s), s, "decode v8, D 64");
+      CpuFlashBackend lanes(Options{0, Path::fast, cpu_flash::DecodeKernel::lanes});
+      expect_close(run(lanes, s), ref(s), s, "decode v9, D 64");
+      s.d = s.dv = 128;
+      expect_close(run(lanes, s), ref(s), s, "decode v9, D 128");
     }
   }
   ASSERT_TRUE(cpu_flash::CpuFlashBackend::force_simd_target(""));

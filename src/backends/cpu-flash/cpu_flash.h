@@ -36,6 +36,8 @@ enum class DecodeKernel : int {
                   //     from each K/V vector converted once, P·V accumulators in registers per step
   grouped8 = 8,   // v8: v7 with the eight dots of a step reduced in one tree, whole steps of P·V
                   //     unrolled and the row groups planned once per task (fewer instructions per key)
+  lanes = 9,      // v9: v8 with a step of one key per vector lane (16 on AVX-512): a step's dots
+                  //     reduce in one tree at any width, P·V slices sized for the target's registers
 };
 
 // Kernel generation of the tiled (prefill) path; the older one stays selectable for benchmarks.
@@ -54,7 +56,7 @@ struct Options {
 };
 
 // The registered backend's options: the defaults, with the kernel generations taken from
-// KALLPA_CPU_FLASH_DECODE (v2..v8) and KALLPA_CPU_FLASH_PREFILL (v2, v3) when set, so that
+// KALLPA_CPU_FLASH_DECODE (v2..v9) and KALLPA_CPU_FLASH_PREFILL (v2, v3) when set, so that
 // `kallpa bench attention` can time one generation against another.
 Options options_from_env();
 

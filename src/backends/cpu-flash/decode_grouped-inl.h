@@ -103,6 +103,58 @@ void GroupedSoftmax(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, 
   });
 }
 
+// Decode v8 and v9: a group of up to four query rows of one query position, which share each K/V vector.
+struct RowGroup {
+  std::int64_t i;  // query position
+  std::int64_t r;  // first row within the KV head
+  int rb;          // rows
+};
+
+// The rows of every query position in as few groups of at most four as possible, of near-equal
+// size (9 rows: 3 + 3 + 3; 6: 3 + 3; 5: 3 + 2). Returns the number of groups.
+inline int PlanRowGroups(std::int64_t sq, std::int64_t G, RowGroup* out) {
+  const std::int64_t blocks = (G + 3) / 4;
+  int n = 0;
+  for (std::int64_t i = 0; i < sq; ++i) {
+    std::int64_t r = i * G;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int64_t rows = G / blocks + (b < G % blocks ? 1 : 0);
+      out[n++] = RowGroup{i, r, static_cast<int>(rows)};
+      r += rows;
+    }
+  }
+  return n;
+}
+
+// s[rb * kDecodeGroupedBlock + u] = <q[rb], k[u]> for the RB rows (q rows qs floats apart) and the n
+// keys of a step that the rows see only in part (decode v8, v9): one key at a time.
+template <int RB, typename T>
+HWY_INLINE void DotsPart(const float* HWY_RESTRICT q, std::int64_t qs, const T* const* k, std::int64_t n,
+                         std::int64_t len, float* HWY_RESTRICT s) {
+  const DF d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  for (std::int64_t u = 0; u < n; ++u) {
+    VF acc[RB];
+    for (int rb = 0; rb < RB; ++rb) acc[rb] = hn::Zero(d);
+    for (std::int64_t x = 0; x < len; x += N) {
+      const VF kv = LoadAsF32(k[u] + x);
+      for (int rb = 0; rb < RB; ++rb) acc[rb] = hn::MulAdd(hn::Load(d, q + rb * qs + x), kv, acc[rb]);
+    }
+    for (int rb = 0; rb < RB; ++rb) s[rb * kDecodeGroupedBlock + u] = SumLanes(d, acc[rb]);
+  }
+}
+
+// Calls f(integral_constant<int, rb>) for a group's row count.
+template <typename F>
+HWY_INLINE void WithRows(int rb, F&& f) {
+  switch (rb) {
+    case 4: f(std::integral_constant<int, 4>()); break;
+    case 3: f(std::integral_constant<int, 3>()); break;
+    case 2: f(std::integral_constant<int, 2>()); break;
+    default: f(std::integral_constant<int, 1>()); break;
+  }
+}
+
 }  // namespace
 
 // One task of a grouped kernel. Layouts it cannot read in place (KvInPlace) run v6. Else: the

@@ -241,6 +241,9 @@ void run_decode_task_v7(const ValidatedProblem& problem, const DecodePlan& plan,
 // The same for decode v8 (decode_v8.cpp); layouts it cannot read in place run v6.
 void run_decode_task_v8(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
                         void* scratch, std::byte* slots, std::int32_t* counters);
+// The same for decode v9 (decode_v9.cpp); layouts it cannot read in place run v6.
+void run_decode_task_v9(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
+                        void* scratch, std::byte* slots, std::int32_t* counters);
 
 // The prefill v3 softmax exp on n values (for tests).
 void fast_exp(const float* x, float* y, std::size_t n);
