@@ -429,8 +429,7 @@ Status CpuFlashBackend::run_decode(const ValidatedProblem& vp, Workspace workspa
   auto* counters = reinterpret_cast<std::int32_t*>(slots + static_cast<std::size_t>(plan.n_slots) * plan.slot_bytes);
   std::fill(counters, counters + plan.n_counters, 0);
   DecodeKernel kernel = options_.decode;
-  if (kernel == DecodeKernel::automatic)
-    kernel = plan.kv_bytes <= kDecodeDirectMaxBytes ? kDecodeAutoInCache : kDecodeAutoStreamed;
+  if (kernel == DecodeKernel::automatic) kernel = automatic_decode_kernel(plan.kv_bytes);
   pool.parallel_for(
       static_cast<std::int64_t>(plan.tasks.size()),
       [&](std::int64_t t, int worker) {

@@ -155,6 +155,71 @@ HWY_INLINE void WithRows(int rb, F&& f) {
   }
 }
 
+
+// One block of keys [j0, j0 + nb) of decode v8 and v9, in v7's order: steps of kStep key rows
+// across every KV head for the scores, the softmax of every row, then steps across every head
+// again for P·V, K and V each prefetched `ahead` keys in front of the walk (ahead < 0: none). On a
+// step that a row group sees whole, dots(rb, q, rows, s) writes its scores and pv(rb, whole, rows,
+// p, n, o) (whole: std::true_type) adds its values; on the steps it sees in part (causal and window
+// edges, the end of a chunk), DotsPart and pv(rb, std::false_type, ...) take the visible keys only.
+template <int kStep, typename T, typename Dots, typename Pv>
+HWY_INLINE void StepWalk(Ctx& c, const RowGroup* groups, int n_groups, std::int64_t j0, std::int64_t nb,
+                         const std::int64_t* a_i, const std::int64_t* e_i, StreamPrefetcher& kpf,
+                         StreamPrefetcher& vpf, std::int64_t ahead, Dots&& dots, Pv&& pv) {
+  constexpr std::int64_t kB = kDecodeGroupedBlock;
+  static_assert(kB % kStep == 0, "a block is whole steps");
+  const T* kb = static_cast<const T*>(c.p->k.data);
+  const T* vb = static_cast<const T*>(c.p->v.data);
+  const std::int64_t D = c.D, Dp = c.Dp, Dvp = c.Dvp, R = c.R;
+  const bool prefetch = ahead >= 0;
+  const T* rows[kStep];
+  for (std::int64_t u0 = 0; u0 < nb; u0 += kStep) {
+    const std::int64_t nk = std::min<std::int64_t>(kStep, nb - u0);
+    for (std::int64_t u = 0; u < nk; ++u) rows[u] = kb + c.koff[u0 + u];
+    for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
+      if (prefetch) kpf.until(j0 + u0 + ahead + (kvh + 1) * nk / c.hkv);
+      const float* qh = c.q + kvh * R * Dp;
+      float* sh = c.s_all + kvh * R * kB;
+      for (int g = 0; g < n_groups; ++g) {
+        const RowGroup& rg = groups[g];
+        const std::int64_t a = std::max(a_i[rg.i], u0), e = std::min(e_i[rg.i], u0 + nk - 1);
+        if (a > e) continue;
+        const float* q = qh + rg.r * Dp;
+        float* s = sh + rg.r * kB;
+        WithRows(rg.rb, [&](auto rbc) {
+          if (e - a + 1 == kStep) dots(rbc, q, rows, s + u0);
+          else DotsPart<decltype(rbc)::value>(q, Dp, rows + (a - u0), e - a + 1, D, s + a);
+        });
+      }
+      for (std::int64_t u = 0; u < nk; ++u) rows[u] += c.khs;
+    }
+  }
+  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh)
+    GroupedSoftmax<true>(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * R * kB);
+  for (std::int64_t u0 = 0; u0 < nb; u0 += kStep) {
+    const std::int64_t nk = std::min<std::int64_t>(kStep, nb - u0);
+    for (std::int64_t u = 0; u < nk; ++u) rows[u] = vb + c.voff[u0 + u];
+    for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
+      if (prefetch) vpf.until(j0 + u0 + ahead + (kvh + 1) * nk / c.hkv);
+      const float* sh = c.s_all + kvh * R * kB;
+      float* oh = c.acc + kvh * R * Dvp;
+      for (int g = 0; g < n_groups; ++g) {
+        const RowGroup& rg = groups[g];
+        // Only the rows' visible keys: a masked value may be NaN and must not be read.
+        const std::int64_t a = std::max(a_i[rg.i], u0), e = std::min(e_i[rg.i], u0 + nk - 1);
+        if (a > e) continue;
+        const float* p = sh + rg.r * kB + a;
+        float* o = oh + rg.r * Dvp;
+        WithRows(rg.rb, [&](auto rbc) {
+          if (e - a + 1 == kStep) pv(rbc, std::true_type(), rows, p, kStep, o);
+          else pv(rbc, std::false_type(), rows + (a - u0), p, e - a + 1, o);
+        });
+      }
+      for (std::int64_t u = 0; u < nk; ++u) rows[u] += c.vhs;
+    }
+  }
+}
+
 }  // namespace
 
 // One task of a grouped kernel. Layouts it cannot read in place (KvInPlace) run v6. Else: the

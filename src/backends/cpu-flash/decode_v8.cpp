@@ -118,66 +118,6 @@ HWY_INLINE void PvStep(const T* const* v, const float* p, std::int64_t n, float*
   for (; x < len; x += N) PvSlice8<RB, 1, KN>(v, p, n, o, os, x);
 }
 
-// One block of keys [j0, j0 + nb) in v7's order: steps of eight key rows across every KV head for
-// the scores, the softmax of every row, then steps across every head again for P·V, K and V each
-// prefetched `ahead` keys in front of the walk.
-template <typename T>
-void Block8(Ctx& c, const RowGroup* groups, int n_groups, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
-            const std::int64_t* e_i, const std::int64_t* koff, const std::int64_t* voff, StreamPrefetcher& kpf,
-            StreamPrefetcher& vpf, std::int64_t ahead) {
-  const T* kb = static_cast<const T*>(c.p->k.data);
-  const T* vb = static_cast<const T*>(c.p->v.data);
-  const std::int64_t D = c.D, Dv = c.Dv, Dp = c.Dp, Dvp = c.Dvp, R = c.R;
-  const T* rows[kStep8];
-  for (std::int64_t u0 = 0; u0 < nb; u0 += kStep8) {
-    const std::int64_t nk = std::min<std::int64_t>(kStep8, nb - u0);
-    for (std::int64_t u = 0; u < nk; ++u) rows[u] = kb + koff[u0 + u];
-    for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
-      kpf.until(j0 + u0 + ahead + (kvh + 1) * nk / c.hkv);
-      const float* qh = c.q + kvh * R * Dp;
-      float* sh = c.s_all + kvh * R * kB8;
-      for (int g = 0; g < n_groups; ++g) {
-        const RowGroup& rg = groups[g];
-        const std::int64_t a = std::max(a_i[rg.i], u0), e = std::min(e_i[rg.i], u0 + nk - 1);
-        if (a > e) continue;
-        const float* q = qh + rg.r * Dp;
-        float* s = sh + rg.r * kB8;
-        WithRows(rg.rb, [&](auto rbc) {
-          constexpr int RB = decltype(rbc)::value;
-          if (e - a + 1 == kStep8) DotsStep<RB>(q, Dp, rows, D, s + u0);
-          else DotsPart<RB>(q, Dp, rows + (a - u0), e - a + 1, D, s + a);
-        });
-      }
-      for (std::int64_t u = 0; u < nk; ++u) rows[u] += c.khs;
-    }
-  }
-  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh)
-    GroupedSoftmax<true>(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * R * kB8);
-  for (std::int64_t u0 = 0; u0 < nb; u0 += kStep8) {
-    const std::int64_t nk = std::min<std::int64_t>(kStep8, nb - u0);
-    for (std::int64_t u = 0; u < nk; ++u) rows[u] = vb + voff[u0 + u];
-    for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
-      vpf.until(j0 + u0 + ahead + (kvh + 1) * nk / c.hkv);
-      const float* sh = c.s_all + kvh * R * kB8;
-      float* oh = c.acc + kvh * R * Dvp;
-      for (int g = 0; g < n_groups; ++g) {
-        const RowGroup& rg = groups[g];
-        // Only the rows' visible keys: a masked value may be NaN and must not be read.
-        const std::int64_t a = std::max(a_i[rg.i], u0), e = std::min(e_i[rg.i], u0 + nk - 1);
-        if (a > e) continue;
-        const float* p = sh + rg.r * kB8 + a;
-        float* o = oh + rg.r * Dvp;
-        WithRows(rg.rb, [&](auto rbc) {
-          constexpr int RB = decltype(rbc)::value;
-          if (e - a + 1 == kStep8) PvStep<RB, kStep8>(rows, p, kStep8, o, Dvp, Dv);
-          else PvStep<RB, 0>(rows + (a - u0), p, e - a + 1, o, Dvp, Dv);
-        });
-      }
-      for (std::int64_t u = 0; u < nk; ++u) rows[u] += c.vhs;
-    }
-  }
-}
-
 }  // namespace
 
 void RunDecodeTaskV8Impl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
@@ -188,7 +128,15 @@ void RunDecodeTaskV8Impl(const ValidatedProblem& vp, const DecodePlan& plan, con
   RunGroupedTask(vp, plan, t, scratch, slots, counters, kB8,
                  [&](auto type, Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
                      const std::int64_t* e_i, StreamPrefetcher& kpf, StreamPrefetcher& vpf) {
-                   Block8<decltype(type)>(c, groups, n_groups, j0, nb, a_i, e_i, c.koff, c.voff, kpf, vpf, ahead);
+                   using T = decltype(type);
+                   StepWalk<kStep8, T>(
+                       c, groups, n_groups, j0, nb, a_i, e_i, kpf, vpf, ahead,
+                       [&](auto rb, const float* q, const T* const* rows, float* s) {
+                         DotsStep<decltype(rb)::value>(q, c.Dp, rows, c.D, s);
+                       },
+                       [&](auto rb, auto whole, const T* const* rows, const float* p, std::int64_t n, float* o) {
+                         PvStep<decltype(rb)::value, decltype(whole)::value ? kStep8 : 0>(rows, p, n, o, c.Dvp, c.Dv);
+                       });
                  });
 }
 

@@ -27,7 +27,6 @@ namespace {
 
 constexpr std::int64_t kB9 = kDecodeGroupedBlock;
 constexpr int kLanes = static_cast<int>(hn::MaxLanes(DF()));
-static_assert(kB9 % kLanes == 0, "a block is whole steps");
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 constexpr int kVectorRegisters = 32;
@@ -194,66 +193,6 @@ HWY_INLINE void PvStep(const T* const* v, const float* p, std::int64_t n, float*
   for (; x < len; x += kLanes) PvSlice9<RB, 1, KN>(v, p, n, o, os, x);
 }
 
-// One block of keys [j0, j0 + nb) in v8's order, in steps of kLanes key rows across every KV head
-// for the scores, the softmax of every row, then steps across every head again for P·V, K and V
-// each prefetched `ahead` keys in front of the walk (ahead < 0: no prefetch).
-template <typename T>
-void Block9(Ctx& c, const RowGroup* groups, int n_groups, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
-            const std::int64_t* e_i, StreamPrefetcher& kpf, StreamPrefetcher& vpf, std::int64_t ahead) {
-  const bool prefetch = ahead >= 0;
-  const T* kb = static_cast<const T*>(c.p->k.data);
-  const T* vb = static_cast<const T*>(c.p->v.data);
-  const std::int64_t D = c.D, Dv = c.Dv, Dp = c.Dp, Dvp = c.Dvp, R = c.R;
-  const T* rows[kLanes];
-  for (std::int64_t u0 = 0; u0 < nb; u0 += kLanes) {
-    const std::int64_t nk = std::min<std::int64_t>(kLanes, nb - u0);
-    for (std::int64_t u = 0; u < nk; ++u) rows[u] = kb + c.koff[u0 + u];
-    for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
-      if (prefetch) kpf.until(j0 + u0 + ahead + (kvh + 1) * nk / c.hkv);
-      const float* qh = c.q + kvh * R * Dp;
-      float* sh = c.s_all + kvh * R * kB9;
-      for (int g = 0; g < n_groups; ++g) {
-        const RowGroup& rg = groups[g];
-        const std::int64_t a = std::max(a_i[rg.i], u0), e = std::min(e_i[rg.i], u0 + nk - 1);
-        if (a > e) continue;
-        const float* q = qh + rg.r * Dp;
-        float* s = sh + rg.r * kB9;
-        WithRows(rg.rb, [&](auto rbc) {
-          constexpr int RB = decltype(rbc)::value;
-          if (e - a + 1 == kLanes) DotsStep<RB>(q, Dp, rows, D, s + u0);
-          else DotsPart<RB>(q, Dp, rows + (a - u0), e - a + 1, D, s + a);
-        });
-      }
-      for (std::int64_t u = 0; u < nk; ++u) rows[u] += c.khs;
-    }
-  }
-  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh)
-    GroupedSoftmax<true>(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * R * kB9);
-  for (std::int64_t u0 = 0; u0 < nb; u0 += kLanes) {
-    const std::int64_t nk = std::min<std::int64_t>(kLanes, nb - u0);
-    for (std::int64_t u = 0; u < nk; ++u) rows[u] = vb + c.voff[u0 + u];
-    for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
-      if (prefetch) vpf.until(j0 + u0 + ahead + (kvh + 1) * nk / c.hkv);
-      const float* sh = c.s_all + kvh * R * kB9;
-      float* oh = c.acc + kvh * R * Dvp;
-      for (int g = 0; g < n_groups; ++g) {
-        const RowGroup& rg = groups[g];
-        // Only the rows' visible keys: a masked value may be NaN and must not be read.
-        const std::int64_t a = std::max(a_i[rg.i], u0), e = std::min(e_i[rg.i], u0 + nk - 1);
-        if (a > e) continue;
-        const float* p = sh + rg.r * kB9 + a;
-        float* o = oh + rg.r * Dvp;
-        WithRows(rg.rb, [&](auto rbc) {
-          constexpr int RB = decltype(rbc)::value;
-          if (e - a + 1 == kLanes) PvStep<RB, kLanes>(rows, p, kLanes, o, Dvp, Dv);
-          else PvStep<RB, 0>(rows + (a - u0), p, e - a + 1, o, Dvp, Dv);
-        });
-      }
-      for (std::int64_t u = 0; u < nk; ++u) rows[u] += c.vhs;
-    }
-  }
-}
-
 }  // namespace
 
 void RunDecodeTaskV9Impl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
@@ -267,9 +206,19 @@ void RunDecodeTaskV9Impl(const ValidatedProblem& vp, const DecodePlan& plan, con
   RunGroupedTask(vp, plan, t, scratch, slots, counters, kB9,
                  [&](auto type, Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
                      const std::int64_t* e_i, StreamPrefetcher& kpf, StreamPrefetcher& vpf) {
-                   Block9<decltype(type)>(c, groups, n_groups, j0, nb, a_i, e_i, kpf, vpf, ahead);
+                   using T = decltype(type);
+                   StepWalk<kLanes, T>(
+                       c, groups, n_groups, j0, nb, a_i, e_i, kpf, vpf, ahead,
+                       [&](auto rb, const float* q, const T* const* rows, float* s) {
+                         DotsStep<decltype(rb)::value>(q, c.Dp, rows, c.D, s);
+                       },
+                       [&](auto rb, auto whole, const T* const* rows, const float* p, std::int64_t n, float* o) {
+                         PvStep<decltype(rb)::value, decltype(whole)::value ? kLanes : 0>(rows, p, n, o, c.Dvp, c.Dv);
+                       });
                  });
 }
+
+int DecodeV9LanesImpl() { return kLanes; }
 
 }  // namespace HWY_NAMESPACE
 }  // namespace kallpa::cpu_flash
@@ -277,4 +226,8 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 KALLPA_CPU_FLASH_DECODE_ENTRY(run_decode_task_v9, RunDecodeTaskV9Impl)
+namespace kallpa::cpu_flash {
+HWY_EXPORT(DecodeV9LanesImpl);
+int decode_v9_step_keys() { return HWY_DYNAMIC_DISPATCH(DecodeV9LanesImpl)(); }
+}  // namespace kallpa::cpu_flash
 #endif  // HWY_ONCE

@@ -244,6 +244,20 @@ void run_decode_task_v8(const ValidatedProblem& problem, const DecodePlan& plan,
 // The same for decode v9 (decode_v9.cpp); layouts it cannot read in place run v6.
 void run_decode_task_v9(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
                         void* scratch, std::byte* slots, std::int32_t* counters);
+// Keys per step of decode v9 on the SIMD target in use (its float lanes: 16 on AVX-512).
+int decode_v9_step_keys();
+
+// The automatic decode kernel for a call that reads kv_bytes of K/V: on 16-lane targets v9, in
+// cache and streamed alike; elsewhere v4 up to kDecodeDirectMaxBytes, v8 beyond. On the AVX-512
+// Xeon (session 15, build/bench/cpu_flash_bench, 5-6 interleaved repetitions, medians): one thread,
+// 512 keys (in L2), v9 against v4 / v8: 8/8 heads D64 f16 23.6 vs 20.3 / 19.8 GFLOP/s, 9/3 heads
+// 38.5 vs 34.1 / 26.6; all threads, 32/8 heads 60-71 vs 46-66 on f16/bf16 D64/D128; 4096 keys
+// (in L3) and 256 MiB from DRAM it is even with v8 within the noise (8/8 D128 11.1 vs 11.3 GB/s,
+// 32/8 D64 7.4 vs 6.9). AVX2 keeps its measured choices: v9 there is v8's walk, unmeasured.
+inline DecodeKernel automatic_decode_kernel(double kv_bytes) {
+  if (decode_v9_step_keys() >= 16) return DecodeKernel::lanes;
+  return kv_bytes <= kDecodeDirectMaxBytes ? kDecodeAutoInCache : kDecodeAutoStreamed;
+}
 
 // The prefill v3 softmax exp on n values (for tests).
 void fast_exp(const float* x, float* y, std::size_t n);
