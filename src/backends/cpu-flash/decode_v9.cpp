@@ -102,6 +102,24 @@ HWY_INLINE void DotsSlice(const float* HWY_RESTRICT q, std::int64_t qs, const T*
   }
 }
 
+// Stores the pieces of KU lanes of v (lane rb * KU + u: row rb, key u) to the score rows: piece
+// `first` + i to out + (first + i) * kB9, for the rows below RB (a three-row pass pads to four).
+// Halves of halves down to KU lanes: one store per row, where a scratch array and KU scalar copies
+// per row cost GQA's four-row passes (KU = 4 on AVX-512) more than their reduction.
+template <int RB, int KU, class D>
+HWY_INLINE void StoreRowPieces(D d, hn::Vec<D> v, float* HWY_RESTRICT out, int first) {
+  constexpr int L = static_cast<int>(hn::MaxLanes(D()));
+  if constexpr (L == KU) {
+    if (first < RB) hn::StoreU(v, d, out + first * kB9);
+  } else {
+#if HWY_TARGET != HWY_SCALAR  // one lane: every pass is one key (kPassKeys9 is 0 there)
+    const hn::Half<D> dh;
+    StoreRowPieces<RB, KU>(dh, hn::LowerHalf(dh, v), out, first);
+    StoreRowPieces<RB, KU>(dh, hn::UpperHalf(dh, v), out, first + L / KU / 2);
+#endif
+  }
+}
+
 // s[rb * kB9 + u] = <q[rb], k[u]> for the RB rows (q rows qs floats apart) and the kLanes keys of
 // a step, in passes of KU keys whose RB x KU dots reduce in one tree.
 template <int RB, typename T>
@@ -125,15 +143,7 @@ HWY_INLINE void DotsStep(const float* HWY_RESTRICT q, std::int64_t qs, const T* 
         for (; x + 2 * kLanes <= len; x += 2 * kLanes) DotsSlice<RB, KU, 2>(q, qs, k + k0, x, acc);
       }
       for (; x < len; x += kLanes) DotsSlice<RB, KU, 1>(q, qs, k + k0, x, acc);
-      const VF sums = ReduceEachToLane(acc);
-      if constexpr (KU == kLanes) {
-        hn::StoreU(sums, d, s + k0);
-      } else {
-        HWY_ALIGN float t[kLanes];
-        hn::Store(sums, d, t);
-        for (int rb = 0; rb < RB; ++rb)
-          for (int u = 0; u < KU; ++u) s[rb * kB9 + k0 + u] = t[rb * KU + u];
-      }
+      StoreRowPieces<RB, KU>(d, ReduceEachToLane(acc), s + k0, 0);
     }
   }
 }
