@@ -34,7 +34,9 @@
 //               planned once per task, and the softmax's masking pass skipped for fully visible rows.
 //               Fewer instructions than v7; the default beyond 1 MiB of K/V since session 8.
 //   v9 lanes:   v8 with a step of one key per vector lane: on AVX-512 sixteen keys, whose dots
-//               reduce in one 16-way tree, and P·V slices sized for 32 registers (AVX2: v8's walk).
+//               reduce in one 16-way tree, query slices held in registers, P·V slices sized for 32
+//               registers with enough FMA chains, no prefetch in cache (AVX2: v8's walk). The
+//               default on AVX-512 since session 15.
 //   decode_dram/*: K/V of 256 MiB (far beyond L3) on huge pages, v5, v6, v7, v8 and v9 side by side with
 //               stream_read, a plain sum of the same bytes on the same threads: the practical ceiling.
 //               Compare with --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true;

@@ -1,18 +1,20 @@
-// cpu-flash decode v9 ("lane steps"): v8's memory-order walk, block size and prefetch, with a
-// step of one key per vector lane, so that on AVX-512 the dots of a step reduce in one tree and
-// the P·V slices use the 32 vector registers.
-//
-// v8 was written for eight lanes: a step of eight keys whose eight dots reduce to one vector. On
-// AVX-512 (16 lanes) its dots fell back to two four-way reductions per eight keys, stored to a
-// scratch array and copied to the score rows one float at a time, and its P·V slices were sized
-// for 16 registers (D64: two passes of two vectors over the same probabilities). v9:
-//   - a step is N keys (N = lanes: 16 on AVX-512, 8 on AVX2, where v9 is v8's walk); a pass of
-//     the dots holds RB rows x KU keys = N accumulators (RB = 3 pads to 4), which one transposing
-//     tree reduces to one vector of N dots (lane rb * KU + u);
-//   - P·V slices hold up to eight vectors of the head dim for one or two rows, four for three or
-//     four rows, where the target has 32 registers (one pass over a step's probabilities for D64
-//     and D128 with MHA);
-//   - the rest (softmax, edges one key at a time, row groups planned once per task) is v8's.
+// cpu-flash decode v9 ("lanes"): v8's memory-order walk (StepWalk), block size and prefetch, with
+// a step of one key per vector lane, written for AVX-512, where v8's eight-key steps left most of
+// each core to overheads (perf annotate, 8/8 heads D64 f16, 512 keys in L2, one thread: ~30 cycles
+// per key and head, against ~12 for the f16 conversions and FMAs themselves).
+//   - A step is N keys (N = lanes: 16 on AVX-512; 8 on AVX2, where this is v8's walk). A pass of
+//     the dots holds RB rows x KU keys = N accumulators (three rows pad to four) and one
+//     transposing tree reduces them to one vector of N dots, stored to the score rows as pieces of
+//     KU lanes (v8 on AVX-512: two 4-way reductions per eight keys, a scratch array, scalar copies).
+//   - The dots hold a slice of each query row in registers while the pass's keys go over it, so a
+//     key's row pointer is read once per slice (v8: once per vector), unrolled so that GCC keeps
+//     the accumulators in registers.
+//   - P·V slices hold up to eight head-dim vectors for one or two rows (32 registers), and keys go
+//     round-robin to two or four accumulator sets when the slice has fewer than eight FMA chains:
+//     one D64 row on AVX-512 (four chains) was FMA-latency-bound, a third of the time.
+//   - No prefetch for a call whose K/V fits in cache (~8% of the time, fetching nothing).
+// On this Xeon the conversions bound it: vcvtph2ps + FMA sustain ~54 GB/s of f16 per core (a /tmp
+// probe, best of 300), and MHA decode reads each K/V byte for one flop.
 // Layouts that the kernels cannot read in place run v6, as for v7 and v8.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backends/cpu-flash/decode_v9.cpp"
