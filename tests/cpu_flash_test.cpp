@@ -461,6 +461,37 @@ void expect_nan_where(const Built& b, const Spec& s, Pred&& nan) {
       }
 }
 
+// An f16 output is the f32 output rounded by f32_to_f16, bit for bit, on every SIMD target and
+// for the decode kernels that write it (whole vectors through the target's conversion, the tail
+// one by one): a conversion that truncates, saturates or flushes differs on about half the elements.
+TEST(CpuFlash, DecodeF16OutputIsRoundedF32Output) {
+  using cpu_flash::DecodeKernel;
+  Spec s{.dt = DType::f16, .sq = {1, 2}, .skv = {700, 90}, .hq = 8, .hkv = 2, .d = 64, .dv = 72,
+         .ql = QLayout::packed, .kvl = KvLayout::packed, .causal = true, .lse = true};
+  for (const std::string& target : CpuFlashBackend::simd_targets()) {
+    ASSERT_TRUE(CpuFlashBackend::force_simd_target(target));
+    for (DecodeKernel k : {DecodeKernel::automatic, DecodeKernel::direct, DecodeKernel::grouped8, DecodeKernel::lanes}) {
+      SCOPED_TRACE(target + " decode v" + std::to_string(static_cast<int>(k)));
+      Built b;
+      build(s, b);
+      CpuFlashBackend be(Options{0, Path::fast, k});
+      auto vp = validate(b.p);
+      ASSERT_TRUE(vp.is_ok()) << vp.status().to_string();
+      ASSERT_TRUE(be.run(*vp, {}).is_ok());
+      std::vector<float> o32(b.o16.size(), 0.0f);
+      b.p.o.dtype = DType::f32;
+      b.p.o.data = o32.data();
+      auto vp32 = validate(b.p);
+      ASSERT_TRUE(vp32.is_ok()) << vp32.status().to_string();
+      ASSERT_TRUE(be.run(*vp32, {}).is_ok());
+      int differ = 0;
+      for (std::size_t e = 0; e < o32.size(); ++e) differ += b.o16[e] != f32_to_f16(o32[e]) ? 1 : 0;
+      EXPECT_EQ(differ, 0) << "of " << o32.size();
+    }
+  }
+  ASSERT_TRUE(CpuFlashBackend::force_simd_target(""));
+}
+
 // A NaN value that only the second of two queries can see, read by the decode kernels in place
 // and through scratch: only the rows of that query are NaN.
 TEST(CpuFlash, DecodeNanOnlyWhereVisible) {

@@ -407,9 +407,12 @@ inline void WriteRow(const Ctx& c, std::int64_t row, float m, float l, const flo
   if (p.o.dtype == DType::f32 && ods == 1) {
     float* dst = static_cast<float*>(p.o.data) + ooff;
     for (std::int64_t x = 0; x < c.Dv; ++x) dst[x] = o[x] * inv;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
   } else if (p.o.dtype == DType::f16 && ods == 1) {
-    // Whole vectors through the hardware conversion (round to nearest even, as f32_to_f16): the
-    // scalar conversion of each element was most of a short call's time (8/8 heads, D64, 16 keys).
+    // Whole vectors through F16C (round to nearest even, inf past the range, NaN kept, as
+    // f32_to_f16): the scalar conversion of each element was most of a short call's time (8/8
+    // heads, D64, 16 keys). Not on targets without F16C, where Highway's DemoteTo truncates and
+    // saturates.
     const DF d;
     const hn::Rebind<hwy::float16_t, DF> dh;
     const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
@@ -418,6 +421,7 @@ inline void WriteRow(const Ctx& c, std::int64_t row, float m, float l, const flo
     std::int64_t x = 0;
     for (; x + N <= c.Dv; x += N) hn::StoreU(hn::DemoteTo(dh, hn::Mul(hn::LoadU(d, o + x), iv)), dh, dst + x);
     for (; x < c.Dv; ++x) StoreAt(p.o, ooff + x, o[x] * inv);
+#endif
   } else {
     for (std::int64_t x = 0; x < c.Dv; ++x) StoreAt(p.o, ooff + x * ods, o[x] * inv);
   }
