@@ -162,6 +162,7 @@ HWY_INLINE void WithRows(int rb, F&& f) {
 // step that a row group sees whole, dots(rb, q, rows, s) writes its scores and pv(rb, whole, rows,
 // p, n, o) (whole: std::true_type) adds its values; on the steps it sees in part (causal and window
 // edges, the end of a chunk), DotsPart and pv(rb, std::false_type, ...) take the visible keys only.
+// dots and pv also take the task's Ctx after rb (and whole): dots(rb, c, q, rows, s).
 template <int kStep, typename T, typename Dots, typename Pv>
 HWY_INLINE void StepWalk(Ctx& c, const RowGroup* groups, int n_groups, std::int64_t j0, std::int64_t nb,
                          const std::int64_t* a_i, const std::int64_t* e_i, StreamPrefetcher& kpf,
@@ -187,7 +188,7 @@ HWY_INLINE void StepWalk(Ctx& c, const RowGroup* groups, int n_groups, std::int6
         const float* q = qh + rg.r * Dp;
         float* s = sh + rg.r * kB;
         WithRows(rg.rb, [&](auto rbc) {
-          if (e - a + 1 == kStep) dots(rbc, q, rows, s + u0);
+          if (e - a + 1 == kStep) dots(rbc, c, q, rows, s + u0);
           else DotsPart<decltype(rbc)::value>(q, Dp, rows + (a - u0), e - a + 1, D, s + a);
         });
       }
@@ -211,8 +212,8 @@ HWY_INLINE void StepWalk(Ctx& c, const RowGroup* groups, int n_groups, std::int6
         const float* p = sh + rg.r * kB + a;
         float* o = oh + rg.r * Dvp;
         WithRows(rg.rb, [&](auto rbc) {
-          if (e - a + 1 == kStep) pv(rbc, std::true_type(), rows, p, kStep, o);
-          else pv(rbc, std::false_type(), rows + (a - u0), p, e - a + 1, o);
+          if (e - a + 1 == kStep) pv(rbc, std::true_type(), c, rows, p, kStep, o);
+          else pv(rbc, std::false_type(), c, rows + (a - u0), p, e - a + 1, o);
         });
       }
       for (std::int64_t u = 0; u < nk; ++u) rows[u] += c.vhs;
@@ -254,6 +255,21 @@ HWY_INLINE void RunGroupedTask(const ValidatedProblem& vp, const DecodePlan& pla
     ForKvType(p.k.dtype, [&](auto type) { block(type, c, j0, nb, a_i, e_i, kpf, vpf); });
   }
   FinishTask(c, plan, slots, counters);
+}
+
+// One task of decode v8 or v9: the row groups planned once, then StepWalk<kStep> over each block
+// with the kernel's full-step dots and P·V (see StepWalk), K/V prefetched `ahead` keys ahead.
+template <int kStep, typename Dots, typename Pv>
+HWY_INLINE void RunStepWalkTask(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t,
+                                void* scratch, std::byte* slots, std::int32_t* counters, std::int64_t ahead,
+                                Dots&& dots, Pv&& pv) {
+  RowGroup groups[kDecodeMaxRows];
+  const int n_groups = PlanRowGroups(vp.seqlen_q(t.b), vp.group_size(), groups);
+  RunGroupedTask(vp, plan, t, scratch, slots, counters, kDecodeGroupedBlock,
+                 [&](auto type, Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
+                     const std::int64_t* e_i, StreamPrefetcher& kpf, StreamPrefetcher& vpf) {
+                   StepWalk<kStep, decltype(type)>(c, groups, n_groups, j0, nb, a_i, e_i, kpf, vpf, ahead, dots, pv);
+                 });
 }
 
 }  // namespace HWY_NAMESPACE

@@ -123,21 +123,14 @@ HWY_INLINE void PvStep(const T* const* v, const float* p, std::int64_t n, float*
 void RunDecodeTaskV8Impl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
                          std::byte* slots, std::int32_t* counters) {
   const std::int64_t ahead = PrefetchKeys(kDecodeGroupedPrefetchKeys);  // v7's
-  RowGroup groups[kDecodeMaxRows];
-  const int n_groups = PlanRowGroups(vp.seqlen_q(t.b), vp.group_size(), groups);
-  RunGroupedTask(vp, plan, t, scratch, slots, counters, kB8,
-                 [&](auto type, Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
-                     const std::int64_t* e_i, StreamPrefetcher& kpf, StreamPrefetcher& vpf) {
-                   using T = decltype(type);
-                   StepWalk<kStep8, T>(
-                       c, groups, n_groups, j0, nb, a_i, e_i, kpf, vpf, ahead,
-                       [&](auto rb, const float* q, const T* const* rows, float* s) {
-                         DotsStep<decltype(rb)::value>(q, c.Dp, rows, c.D, s);
-                       },
-                       [&](auto rb, auto whole, const T* const* rows, const float* p, std::int64_t n, float* o) {
-                         PvStep<decltype(rb)::value, decltype(whole)::value ? kStep8 : 0>(rows, p, n, o, c.Dvp, c.Dv);
-                       });
-                 });
+  RunStepWalkTask<kStep8>(
+      vp, plan, t, scratch, slots, counters, ahead,
+      [](auto rb, const Ctx& c, const float* q, auto rows, float* s) {
+        DotsStep<decltype(rb)::value>(q, c.Dp, rows, c.D, s);
+      },
+      [](auto rb, auto whole, const Ctx& c, auto rows, const float* p, std::int64_t n, float* o) {
+        PvStep<decltype(rb)::value, decltype(whole)::value ? kStep8 : 0>(rows, p, n, o, c.Dvp, c.Dv);
+      });
 }
 
 }  // namespace HWY_NAMESPACE

@@ -13,8 +13,9 @@
 //     round-robin to two or four accumulator sets when the slice has fewer than eight FMA chains:
 //     one D64 row on AVX-512 (four chains) was FMA-latency-bound, a third of the time.
 //   - No prefetch for a call whose K/V fits in cache (~8% of the time, fetching nothing).
-// On this Xeon the conversions bound it: vcvtph2ps + FMA sustain ~54 GB/s of f16 per core (a /tmp
-// probe, best of 300), and MHA decode reads each K/V byte for one flop.
+// On this Xeon the conversions bound it: vcvtph2ps + FMA sustain 48-54 GB/s of f16 per core
+// (build/bench/cpu_flash_bench --benchmark_filter=BM_F16ConvertFma1Core), and MHA decode reads
+// each K/V byte for one flop.
 // Layouts that the kernels cannot read in place run v6, as for v7 and v8.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backends/cpu-flash/decode_v9.cpp"
@@ -213,21 +214,14 @@ void RunDecodeTaskV9Impl(const ValidatedProblem& vp, const DecodePlan& plan, con
   // time and fetched nothing (8/8 heads D64 f16, 512 keys, one thread).
   const std::int64_t ahead =
       plan.kv_bytes <= kDecodeDirectMaxBytes ? -1 : PrefetchKeys(kDecodeGroupedPrefetchKeys);
-  RowGroup groups[kDecodeMaxRows];
-  const int n_groups = PlanRowGroups(vp.seqlen_q(t.b), vp.group_size(), groups);
-  RunGroupedTask(vp, plan, t, scratch, slots, counters, kB9,
-                 [&](auto type, Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
-                     const std::int64_t* e_i, StreamPrefetcher& kpf, StreamPrefetcher& vpf) {
-                   using T = decltype(type);
-                   StepWalk<kLanes, T>(
-                       c, groups, n_groups, j0, nb, a_i, e_i, kpf, vpf, ahead,
-                       [&](auto rb, const float* q, const T* const* rows, float* s) {
-                         DotsStep<decltype(rb)::value>(q, c.Dp, rows, c.D, s);
-                       },
-                       [&](auto rb, auto whole, const T* const* rows, const float* p, std::int64_t n, float* o) {
-                         PvStep<decltype(rb)::value, decltype(whole)::value ? kLanes : 0>(rows, p, n, o, c.Dvp, c.Dv);
-                       });
-                 });
+  RunStepWalkTask<kLanes>(
+      vp, plan, t, scratch, slots, counters, ahead,
+      [](auto rb, const Ctx& c, const float* q, auto rows, float* s) {
+        DotsStep<decltype(rb)::value>(q, c.Dp, rows, c.D, s);
+      },
+      [](auto rb, auto whole, const Ctx& c, auto rows, const float* p, std::int64_t n, float* o) {
+        PvStep<decltype(rb)::value, decltype(whole)::value ? kLanes : 0>(rows, p, n, o, c.Dvp, c.Dv);
+      });
 }
 
 int DecodeV9LanesImpl() { return kLanes; }

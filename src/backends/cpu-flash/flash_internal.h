@@ -249,7 +249,9 @@ int decode_v9_step_keys();
 
 // The automatic decode kernel for a call that reads kv_bytes of K/V: on 16-lane targets v9, in
 // cache and streamed alike; elsewhere v4 up to kDecodeDirectMaxBytes, v8 beyond. On the AVX-512
-// Xeon (session 15, build/bench/cpu_flash_bench, 5-6 interleaved repetitions, medians): one thread,
+// Xeon (session 15, build/bench/cpu_flash_bench --benchmark_filter='^decode(_gqa|_gqa3)?/.*skv512/
+// (v4_direct|v8_grouped8|v9_lanes)' --benchmark_repetitions=6
+// --benchmark_enable_random_interleaving=true, medians): one thread,
 // 512 keys (in L2), v9 against v4 / v8: 8/8 heads D64 f16 23.6 vs 20.3 / 19.8 GFLOP/s, 9/3 heads
 // 38.5 vs 34.1 / 26.6; all threads, 32/8 heads 60-71 vs 46-66 on f16/bf16 D64/D128; 4096 keys
 // (in L3) and 256 MiB from DRAM it is even with v8 within the noise (8/8 D128 11.1 vs 11.3 GB/s,
