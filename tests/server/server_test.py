@@ -460,6 +460,11 @@ def test_metrics_parse():
         # The same messages each time: after the first, the prompt's whole KV blocks are reused.
         check(cached[0] == 0 and all(0 < c < usage.prompt_tokens for c in cached[1:]), f"cached tokens {cached}")
         s.request("GET", "/nope")
+        # A request is counted once its response is written (its status and duration are known
+        # only then), which can be a moment after the client has read the response.
+        wait_for(lambda: metric(s.metrics(), "kallpa_http_requests_total", route="unmatched", status="404") == 1
+                 and metric(s.metrics(), "kallpa_http_requests_total", route="/v1/chat/completions",
+                            status="200") == 4, "the 404 and the chat requests to be counted")
         status, hdrs, text = s.request("GET", "/metrics")
         check(status == 200 and hdrs["Content-Type"].startswith("text/plain; version=0.0.4"), "content type")
         families = {f.name: f for f in text_string_to_metric_families(text)}
