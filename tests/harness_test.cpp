@@ -90,6 +90,38 @@ TEST(AttentionBench, ReportsEveryBackendOnEveryShape) {
     for (const char* key : {"backend", "shape", "seconds", "gflops", "gbps"}) EXPECT_TRUE(j.contains(key)) << key;
   }
   EXPECT_NE(format_bench_table(rows, peak).find("cpu-gemm"), std::string::npos);
+  // No cache size known: nothing is marked as cache-resident.
+  EXPECT_EQ(format_bench_table(rows, peak).find("last-level cache"), std::string::npos);
+}
+
+// A decode whose K/V fits in the last-level cache is marked as such (table and JSON), since its
+// bandwidth fraction is then no DRAM figure; one that does not, and prefill, are not.
+TEST(AttentionBench, MarksDecodeWhoseKvFitsTheLastLevelCache) {
+  BenchOptions options;
+  options.backends = {"reference"};
+  options.shapes = {spec("b=1,sq=1,skv=64,hq=2,d=16"), spec("b=1,sq=1,skv=1024,hq=2,d=16"),
+                    spec("b=1,sq=16,skv=16,hq=2,d=16")};
+  options.min_seconds = 0.0;
+  options.min_runs = 1;
+  MachinePeak peak;
+  peak.fma_gflops = 100.0;
+  peak.dram_read_gbps = 10.0;
+  peak.last_level_cache_bytes = 64 * 1024;  // K/V (f32) of 64 keys: 16 KiB; of 1024 keys: 256 KiB
+  const auto rows = run_attention_bench(options, peak);
+  ASSERT_EQ(rows.size(), 3u);
+  for (const BenchRow& r : rows) ASSERT_TRUE(r.ran) << r.shape << ": " << r.note;
+  EXPECT_TRUE(rows[0].kv_fits_cache);
+  EXPECT_EQ(rows[0].kv_bytes, 2 * 64 * 2 * 16 * 4);  // K and V, keys, heads, dims, f32
+  EXPECT_FALSE(rows[1].kv_fits_cache);
+  const std::string table = format_bench_table(rows, peak);
+  EXPECT_NE(table.find("last-level cache 0 MiB"), std::string::npos) << table;
+  EXPECT_NE(table.find("%*"), std::string::npos) << table;
+  EXPECT_EQ(table.find("%*"), table.rfind("%*")) << "only the cache-resident decode is marked:\n" << table;
+  EXPECT_NE(table.find("not a DRAM ratio"), std::string::npos) << table;
+  const auto json = bench_to_json(rows, peak);
+  EXPECT_EQ(json[0]["kv_fits_cache"], true);
+  EXPECT_EQ(json[1]["kv_fits_cache"], false);
+  EXPECT_EQ(json[0]["machine_llc_bytes"], 64 * 1024);
 }
 
 TEST(AllocTracker, SeesAllocationsInsideACall) {
@@ -110,6 +142,7 @@ TEST(MachinePeakTest, MeasuresPositiveCeilings) {
   EXPECT_GT(p.fma_gflops, 0.1);
   EXPECT_GT(p.int16_gops, 0.1);
   EXPECT_GT(p.dram_read_gbps, 0.1);
+  EXPECT_GE(p.last_level_cache_bytes, 0);
   EXPECT_FALSE(p.simd_target.empty());
 }
 

@@ -170,6 +170,8 @@ std::vector<BenchRow> run_attention_bench(const BenchOptions& options, const Mac
       row.peak_fraction = peak.fma_gflops > 0 ? row.gflops / peak.fma_gflops : 0.0;
       row.gbps = inst.kv_bytes() / row.seconds / 1e9;
       row.bandwidth_fraction = peak.dram_read_gbps > 0 ? row.gbps / peak.dram_read_gbps : 0.0;
+      row.kv_bytes = static_cast<std::int64_t>(inst.kv_bytes());
+      row.kv_fits_cache = peak.last_level_cache_bytes > 0 && row.kv_bytes <= peak.last_level_cache_bytes;
       const double r = inst.flops() / row.seconds;
       auto [it, fresh] = rate.emplace(name, r);
       if (!fresh) it->second = std::min(it->second, r);
@@ -180,11 +182,16 @@ std::vector<BenchRow> run_attention_bench(const BenchOptions& options, const Mac
 }
 
 std::string format_bench_table(const std::vector<BenchRow>& rows, const MachinePeak& peak) {
-  std::string out = fmt::format("machine: {} threads, {}, f32 FMA peak {:.1f} GFLOP/s, DRAM read {:.1f} GB/s\n",
-                                peak.threads, peak.simd_target, peak.fma_gflops, peak.dram_read_gbps);
+  std::string out = fmt::format("machine: {} threads, {}, f32 FMA peak {:.1f} GFLOP/s, DRAM read {:.1f} GB/s{}\n",
+                                peak.threads, peak.simd_target, peak.fma_gflops, peak.dram_read_gbps,
+                                peak.last_level_cache_bytes > 0
+                                    ? fmt::format(", last-level cache {:.0f} MiB",
+                                                  static_cast<double>(peak.last_level_cache_bytes) / (1 << 20))
+                                    : std::string());
   out += fmt::format("{:<62} {:<10} {:>10} {:>9} {:>6} {:>8} {:>6} {:>10} {:>9}\n", "shape", "backend", "ms",
                      "GFLOP/s", "%peak", "GB/s", "%bw", "workspace", "heap");
   std::string last_shape;
+  bool any_cached = false;
   for (const BenchRow& r : rows) {
     const std::string shape = r.shape == last_shape ? "" : r.shape;
     last_shape = r.shape;
@@ -192,9 +199,17 @@ std::string format_bench_table(const std::vector<BenchRow>& rows, const MachineP
       out += fmt::format("{:<62} {:<10} {}\n", shape, r.backend, r.note);
       continue;
     }
-    out += fmt::format("{:<62} {:<10} {:>10.3f} {:>9.1f} {:>5.1f}% {:>8.1f} {:>5.1f}% {:>10} {:>9}\n", shape,
+    // A decode whose K/V fits in the last-level cache is marked: repeated calls read it from there.
+    const bool cached = r.decode && r.kv_fits_cache;
+    any_cached = any_cached || cached;
+    out += fmt::format("{:<62} {:<10} {:>10.3f} {:>9.1f} {:>5.1f}% {:>8.1f} {:>6} {:>10} {:>9}\n", shape,
                        r.backend, r.seconds * 1e3, r.gflops, r.peak_fraction * 100, r.gbps,
-                       r.bandwidth_fraction * 100, r.workspace_bytes, r.heap_bytes);
+                       fmt::format("{:.1f}%{}", r.bandwidth_fraction * 100, cached ? "*" : ""), r.workspace_bytes,
+                       r.heap_bytes);
+  }
+  if (any_cached) {
+    out += "* K/V fits in the last-level cache: repeated calls read it (partly) from there, so %bw is not a DRAM "
+           "ratio; give a longer skv (--spec) for one.\n";
   }
   return out;
 }
@@ -205,10 +220,12 @@ nlohmann::json bench_to_json(const std::vector<BenchRow>& rows, const MachinePea
     nlohmann::json j = {{"backend", r.backend},         {"shape", r.shape},
                         {"decode", r.decode},           {"ran", r.ran},
                         {"threads", peak.threads},      {"machine_fma_gflops", peak.fma_gflops},
-                        {"machine_dram_gbps", peak.dram_read_gbps}, {"simd", peak.simd_target}};
+                        {"machine_dram_gbps", peak.dram_read_gbps}, {"simd", peak.simd_target},
+                        {"machine_llc_bytes", peak.last_level_cache_bytes}};
     if (r.ran) {
       j.update({{"seconds", r.seconds}, {"gflops", r.gflops}, {"peak_fraction", r.peak_fraction},
                 {"gbps", r.gbps}, {"bandwidth_fraction", r.bandwidth_fraction}, {"runs", r.runs},
+                {"kv_bytes", r.kv_bytes}, {"kv_fits_cache", r.kv_fits_cache},
                 {"workspace_bytes", r.workspace_bytes}, {"heap_bytes", r.heap_bytes}});
     } else {
       j.update({{"seconds", nullptr}, {"gflops", nullptr}, {"gbps", nullptr}, {"note", r.note}});

@@ -35,6 +35,8 @@ struct BenchRow {
   double peak_fraction = 0.0;  // of the measured f32 FMA peak
   double gbps = 0.0;           // K/V bytes read per second
   double bandwidth_fraction = 0.0;
+  std::int64_t kv_bytes = 0;
+  bool kv_fits_cache = false;  // kv_bytes <= the machine's last-level cache: bandwidth_fraction is no DRAM ratio
   std::size_t workspace_bytes = 0;  // declared by the backend, provided by the dispatcher
   std::size_t heap_bytes = 0;       // extra heap high-water mark during one call
 };

@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 HWY_BEFORE_NAMESPACE();
 namespace kallpa::harness {
 namespace HWY_NAMESPACE {
@@ -163,6 +165,13 @@ MachinePeak measure_peak(int threads) {
   peak.int16_gops = double(int_iterations) * 10.0 * double(2 * lanes) * 2.0 * peak.threads / best / 1e9;
   volatile std::int32_t keep_int = int_sink[0];
   (void)keep_int;
+
+  for (int name : {_SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
+    if (const long bytes = sysconf(name); bytes > 0) {
+      peak.last_level_cache_bytes = bytes;
+      break;
+    }
+  }
 
   // 512 MiB: far beyond any L3 we expect, so this is DRAM.
   const std::int64_t total = std::int64_t{128} << 20;

@@ -2,6 +2,7 @@
 // be given as a fraction of what this machine can do.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace kallpa::harness {
@@ -11,6 +12,9 @@ struct MachinePeak {
   double fma_gflops = 0.0;          // f32 fused multiply-add throughput, all threads
   double int16_gops = 0.0;          // int16 x int16 -> int32 multiply-accumulate (2 ops each), all threads
   double dram_read_gbps = 0.0;      // streaming reads of a buffer far larger than the caches
+  // The largest data cache the OS reports (L3, else L2; 0: unknown). A decode whose K/V fits in it
+  // reads (some of) it from cache on repeated calls, so its GB/s is not a DRAM figure.
+  std::int64_t last_level_cache_bytes = 0;
   std::string simd_target;          // the Highway target that ran, e.g. "AVX2" or "AVX3"
 };
 
