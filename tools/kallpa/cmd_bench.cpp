@@ -36,11 +36,14 @@ int run_peak(const BenchCliOptions& options) {
   const harness::MachinePeak peak = harness::measure_peak(options.threads);
   if (options.json) {
     fmt::print("{{\"threads\": {}, \"simd\": \"{}\", \"fma_gflops\": {:.2f}, \"int16_gops\": {:.2f}, "
-               "\"dram_read_gbps\": {:.2f}}}\n",
-               peak.threads, peak.simd_target, peak.fma_gflops, peak.int16_gops, peak.dram_read_gbps);
+               "\"dram_read_gbps\": {:.2f}, \"llc_bytes\": {}}}\n",
+               peak.threads, peak.simd_target, peak.fma_gflops, peak.int16_gops, peak.dram_read_gbps,
+               peak.last_level_cache_bytes);
   } else {
-    fmt::print("threads {}  simd {}  f32 FMA peak {:.1f} GFLOP/s  int16 multiply-add peak {:.1f} GOP/s  DRAM read {:.1f} GB/s\n",
-               peak.threads, peak.simd_target, peak.fma_gflops, peak.int16_gops, peak.dram_read_gbps);
+    fmt::print("threads {}  simd {}  f32 FMA peak {:.1f} GFLOP/s  int16 multiply-add peak {:.1f} GOP/s  DRAM read {:.1f} GB/s"
+               "  last-level cache {:.0f} MiB\n",
+               peak.threads, peak.simd_target, peak.fma_gflops, peak.int16_gops, peak.dram_read_gbps,
+               static_cast<double>(peak.last_level_cache_bytes) / (1 << 20));
   }
   return kExitOk;
 }
