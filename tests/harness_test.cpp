@@ -95,7 +95,8 @@ TEST(AttentionBench, ReportsEveryBackendOnEveryShape) {
 }
 
 // A decode whose K/V fits in the last-level cache is marked as such (table and JSON), since its
-// bandwidth fraction is then no DRAM figure; one that does not, and prefill, are not.
+// bandwidth fraction is then no DRAM figure; one that does not, and prefill, are not. Decode rows
+// also carry a plain read of their K/V timed beside the kernel (%read).
 TEST(AttentionBench, MarksDecodeWhoseKvFitsTheLastLevelCache) {
   BenchOptions options;
   options.backends = {"reference"};
@@ -118,7 +119,15 @@ TEST(AttentionBench, MarksDecodeWhoseKvFitsTheLastLevelCache) {
   EXPECT_NE(table.find("%*"), std::string::npos) << table;
   EXPECT_EQ(table.find("%*"), table.rfind("%*")) << "only the cache-resident decode is marked:\n" << table;
   EXPECT_NE(table.find("not a DRAM ratio"), std::string::npos) << table;
+  // Decode rows on a CPU backend carry the side-by-side plain read of their K/V; prefill does not.
+  for (int i : {0, 1}) {
+    EXPECT_GT(rows[i].read_gbps, 0.0) << rows[i].shape;
+    EXPECT_NEAR(rows[i].read_fraction, rows[i].gbps / rows[i].read_gbps, 1e-12) << rows[i].shape;
+  }
+  EXPECT_EQ(rows[2].read_gbps, 0.0);
+  EXPECT_NE(table.find("%read"), std::string::npos) << table;
   const auto json = bench_to_json(rows, peak);
+  EXPECT_GT(json[1]["read_gbps"].get<double>(), 0.0);
   EXPECT_EQ(json[0]["kv_fits_cache"], true);
   EXPECT_EQ(json[1]["kv_fits_cache"], false);
   EXPECT_EQ(json[0]["machine_llc_bytes"], 64 * 1024);
@@ -133,6 +142,16 @@ TEST(AllocTracker, SeesAllocationsInsideACall) {
   }
   EXPECT_GE(heap_peak_bytes() - before, std::size_t{1} << 20);
   EXPECT_LT(heap_bytes_in_use(), before + 4096);
+}
+
+// The plain read behind %read runs over buffers of any size, including a tail below one chunk and
+// none at all (its speed is not asserted).
+TEST(MachinePeakTest, StreamReadRunsOverAnyBuffers) {
+  std::vector<std::byte> small(std::size_t{1} << 16), odd((std::size_t{3} << 20) + 12);
+  const std::vector<std::span<const std::byte>> buffers{{small.data(), small.size()}, {odd.data(), odd.size()}};
+  EXPECT_GT(stream_read_seconds(buffers, 0), 0.0);
+  EXPECT_GT(stream_read_seconds(buffers, 1), 0.0);
+  EXPECT_GE(stream_read_seconds({}, 0), 0.0);
 }
 
 TEST(MachinePeakTest, MeasuresPositiveCeilings) {

@@ -146,13 +146,18 @@ std::vector<BenchRow> run_attention_bench(const BenchOptions& options, const Mac
       const std::size_t heap_before = heap_bytes_in_use();
       Status status = dispatcher.run(*vp);
       row.heap_bytes = heap_peak_bytes() - heap_before;
-      std::vector<double> times;
+      std::vector<double> times, read_times;
+      const bool read_beside = row.decode && backend->device_kind() == DeviceKind::cpu;
+      const auto kv_buffers = inst.kv_buffers();
+      std::size_t kv_buffer_bytes = 0;
+      for (const auto& b : kv_buffers) kv_buffer_bytes += b.size();
       const auto bench_start = std::chrono::steady_clock::now();
       while (status) {
         const auto t0 = std::chrono::steady_clock::now();
         status = dispatcher.run(*vp);
         const auto t1 = std::chrono::steady_clock::now();
         times.push_back(std::chrono::duration<double>(t1 - t0).count());
+        if (read_beside) read_times.push_back(stream_read_seconds(kv_buffers, 0));
         const double elapsed = std::chrono::duration<double>(t1 - bench_start).count();
         if (static_cast<int>(times.size()) >= options.min_runs && elapsed >= options.min_seconds) break;
         if (elapsed > options.max_seconds_per_run * 2) break;  // slow case: a few runs are enough
@@ -171,6 +176,11 @@ std::vector<BenchRow> run_attention_bench(const BenchOptions& options, const Mac
       row.gbps = inst.kv_bytes() / row.seconds / 1e9;
       row.bandwidth_fraction = peak.dram_read_gbps > 0 ? row.gbps / peak.dram_read_gbps : 0.0;
       row.kv_bytes = static_cast<std::int64_t>(inst.kv_bytes());
+      if (!read_times.empty()) {
+        std::sort(read_times.begin(), read_times.end());
+        row.read_gbps = static_cast<double>(kv_buffer_bytes) / read_times[read_times.size() / 2] / 1e9;
+        row.read_fraction = row.gbps / row.read_gbps;
+      }
       row.kv_fits_cache = peak.last_level_cache_bytes > 0 && row.kv_bytes <= peak.last_level_cache_bytes;
       const double r = inst.flops() / row.seconds;
       auto [it, fresh] = rate.emplace(name, r);
@@ -188,10 +198,10 @@ std::string format_bench_table(const std::vector<BenchRow>& rows, const MachineP
                                     ? fmt::format(", last-level cache {:.0f} MiB",
                                                   static_cast<double>(peak.last_level_cache_bytes) / (1 << 20))
                                     : std::string());
-  out += fmt::format("{:<62} {:<10} {:>10} {:>9} {:>6} {:>8} {:>6} {:>10} {:>9}\n", "shape", "backend", "ms",
-                     "GFLOP/s", "%peak", "GB/s", "%bw", "workspace", "heap");
+  out += fmt::format("{:<62} {:<10} {:>10} {:>9} {:>6} {:>8} {:>6} {:>6} {:>10} {:>9}\n", "shape", "backend", "ms",
+                     "GFLOP/s", "%peak", "GB/s", "%bw", "%read", "workspace", "heap");
   std::string last_shape;
-  bool any_cached = false;
+  bool any_cached = false, any_read = false;
   for (const BenchRow& r : rows) {
     const std::string shape = r.shape == last_shape ? "" : r.shape;
     last_shape = r.shape;
@@ -202,10 +212,15 @@ std::string format_bench_table(const std::vector<BenchRow>& rows, const MachineP
     // A decode whose K/V fits in the last-level cache is marked: repeated calls read it from there.
     const bool cached = r.decode && r.kv_fits_cache;
     any_cached = any_cached || cached;
-    out += fmt::format("{:<62} {:<10} {:>10.3f} {:>9.1f} {:>5.1f}% {:>8.1f} {:>6} {:>10} {:>9}\n", shape,
+    any_read = any_read || r.read_gbps > 0;
+    out += fmt::format("{:<62} {:<10} {:>10.3f} {:>9.1f} {:>5.1f}% {:>8.1f} {:>6} {:>6} {:>10} {:>9}\n", shape,
                        r.backend, r.seconds * 1e3, r.gflops, r.peak_fraction * 100, r.gbps,
-                       fmt::format("{:.1f}%{}", r.bandwidth_fraction * 100, cached ? "*" : ""), r.workspace_bytes,
-                       r.heap_bytes);
+                       fmt::format("{:.1f}%{}", r.bandwidth_fraction * 100, cached ? "*" : ""),
+                       r.read_gbps > 0 ? fmt::format("{:.1f}%", r.read_fraction * 100) : std::string("-"),
+                       r.workspace_bytes, r.heap_bytes);
+  }
+  if (any_read) {
+    out += "%read: decode GB/s over a plain read of the same K/V timed after each call (medians), side by side.\n";
   }
   if (any_cached) {
     out += "* K/V fits in the last-level cache: repeated calls read it (partly) from there, so %bw is not a DRAM "
@@ -226,6 +241,7 @@ nlohmann::json bench_to_json(const std::vector<BenchRow>& rows, const MachinePea
       j.update({{"seconds", r.seconds}, {"gflops", r.gflops}, {"peak_fraction", r.peak_fraction},
                 {"gbps", r.gbps}, {"bandwidth_fraction", r.bandwidth_fraction}, {"runs", r.runs},
                 {"kv_bytes", r.kv_bytes}, {"kv_fits_cache", r.kv_fits_cache},
+                {"read_gbps", r.read_gbps}, {"read_fraction", r.read_fraction},
                 {"workspace_bytes", r.workspace_bytes}, {"heap_bytes", r.heap_bytes}});
     } else {
       j.update({{"seconds", nullptr}, {"gflops", nullptr}, {"gbps", nullptr}, {"note", r.note}});

@@ -37,6 +37,11 @@ struct BenchRow {
   double bandwidth_fraction = 0.0;
   std::int64_t kv_bytes = 0;
   bool kv_fits_cache = false;  // kv_bytes <= the machine's last-level cache: bandwidth_fraction is no DRAM ratio
+  // Decode on the CPU: a plain streaming read of the same K/V buffers, timed after every kernel run
+  // (medians), and the kernel's GB/s as a fraction of it: a ratio taken side by side, which the
+  // machine's changing load (a shared host) moves far less than a peak measured minutes before.
+  double read_gbps = 0.0;
+  double read_fraction = 0.0;
   std::size_t workspace_bytes = 0;  // declared by the backend, provided by the dispatcher
   std::size_t heap_bytes = 0;       // extra heap high-water mark during one call
 };

@@ -119,6 +119,35 @@ HWY_EXPORT(FloatLanes);
 HWY_EXPORT(Int16Chains);
 HWY_EXPORT(SumStream);
 
+double stream_read_seconds(std::span<const std::span<const std::byte>> buffers, int max_threads) {
+  // 1 MiB chunks: enough to stream, small enough to balance the threads.
+  constexpr std::int64_t kChunkFloats = std::int64_t{1} << 18;
+  struct Chunk {
+    const float* data;
+    std::int64_t count;
+  };
+  std::vector<Chunk> chunks;
+  for (std::span<const std::byte> b : buffers) {
+    const auto* f = reinterpret_cast<const float*>(b.data());
+    const auto n = static_cast<std::int64_t>(b.size() / sizeof(float));
+    for (std::int64_t i = 0; i < n; i += kChunkFloats) chunks.push_back({f + i, std::min(kChunkFloats, n - i)});
+  }
+  auto& pool = parallel::ThreadPool::global();
+  std::vector<float> sink(static_cast<std::size_t>(pool.num_threads()), 0.0f);
+  const auto start = std::chrono::steady_clock::now();
+  pool.parallel_for(
+      static_cast<std::int64_t>(chunks.size()),
+      [&](std::int64_t c, int worker) {
+        const Chunk& ch = chunks[static_cast<std::size_t>(c)];
+        sink[static_cast<std::size_t>(worker)] += HWY_DYNAMIC_DISPATCH(SumStream)(ch.data, ch.count);
+      },
+      max_threads);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  volatile float keep = sink[0];
+  (void)keep;
+  return seconds;
+}
+
 namespace {
 
 // Runs fn(thread) on `threads` threads at once and returns the wall time in seconds.

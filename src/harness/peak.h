@@ -2,7 +2,9 @@
 // be given as a fraction of what this machine can do.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 namespace kallpa::harness {
@@ -20,5 +22,11 @@ struct MachinePeak {
 
 // Takes about a second. `threads` <= 0 means the default thread count.
 MachinePeak measure_peak(int threads);
+
+// Seconds to read every byte of `buffers` once as floats (a plain streaming sum, the least work a
+// kernel reading them can do), in chunks over kallpa's thread pool (the one the CPU kernels use),
+// at most max_threads threads (0: all). Timed next to a kernel on the same bytes, it gives that
+// kernel's fraction of the bandwidth available at that moment.
+double stream_read_seconds(std::span<const std::span<const std::byte>> buffers, int max_threads);
 
 }  // namespace kallpa::harness

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "kallpa/attention.h"
@@ -24,6 +25,8 @@ class ProblemInstance {
   double kv_bytes() const noexcept;
   // 4 * Sq * Skv * D * Hq * B, halved for causal when Sq == Skv (the convention).
   double flops() const noexcept;
+  // The K and V buffers as allocated (paged: every block of the pool), host memory.
+  std::vector<std::span<const std::byte>> kv_buffers() const { return {{k_.data(), k_.size()}, {v_.data(), v_.size()}}; }
 
  private:
   ProblemInstance() = default;
