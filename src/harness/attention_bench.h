@@ -47,7 +47,8 @@ struct BenchRow {
 };
 
 // Prefill: B=1, H=8, D=64 and 128, Sq=Skv 512..8192, causal and not, f16; GQA 32/8 at D=128;
-// decode: Sq=1 against Skv 512..32768 with f16 and bf16 K/V.
+// decode: Sq=1 against Skv 512..32768 with f16 and bf16 K/V, and one f16 decode with 1 GiB of K/V
+// (Skv 524288), beyond the caches.
 std::vector<ProblemSpec> default_suite();
 
 std::vector<BenchRow> run_attention_bench(const BenchOptions& options, const MachinePeak& peak,
