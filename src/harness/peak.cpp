@@ -81,7 +81,14 @@ std::int32_t Int16Chains(std::int64_t iterations) {
   }
   const auto s = hn::Add(hn::Add(hn::Add(hn::Add(c0, c1), hn::Add(c2, c3)), odd),
                          hn::Add(hn::Add(hn::Add(c4, c5), hn::Add(c6, c7)), hn::Add(c8, c9)));
-  return hn::GetLane(hn::SumOfLanes(di, s));
+  // Summed as unsigned: the chains wrap by design, and GCC's int32 lane reduction (an intrinsic
+  // written as C int additions) would be signed overflow, which UBSan reports.
+  const hn::Rebind<std::uint32_t, decltype(di)> du;
+  HWY_ALIGN std::uint32_t lanes[hn::MaxLanes(du)];
+  hn::Store(hn::BitCast(du, s), du, lanes);
+  std::uint32_t sum = 0;
+  for (std::size_t i = 0; i < hn::Lanes(du); ++i) sum += lanes[i];
+  return static_cast<std::int32_t>(sum);
 }
 #endif
 
