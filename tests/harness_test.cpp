@@ -139,9 +139,9 @@ TEST(AttentionBench, MarksDecodeWhoseKvFitsTheLastLevelCache) {
   const auto rows = run_attention_bench(options, peak);
   ASSERT_EQ(rows.size(), 3u);
   for (const BenchRow& r : rows) ASSERT_TRUE(r.ran) << r.shape << ": " << r.note;
-  EXPECT_TRUE(rows[0].kv_fits_cache);
+  EXPECT_TRUE(kv_fits_cache(rows[0], peak));
   EXPECT_EQ(rows[0].kv_bytes, 2 * 64 * 2 * 16 * 4);  // K and V, keys, heads, dims, f32
-  EXPECT_FALSE(rows[1].kv_fits_cache);
+  EXPECT_FALSE(kv_fits_cache(rows[1], peak));
   const std::string table = format_bench_table(rows, peak);
   EXPECT_NE(table.find("last-level cache 0 MiB"), std::string::npos) << table;
   EXPECT_NE(table.find("%*"), std::string::npos) << table;
@@ -172,14 +172,20 @@ TEST(AllocTracker, SeesAllocationsInsideACall) {
   EXPECT_LT(heap_bytes_in_use(), before + 4096);
 }
 
-// The plain read behind %read runs over buffers of any size, including a tail below one chunk and
-// none at all (its speed is not asserted).
-TEST(MachinePeakTest, StreamReadRunsOverAnyBuffers) {
-  std::vector<std::byte> small(std::size_t{1} << 16), odd((std::size_t{3} << 20) + 12);
-  const std::vector<std::span<const std::byte>> buffers{{small.data(), small.size()}, {odd.data(), odd.size()}};
-  EXPECT_GT(stream_read_seconds(buffers, 0), 0.0);
-  EXPECT_GT(stream_read_seconds(buffers, 1), 0.0);
-  EXPECT_GE(stream_read_seconds({}, 0), 0.0);
+// The plain read behind %read and the DRAM peak reads every float of every buffer exactly once,
+// whatever the sizes (a tail below one chunk, none at all) and the threads: buffers of ones sum to
+// their float count (exact in f32 at these sizes). Its speed is not asserted.
+TEST(MachinePeakTest, StreamReadReadsEveryFloatOnce) {
+  std::vector<float> small(std::size_t{1} << 14, 1.0f), odd((std::size_t{3} << 18) + 3, 1.0f);
+  const std::vector<std::span<const std::byte>> buffers{std::as_bytes(std::span<const float>(small)),
+                                                        std::as_bytes(std::span<const float>(odd))};
+  const double floats = static_cast<double>(small.size() + odd.size());
+  for (int threads : {0, 1}) {
+    const StreamRead r = stream_read(buffers, threads);
+    EXPECT_GT(r.seconds, 0.0);
+    EXPECT_EQ(r.sum, floats) << threads << " threads";
+  }
+  EXPECT_EQ(stream_read({}, 0).sum, 0.0);
 }
 
 TEST(MachinePeakTest, MeasuresPositiveCeilings) {

@@ -36,7 +36,6 @@ struct BenchRow {
   double gbps = 0.0;           // K/V bytes read per second
   double bandwidth_fraction = 0.0;
   std::int64_t kv_bytes = 0;
-  bool kv_fits_cache = false;  // kv_bytes <= the machine's last-level cache: bandwidth_fraction is no DRAM ratio
   // Decode on the CPU: a plain streaming read of the same K/V buffers, timed after every kernel run
   // (medians), and the kernel's GB/s as a fraction of it: a ratio taken side by side, which the
   // machine's changing load (a shared host) moves far less than a peak measured minutes before.
@@ -53,6 +52,10 @@ std::vector<ProblemSpec> default_suite();
 
 std::vector<BenchRow> run_attention_bench(const BenchOptions& options, const MachinePeak& peak,
                                           const std::function<void(const BenchRow&)>& on_row = {});
+
+// A row's K/V fits in the machine's last-level cache (known and at least kv_bytes): repeated calls
+// read it (partly) from there, so its bandwidth_fraction is no DRAM ratio.
+bool kv_fits_cache(const BenchRow& row, const MachinePeak& peak) noexcept;
 
 std::string format_bench_table(const std::vector<BenchRow>& rows, const MachinePeak& peak);
 // One object per backend x shape, each carrying the machine's measured peaks.

@@ -126,7 +126,7 @@ HWY_EXPORT(FloatLanes);
 HWY_EXPORT(Int16Chains);
 HWY_EXPORT(SumStream);
 
-double stream_read_seconds(std::span<const std::span<const std::byte>> buffers, int max_threads) {
+StreamRead stream_read(std::span<const std::span<const std::byte>> buffers, int max_threads) {
   // 1 MiB chunks: enough to stream, small enough to balance the threads.
   constexpr std::int64_t kChunkFloats = std::int64_t{1} << 18;
   struct Chunk {
@@ -149,10 +149,10 @@ double stream_read_seconds(std::span<const std::span<const std::byte>> buffers, 
         sink[static_cast<std::size_t>(worker)] += HWY_DYNAMIC_DISPATCH(SumStream)(ch.data, ch.count);
       },
       max_threads);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  volatile float keep = sink[0];
-  (void)keep;
-  return seconds;
+  StreamRead r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (float s : sink) r.sum += s;
+  return r;
 }
 
 namespace {
@@ -188,6 +188,8 @@ MachinePeak measure_peak(int threads) {
                     }));
   }
   peak.fma_gflops = double(iterations) * 12.0 * double(lanes) * 2.0 * peak.threads / best / 1e9;
+  volatile float keep = sink[0];
+  (void)keep;
 
   std::vector<std::int32_t> int_sink(static_cast<std::size_t>(peak.threads));
   // About 8 G ops per thread, as above: 10 vectors of 2 * lanes int16 products, 2 ops each.
@@ -213,17 +215,10 @@ MachinePeak measure_peak(int threads) {
   const std::int64_t total = std::int64_t{128} << 20;
   // On huge pages, like the K/V of the attention benchmark (harness/thp_allocator.h).
   std::vector<float, ThpAllocator<float>> buffer(static_cast<std::size_t>(total), 1.0f);
-  const std::int64_t slice = total / peak.threads;
+  const std::span<const std::byte> bytes = std::as_bytes(std::span<const float>(buffer));
   best = 1e30;
-  for (int rep = 0; rep < 3; ++rep) {
-    best = std::min(best, timed_on_threads(peak.threads, [&](int t) {
-                      sink[static_cast<std::size_t>(t)] +=
-                          HWY_DYNAMIC_DISPATCH(SumStream)(buffer.data() + t * slice, slice);
-                    }));
-  }
-  peak.dram_read_gbps = double(slice * peak.threads) * sizeof(float) / best / 1e9;
-  volatile float keep = sink[0];
-  (void)keep;
+  for (int rep = 0; rep < 3; ++rep) best = std::min(best, stream_read({&bytes, 1}, peak.threads).seconds);
+  peak.dram_read_gbps = static_cast<double>(bytes.size()) / best / 1e9;
   return peak;
 }
 

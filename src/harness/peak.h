@@ -23,10 +23,15 @@ struct MachinePeak {
 // Takes about a second. `threads` <= 0 means the default thread count.
 MachinePeak measure_peak(int threads);
 
-// Seconds to read every byte of `buffers` once as floats (a plain streaming sum, the least work a
-// kernel reading them can do), in chunks over kallpa's thread pool (the one the CPU kernels use),
-// at most max_threads threads (0: all). Timed next to a kernel on the same bytes, it gives that
-// kernel's fraction of the bandwidth available at that moment.
-double stream_read_seconds(std::span<const std::span<const std::byte>> buffers, int max_threads);
+// Reads every byte of `buffers` once as floats (a plain streaming sum, the least work a kernel
+// reading them can do; a trailing part of a float is skipped), in chunks over kallpa's thread pool
+// (the one the CPU kernels use), at most max_threads threads (0: all). Timed next to a kernel on
+// the same bytes, it gives that kernel's fraction of the bandwidth available at that moment; the
+// DRAM peak is its best of three on a buffer far beyond the caches.
+struct StreamRead {
+  double seconds = 0.0;
+  double sum = 0.0;  // of every float read: what was read, and what keeps the reads from being elided
+};
+StreamRead stream_read(std::span<const std::span<const std::byte>> buffers, int max_threads);
 
 }  // namespace kallpa::harness

@@ -158,11 +158,12 @@ HWY_INLINE void WithRows(int rb, F&& f) {
 
 // One block of keys [j0, j0 + nb) of decode v8 and v9, in v7's order: steps of kStep key rows
 // across every KV head for the scores, the softmax of every row, then steps across every head
-// again for P·V, K and V each prefetched `ahead` keys in front of the walk (ahead < 0: none). On a
-// step that a row group sees whole, dots(rb, q, rows, s) writes its scores and pv(rb, whole, rows,
-// p, n, o) (whole: std::true_type) adds its values; on the steps it sees in part (causal and window
-// edges, the end of a chunk), DotsPart and pv(rb, std::false_type, ...) take the visible keys only.
-// dots and pv also take the task's Ctx after rb (and whole): dots(rb, c, q, rows, s).
+// again for P·V, K and V each prefetched `ahead` keys in front of the walk (ahead < 0: none). The
+// kernel's two steps come as callables taking the row count RB (and for P·V the compile-time key
+// count KN) as std::integral_constant, then its arguments: on a step that a row group sees whole,
+// dots(rb, q, Dp, rows, D, s) writes its scores and pv(rb, kn = kStep, rows, p, kStep, o, Dvp, Dv)
+// adds its values; on the steps it sees in part (causal and window edges, the end of a chunk),
+// DotsPart and pv(rb, kn = 0, rows, p, n, o, Dvp, Dv) take the visible keys only.
 template <int kStep, typename T, typename Dots, typename Pv>
 HWY_INLINE void StepWalk(Ctx& c, const RowGroup* groups, int n_groups, std::int64_t j0, std::int64_t nb,
                          const std::int64_t* a_i, const std::int64_t* e_i, StreamPrefetcher& kpf,
@@ -188,7 +189,7 @@ HWY_INLINE void StepWalk(Ctx& c, const RowGroup* groups, int n_groups, std::int6
         const float* q = qh + rg.r * Dp;
         float* s = sh + rg.r * kB;
         WithRows(rg.rb, [&](auto rbc) {
-          if (e - a + 1 == kStep) dots(rbc, c, q, rows, s + u0);
+          if (e - a + 1 == kStep) dots(rbc, q, Dp, rows, D, s + u0);
           else DotsPart<decltype(rbc)::value>(q, Dp, rows + (a - u0), e - a + 1, D, s + a);
         });
       }
@@ -212,8 +213,10 @@ HWY_INLINE void StepWalk(Ctx& c, const RowGroup* groups, int n_groups, std::int6
         const float* p = sh + rg.r * kB + a;
         float* o = oh + rg.r * Dvp;
         WithRows(rg.rb, [&](auto rbc) {
-          if (e - a + 1 == kStep) pv(rbc, std::true_type(), c, rows, p, kStep, o);
-          else pv(rbc, std::false_type(), c, rows + (a - u0), p, e - a + 1, o);
+          using Whole = std::integral_constant<int, kStep>;
+          using Part = std::integral_constant<int, 0>;
+          if (e - a + 1 == kStep) pv(rbc, Whole(), rows, p, kStep, o, Dvp, c.Dv);
+          else pv(rbc, Part(), rows + (a - u0), p, e - a + 1, o, Dvp, c.Dv);
         });
       }
       for (std::int64_t u = 0; u < nk; ++u) rows[u] += c.vhs;
@@ -259,6 +262,9 @@ HWY_INLINE void RunGroupedTask(const ValidatedProblem& vp, const DecodePlan& pla
 
 // One task of decode v8 or v9: the row groups planned once, then StepWalk<kStep> over each block
 // with the kernel's full-step dots and P·V (see StepWalk), K/V prefetched `ahead` keys ahead.
+// Each kernel passes its own step functions as
+//   [](auto rb, auto... a) { DotsStep<decltype(rb)::value>(a...); }
+//   [](auto rb, auto kn, auto... a) { PvStep<decltype(rb)::value, decltype(kn)::value>(a...); }
 template <int kStep, typename Dots, typename Pv>
 HWY_INLINE void RunStepWalkTask(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t,
                                 void* scratch, std::byte* slots, std::int32_t* counters, std::int64_t ahead,

@@ -125,12 +125,8 @@ void RunDecodeTaskV8Impl(const ValidatedProblem& vp, const DecodePlan& plan, con
   const std::int64_t ahead = PrefetchKeys(kDecodeGroupedPrefetchKeys);  // v7's
   RunStepWalkTask<kStep8>(
       vp, plan, t, scratch, slots, counters, ahead,
-      [](auto rb, const Ctx& c, const float* q, auto rows, float* s) {
-        DotsStep<decltype(rb)::value>(q, c.Dp, rows, c.D, s);
-      },
-      [](auto rb, auto whole, const Ctx& c, auto rows, const float* p, std::int64_t n, float* o) {
-        PvStep<decltype(rb)::value, decltype(whole)::value ? kStep8 : 0>(rows, p, n, o, c.Dvp, c.Dv);
-      });
+      [](auto rb, auto... a) { DotsStep<decltype(rb)::value>(a...); },
+      [](auto rb, auto kn, auto... a) { PvStep<decltype(rb)::value, decltype(kn)::value>(a...); });
 }
 
 }  // namespace HWY_NAMESPACE

@@ -216,12 +216,8 @@ void RunDecodeTaskV9Impl(const ValidatedProblem& vp, const DecodePlan& plan, con
       plan.kv_bytes <= kDecodeDirectMaxBytes ? -1 : PrefetchKeys(kDecodeGroupedPrefetchKeys);
   RunStepWalkTask<kLanes>(
       vp, plan, t, scratch, slots, counters, ahead,
-      [](auto rb, const Ctx& c, const float* q, auto rows, float* s) {
-        DotsStep<decltype(rb)::value>(q, c.Dp, rows, c.D, s);
-      },
-      [](auto rb, auto whole, const Ctx& c, auto rows, const float* p, std::int64_t n, float* o) {
-        PvStep<decltype(rb)::value, decltype(whole)::value ? kLanes : 0>(rows, p, n, o, c.Dvp, c.Dv);
-      });
+      [](auto rb, auto... a) { DotsStep<decltype(rb)::value>(a...); },
+      [](auto rb, auto kn, auto... a) { PvStep<decltype(rb)::value, decltype(kn)::value>(a...); });
 }
 
 int DecodeV9LanesImpl() { return kLanes; }
