@@ -42,6 +42,9 @@ struct Spec {
   bool alibi = false;
   bool lse = false;
   unsigned seed = 1;
+  // > 0 (dense KV only): key row j of each sequence scaled by 1 + key_ramp * j, and key 2500 by 40x
+  // more, so that scores rise along the keys (see DecodeRisingScoresMatchReference).
+  float key_ramp = 0.0f;
 };
 
 // Owns the buffers of one problem. Not copyable: the views point into the buffers.
@@ -96,6 +99,22 @@ void fill(const Spec& s, TensorView& t, std::vector<std::uint16_t>& b16, std::ve
   }
 }
 
+// Spec::key_ramp on a dense K (any dtype, padded or not).
+void ramp_keys(const Spec& s, const TensorView& k, std::vector<std::uint16_t>& b16, std::vector<float>& b32) {
+  ASSERT_EQ(s.kvl, KvLayout::dense);
+  for (std::int64_t b = 0; b < k.shape[0]; ++b)
+    for (std::int64_t j = 0; j < k.shape[1]; ++j) {
+      const float scale = (1.0f + s.key_ramp * static_cast<float>(j)) * (j == 2500 ? 40.0f : 1.0f);
+      for (std::int64_t h = 0; h < k.shape[2]; ++h)
+        for (std::int64_t x = 0; x < k.shape[3]; ++x) {
+          const auto at = static_cast<std::size_t>(b * k.stride[0] + j * k.stride[1] + h * k.stride[2] + x * k.stride[3]);
+          if (s.dt == DType::f32) b32[at] *= scale;
+          else if (s.dt == DType::f16) b16[at] = f32_to_f16(f16_to_f32(b16[at]) * scale);
+          else b16[at] = f32_to_bf16(bf16_to_f32(b16[at]) * scale);
+        }
+    }
+}
+
 void build(const Spec& s, Built& out) {
   std::mt19937 rng(s.seed);
   const auto B = static_cast<std::int32_t>(s.sq.size());
@@ -144,6 +163,7 @@ void build(const Spec& s, Built& out) {
   }
   fill(s, p.q, out.q16, out.q32, rng, qshape);
   fill(s, p.k, out.k16, out.k32, rng, kshape);
+  if (s.key_ramp > 0.0f) ramp_keys(s, p.k, out.k16, out.k32);
   fill(s, p.v, out.v16, out.v32, rng, vshape);
   fill(s, p.o, out.o16, out.o32, rng, oshape);
   if (s.lse) {
@@ -436,6 +456,23 @@ TEST(CpuFlash, DecodeV8MatchesReference) {
     }
   specs.push_back(long_dense_decode(5003));
   expect_decode_kernels_match(specs, {DecodeKernel::grouped, DecodeKernel::grouped8, DecodeKernel::lanes});
+}
+
+// Scores that rise along the keys (Spec::key_ramp), so that the grouped kernels' lazy rescaling
+// (SoftmaxBelowRunningMax) meets blocks that stay within the running max's slack, with
+// probabilities above 1, and blocks that exceed it (every few blocks, and once by far at key 2500),
+// which take the exact path and rescale what the lazy blocks accumulated: every decode kernel,
+// against the reference, with lse, for one and two query rows per sequence and a split into chunks.
+TEST(CpuFlash, DecodeRisingScoresMatchReference) {
+  using cpu_flash::DecodeKernel;
+  std::vector<Spec> specs;
+  for (DType dt : {DType::f32, DType::f16, DType::bf16})
+    specs.push_back({.dt = dt, .sq = {1}, .skv = {3000}, .hq = 8, .hkv = 2, .d = 64, .dv = 64, .lse = true,
+                     .key_ramp = 1.0f / 400.0f});
+  specs.push_back({.dt = DType::f16, .sq = {2, 2}, .skv = {2700, 2700}, .hq = 12, .hkv = 3, .d = 128, .dv = 128,
+                   .causal = true, .lse = true, .key_ramp = 1.0f / 300.0f});
+  expect_decode_kernels_match(specs, {DecodeKernel::automatic, DecodeKernel::fused, DecodeKernel::grouped,
+                                      DecodeKernel::grouped8, DecodeKernel::lanes});
 }
 
 // Builds s into b with a NaN at element `at` of its f32 buffer `buf` and runs `opts` on it in place.

@@ -58,12 +58,44 @@ HWY_INLINE void AccumulateDots(const float* HWY_RESTRICT q, std::int64_t qs, con
 // Internal linkage, as each kernel's own softmax had: called directly, not through the PLT.
 namespace {
 
+// How far (in natural-log units) a block's scores may rise above a row's running max before the
+// row rescales: ln 256, so probabilities stay below 256.
+constexpr float kRescaleSlack = 5.545177444479562f;
+
+// Lazy rescaling (as FlashAttention-4 does on GPUs) for a row that sees all nb keys of a block
+// (nb a multiple of the vector length) and has a finite running max m: when no score exceeds
+// m + kRescaleSlack (and none is NaN), the block is exponentiated against m itself and only its sum
+// joins l. The exact path's horizontal max, exp(m_old - m_new) and rescale of the row's
+// accumulator, a chain of dependent steps per row and block that left GQA decode's softmax at 7-11
+// cycles per key and KV head (four rows), are skipped. Softmax is invariant to the shift, so the
+// result is the same up to rounding; probabilities up to 256 are harmless in f32 (l and o scale
+// alike). Returns false, having written nothing, when the block must take the exact path, which
+// then raises m.
+HWY_INLINE bool SoftmaxBelowRunningMax(float* HWY_RESTRICT s, std::int64_t nb, float m, float& l) {
+  const DF d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  const VF lim = hn::Set(d, m + kRescaleSlack);
+  auto over = hn::Lt(lim, lim);  // all false
+  // Not (s <= lim): true above the limit and for NaN.
+  for (std::int64_t x = 0; x < nb; x += N) over = hn::Or(over, hn::Not(hn::Le(hn::Load(d, s + x), lim)));
+  if (!hn::AllFalse(d, over)) return false;
+  const VF mu = hn::Set(d, m);
+  VF sum = hn::Zero(d);
+  for (std::int64_t x = 0; x < nb; x += N) {
+    const VF pj = FastExp(d, hn::Sub(hn::Load(d, s + x), mu));
+    hn::Store(pj, d, s + x);
+    sum = hn::Add(sum, pj);
+  }
+  l += SumLanes(d, sum);
+  return true;
+}
+
 // Online softmax of the rows of KV head kvh over the block's keys [j0, j0 + nb): s_rows
 // [R][kDecodeGroupedBlock] holds the scores of each row's visible keys [a, e] and receives their
 // probabilities; m, l and the rows' accumulators are updated. v5's SoftmaxRows with prefill v3's
 // cheaper exp, over the vectors that hold visible keys only. kPlain (v8): a row that sees every
 // key of a block without softcap or ALiBi skips the masking pass (the max and the NaN check ride
-// on one read of the scores).
+// on one read of the scores), and first tries SoftmaxBelowRunningMax (v8, v9 since session 17).
 template <bool kPlain>
 void GroupedSoftmax(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
                     const std::int64_t* e_i, float* s_rows) {
@@ -76,8 +108,10 @@ void GroupedSoftmax(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, 
     float* s = s_rows + r * kDecodeGroupedBlock;
     const std::int64_t x0 = a / N * N;
     const float m_old = c.m[row];
+    const bool whole = plain && a == 0 && e == nb - 1;
+    if (whole && m_old > kNegInf && SoftmaxBelowRunningMax(s, nb, m_old, c.l[row])) return;
     float m_new;
-    if (plain && a == 0 && e == nb - 1) {
+    if (whole) {
       VF mt = hn::Set(d, kNegInf);
       auto nan = hn::Lt(mt, mt);  // all false
       for (std::int64_t x = 0; x < nb; x += N) {

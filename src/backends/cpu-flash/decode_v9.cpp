@@ -172,6 +172,7 @@ HWY_INLINE void PvSlice9(const T* const* v, const float* HWY_RESTRICT p, std::in
       for (int st = 1; st < S; ++st) acc[st][rb][c] = hn::Zero(d);
     }
   const std::int64_t keys = KN > 0 ? KN : n;
+  HWY_UNROLL(16)
   for (std::int64_t u0 = 0; u0 < keys; u0 += S) {
     for (int st = 0; st < S; ++st) {
       const std::int64_t u = u0 + st;
