@@ -3,9 +3,14 @@
 // a shared block so that one sequence's writes never reach another's.
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
+#include <random>
 
+#include "kallpa/half.h"
 #include "kallpa/runtime/kv_cache.h"
 
 namespace kallpa::runtime {
@@ -193,6 +198,59 @@ TEST(KvCachePrefix, TruncatingPastTheBlocksHeldForgetsNothing) {
   const SeqId d = c->add_sequence();
   EXPECT_EQ(c->attach_prefix(d, tokens_of(9)), 8);  // and still published
   EXPECT_EQ(k_at(*c, d, 1, 7), 1000 + 100 + 7);
+}
+
+// f16 and bf16 caches store each written value as f32_to_f16 / f32_to_bf16 give it, bit for bit,
+// whatever path converts the row (8 at a time where the CPU has F16C, then a scalar tail): ties
+// to even, overflow to infinity, subnormals, signed zeros, infinities and NaNs with payloads
+// (stored as the scalar functions' quiet NaN), in rows of 3 x 13 elements (not a whole number of
+// vectors) written one and several at a time.
+TEST(KvCacheWrite, HalfRowsHoldTheScalarConversionsBitForBit) {
+  constexpr std::int32_t kH = 3, kD = 13, kRow = kH * kD;
+  const float specials[] = {0.0f, -0.0f, 1.0f, -2.5f, 65504.0f, 65519.0f, 65520.0f, -1e6f,
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                            std::bit_cast<float>(0x7f800001u), std::bit_cast<float>(0xffc12345u),
+                            std::bit_cast<float>(0x7fa00000u), 5.96e-8f, 2.98e-8f, 2.99e-8f, 6.1e-5f, 1e-40f,
+                            -1e-45f, std::bit_cast<float>(0x3f801000u), std::bit_cast<float>(0x3f803000u),
+                            std::bit_cast<float>(0x3f808000u), std::bit_cast<float>(0x3f818000u),
+                            std::bit_cast<float>(0x00018000u), 3.3895314e38f};
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  for (DType dt : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    auto made = KvCache::create(1, kH, kD, {.page_size = 4, .max_tokens = 16, .dtype = dt});
+    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+    KvCache& c = **made;
+    const SeqId seq = c.add_sequence();
+    ASSERT_TRUE(c.reserve(seq, 7).is_ok());
+    std::vector<float> k(7 * kRow), v(7 * kRow);
+    for (std::size_t e = 0; e < k.size(); ++e) {
+      k[e] = e < std::size(specials) ? specials[e] : dist(rng);
+      v[e] = e + 5 < std::size(specials) ? -specials[e + 5] : dist(rng) * 1e-3f;
+    }
+    const auto blocks = c.blocks(seq);
+    ASSERT_TRUE(c.write(0, blocks, 0, k.data(), v.data(), 1));                      // one row
+    ASSERT_TRUE(c.write(0, blocks, 1, k.data() + kRow, v.data() + kRow, 6));  // a batch
+    const auto* kb = static_cast<const std::uint16_t*>(c.k_view(0).data);
+    const auto* vb = static_cast<const std::uint16_t*>(c.v_view(0).data);
+    int differ = 0;
+    for (std::int64_t p = 0; p < 7; ++p) {
+      const std::int64_t slot = std::int64_t{blocks[static_cast<std::size_t>(p / 4)]} * 4 + p % 4;
+      for (std::int64_t e = 0; e < kRow; ++e) {
+        const float kf = k[static_cast<std::size_t>(p * kRow + e)], vf = v[static_cast<std::size_t>(p * kRow + e)];
+        const std::uint16_t kw = dt == DType::f16 ? f32_to_f16(kf) : f32_to_bf16(kf);
+        const std::uint16_t vw = dt == DType::f16 ? f32_to_f16(vf) : f32_to_bf16(vf);
+        const std::uint16_t kg = kb[slot * kRow + e], vg = vb[slot * kRow + e];
+        if (kg != kw || vg != vw) {
+          ++differ;
+          ADD_FAILURE() << "position " << p << " element " << e << ": k " << kf << " -> " << kg << " want " << kw
+                        << ", v " << vf << " -> " << vg << " want " << vw;
+        }
+      }
+    }
+    EXPECT_EQ(differ, 0);
+  }
 }
 
 }  // namespace
