@@ -11,6 +11,7 @@
 #include "model/huge_buffer.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KALLPA_KV_X86 1
 #endif
@@ -288,7 +289,12 @@ void to_bf16_scalar(const float* src, std::uint16_t* dst, std::int64_t n, std::i
 
 #if KALLPA_KV_X86
 bool f16c_available() noexcept {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // F16C through CPUID (leaf 1, ECX bit 29): clang's __builtin_cpu_supports does not know it.
+  static const bool ok = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+    return f16c && __builtin_cpu_supports("avx2");
+  }();
   return ok;
 }
 
