@@ -250,12 +250,13 @@ TEST(QuantKernels, Q16ActivationsAvx2MatchesScalarBitwise) {
 
 // Q16 activations, batched: the AVX-512 VNNI kernel (16 weight rows per vector; rows past the last
 // group of 16 and single activation rows go to AVX2) gives the scalar reference's bits, in both
-// weight layouts, on groups that start anywhere a task may start them.
+// weight layouts, on groups that start anywhere a task may start them, and for rows long enough to
+// be swept in chunks of blocks (1536: three whole chunks; 1600: a short last one).
 TEST(QuantKernels, Q16ActivationsAvx512MatchesScalarBitwise) {
   if (!kernels::avx512_vnni_available()) GTEST_SKIP() << "no AVX-512 VNNI on this machine";
   ASSERT_EQ(quant_kernel_isa(), "avx512-vnni");
   for (GgmlType t : {GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1}) {
-    for (std::int64_t cols : {32, 96, 576}) {
+    for (std::int64_t cols : {32, 96, 576, 1536, 1600}) {
       for (std::int64_t rows : {16, 20, 32, 52, 100}) {
         for (std::int64_t batch : {1, 2, 3, 4, 5, 7, 9, 16, 70}) {
           Problem p = make_problem(t, rows, cols, batch, static_cast<std::uint64_t>(rows * 31 + batch + cols));

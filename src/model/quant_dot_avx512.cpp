@@ -20,6 +20,7 @@
 // row alone goes to the AVX2 kernel. Measured with bench/quant_matmul_bench (avx2:0 vs avx2:1).
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "model/quant_kernels.h"
@@ -208,18 +209,19 @@ inline void transpose_bytes16x16(const ByteShuffles& sh, const __m512i (&in)[4],
 // Each 16-row group also asks for the next one's bytes: decode reads every weight once per step,
 // mostly from DRAM, and the widening otherwise waits on each load.
 template <GgmlType T>
-void widen_rows4(const std::byte* w, std::size_t row_bytes, std::int64_t r0, std::int64_t nb, std::byte* wide) {
+void widen_rows4(const std::byte* w, std::size_t row_bytes, std::int64_t r0, std::int64_t b0, std::int64_t b1,
+                 std::byte* wide) {
   constexpr BlockGeom g = block_geom(T);
   constexpr std::size_t qs_offset = g.has_m ? 16 : 8;
   static const ByteShuffles sh = make_byte_shuffles();
   const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
   const std::byte* group = w + static_cast<std::size_t>(r0) * row_bytes;
   const std::byte* next = group + kGroupRows * row_bytes;
-  for (std::int64_t b = 0; b < nb; ++b) {
+  for (std::int64_t b = b0; b < b1; ++b) {
     const std::byte* blk[4];
     for (int i = 0; i < 4; ++i) blk[i] = group + 4 * i * row_bytes + static_cast<std::size_t>(b) * 4 * g.bytes;
     prefetch_lines<kPrefetchToL1>(next + static_cast<std::size_t>(b) * kGroupRows * g.bytes, kGroupRows * g.bytes);
-    std::byte* out = wide + b * kWideBlockBytes;
+    std::byte* out = wide + (b - b0) * kWideBlockBytes;
     if constexpr (T == GgmlType::q8_0) {
       __m512i lo_in[4], hi_in[4], lo[4], hi[4];
       for (int i = 0; i < 4; ++i) {
@@ -256,18 +258,19 @@ void widen_rows4(const std::byte* w, std::size_t row_bytes, std::int64_t r0, std
   }
 }
 
-// Rows r0 .. r0+15, every block, into `wide` (kWideBlockBytes per block).
+// Rows r0 .. r0+15, blocks [b0, b1), into `wide` (kWideBlockBytes per block, block b0 first).
 template <GgmlType T, WeightLayout L>
-void widen_group(const std::byte* w, std::size_t row_bytes, std::int64_t r0, std::int64_t nb, std::byte* wide) {
+void widen_group(const std::byte* w, std::size_t row_bytes, std::int64_t r0, std::int64_t b0, std::int64_t b1,
+                 std::byte* wide) {
   if constexpr (L == WeightLayout::rows4) {
-    widen_rows4<T>(w, row_bytes, r0, nb, wide);
+    widen_rows4<T>(w, row_bytes, r0, b0, b1, wide);
   } else {
     constexpr BlockGeom g = block_geom(T);
-    for (std::int64_t b = 0; b < nb; ++b) {
+    for (std::int64_t b = b0; b < b1; ++b) {
       __m512i m[16];
       for (int r = 0; r < kGroupRows; ++r) m[r] = row_pairs<T>(block_ptr(g, L, w, row_bytes, r0 + r, b).qs);
       transpose16x16(m);
-      std::byte* out = wide + b * kWideBlockBytes;
+      std::byte* out = wide + (b - b0) * kWideBlockBytes;
       for (int j = 0; j < kWideVectors; ++j) _mm512_store_si512(out + 64 * j, m[j]);
       __m512 d, mins;
       group_scales<T, L>(w, row_bytes, r0, b, d, mins);
@@ -277,15 +280,31 @@ void widen_group(const std::byte* w, std::size_t row_bytes, std::int64_t r0, std
   }
 }
 
-// NX activation rows against a widened group: the float steps of tile_q16_row per lane (= row).
-// Each pair's weight vector is loaded once and multiplied into every activation row's half.
+// The float accumulators of one activation row against a 16-row group, carried from one chunk of
+// blocks to the next.
+struct alignas(64) RowAcc {
+  __m512 e, o, m;
+};
+
+// NX activation rows against blocks [b0, b1) of a widened group (wide holds block b0 first): the
+// float steps of tile_q16_row per lane (= row). Each pair's weight vector is loaded once and
+// multiplied into every activation row's half. The accumulators start at zero for b0 = 0 (else
+// from acc) and end in y for b1 = nb (else in acc), so chunking changes no operation's order.
 template <int NX>
-void tile_group(const std::byte* wide, const std::int32_t* xp, const BlockQ16x* xq, std::int64_t nb, float* y,
-                std::int64_t ldy) {
+void tile_group(const std::byte* wide, const std::int32_t* xp, const BlockQ16x* xq, std::int64_t nb,
+                std::int64_t b0, std::int64_t b1, RowAcc* acc, float* y, std::int64_t ldy) {
   __m512 acc_e[NX], acc_o[NX], macc[NX];
-  for (int x = 0; x < NX; ++x) acc_e[x] = acc_o[x] = macc[x] = _mm512_setzero_ps();
-  for (std::int64_t b = 0; b < nb; ++b) {
-    const std::byte* wb = wide + b * kWideBlockBytes;
+  for (int x = 0; x < NX; ++x) {
+    if (b0 == 0) {
+      acc_e[x] = acc_o[x] = macc[x] = _mm512_setzero_ps();
+    } else {
+      acc_e[x] = acc[x].e;
+      acc_o[x] = acc[x].o;
+      macc[x] = acc[x].m;
+    }
+  }
+  for (std::int64_t b = b0; b < b1; ++b) {
+    const std::byte* wb = wide + (b - b0) * kWideBlockBytes;
     __m512i e[NX], o[NX];
     for (int x = 0; x < NX; ++x) e[x] = o[x] = _mm512_setzero_si512();
 #pragma GCC unroll 16
@@ -314,21 +333,37 @@ void tile_group(const std::byte* wide, const std::int32_t* xp, const BlockQ16x* 
     }
   }
   for (int x = 0; x < NX; ++x) {
-    _mm512_storeu_ps(y + x * ldy, _mm512_add_ps(_mm512_add_ps(acc_e[x], acc_o[x]), macc[x]));
+    if (b1 == nb) {
+      _mm512_storeu_ps(y + x * ldy, _mm512_add_ps(_mm512_add_ps(acc_e[x], acc_o[x]), macc[x]));
+    } else {
+      acc[x] = RowAcc{acc_e[x], acc_o[x], macc[x]};
+    }
   }
 }
+
+// Rows longer than kChunkMaxBlocks blocks are widened and swept kChunkBlocks at a time, so that a
+// chunk's widened weights (16 x 1152 bytes) and every activation row's pairs for it (16 x 64 bytes
+// each) stay in L1 while the batch's tiles sweep them; whole rows of SmolLM2's down projection
+// (k = 1536: 55 KB widened + 49 KB of pairs for 16 rows) went to L2, and its tiles ran at ~75% of the
+// k = 576 rate (quant_matmul_bench, one thread, b:16).
+constexpr std::int64_t kChunkBlocks = 16;
+constexpr std::int64_t kChunkMaxBlocks = 24;
 
 template <GgmlType T, WeightLayout L>
 void gemm_q16_groups(const std::byte* w, std::size_t row_bytes, std::int64_t n_groups, const BlockQ16x* xq,
                      const std::int32_t* xp, std::int64_t nx, std::int64_t nb, float* y, std::int64_t ldy) {
-  // Per-thread, reused across calls; a plain pointer below (thread_local in a shared library costs
+  const std::int64_t chunk = nb > kChunkMaxBlocks ? kChunkBlocks : nb;
+  // Per-thread, reused across calls; plain pointers below (thread_local in a shared library costs
   // a __tls_get_addr per access).
   struct alignas(64) Line {
     std::byte bytes[64];
   };
   thread_local std::vector<Line> wide_buf;
-  wide_buf.resize(static_cast<std::size_t>(nb * kWideBlockBytes / 64));
+  thread_local std::vector<RowAcc> acc_buf;
+  wide_buf.resize(static_cast<std::size_t>(chunk * kWideBlockBytes / 64));
+  acc_buf.resize(static_cast<std::size_t>(nx));
   std::byte* const wide = reinterpret_cast<std::byte*>(wide_buf.data());
+  RowAcc* const acc = acc_buf.data();
   // The rows4 widening asks for each next group while it widens one, but a task's first group has
   // no predecessor and its blocks missed one after another (in SmolLM2's 16-stream profile the
   // widening took half as long as the tiles, against a quarter with the weights warm). The whole
@@ -337,15 +372,22 @@ void gemm_q16_groups(const std::byte* w, std::size_t row_bytes, std::int64_t n_g
   // Xeon with AVX-512 VNNI (single pairs ranged 0.95-1.33).
   if (n_groups > 0) prefetch_lines<kPrefetchToL2>(w, kGroupRows * row_bytes);
   for (std::int64_t g = 0; g < n_groups; ++g) {
-    widen_group<T, L>(w, row_bytes, g * kGroupRows, nb, wide);
     float* yg = y + g * kGroupRows;
-    std::int64_t x = 0;
-    for (; x + 4 <= nx; x += 4) tile_group<4>(wide, xp + x * nb * 16, xq + x * nb, nb, yg + x * ldy, ldy);
-    switch (nx - x) {
-      case 3: tile_group<3>(wide, xp + x * nb * 16, xq + x * nb, nb, yg + x * ldy, ldy); break;
-      case 2: tile_group<2>(wide, xp + x * nb * 16, xq + x * nb, nb, yg + x * ldy, ldy); break;
-      case 1: tile_group<1>(wide, xp + x * nb * 16, xq + x * nb, nb, yg + x * ldy, ldy); break;
-      default: break;
+    for (std::int64_t b0 = 0; b0 < nb; b0 += chunk) {
+      const std::int64_t b1 = std::min(nb, b0 + chunk);
+      widen_group<T, L>(w, row_bytes, g * kGroupRows, b0, b1, wide);
+      std::int64_t x = 0;
+      auto tile = [&](auto rows) {
+        constexpr int NX = decltype(rows)::value;
+        tile_group<NX>(wide, xp + x * nb * 16, xq + x * nb, nb, b0, b1, acc + x, yg + x * ldy, ldy);
+      };
+      for (; x + 4 <= nx; x += 4) tile(std::integral_constant<int, 4>());
+      switch (nx - x) {
+        case 3: tile(std::integral_constant<int, 3>()); break;
+        case 2: tile(std::integral_constant<int, 2>()); break;
+        case 1: tile(std::integral_constant<int, 1>()); break;
+        default: break;
+      }
     }
   }
 }
