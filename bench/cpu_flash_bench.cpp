@@ -39,11 +39,13 @@
 //               default on AVX-512 since session 15.
 //   Since session 17, v8 and v9 rescale lazily (decode_grouped-inl.h, SoftmaxBelowRunningMax): a
 //   block whose scores stay within ln 256 of a row's running max skips that row's horizontal max
-//   and rescale (GQA 32/8 D64 f16 at 32768 keys, 2 threads: 61-80 -> 87-96 GFLOP/s).
+//   and rescale (`kallpa bench attention -b cpu-flash --spec
+//   b=1,sq=1,skv=32768,hq=32,hkv=8,d=64,dtype=f16`, old/new alternated: 61-80 -> 87-96 GFLOP/s).
 //   Tried and dropped in session 17: GQA rows in the lanes (each key's four-element pieces
-//   broadcast to the 128-bit blocks, a 4-way tree instead of 16-way): no faster, since a zmm
-//   vbroadcastf32x4 from memory costs about an FMA slot here (16 FMAs + 16 broadcasts per key:
-//   ~15 cycles, against ~8 for the FMAs alone), even with the keys' conversion left out.
+//   broadcast to the 128-bit blocks, a 4-way tree instead of 16-way): no faster on
+//   decode_gqa/f16/d64/h32_8/sq1_skv512/v9_lanes_t1, even with the keys' conversion left out; a
+//   throwaway loop (not kept) put 16 FMAs + 16 zmm vbroadcastf32x4 loads at about twice the time
+//   of the 16 FMAs alone, so the broadcasts cost what the tree saved.
 //   decode_dram/*: K/V of 256 MiB (far beyond L3) on huge pages, v5, v6, v7, v8 and v9 side by side with
 //               stream_read, a plain sum of the same bytes on the same threads: the practical ceiling.
 //               Compare with --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true;

@@ -56,7 +56,11 @@ Status quantize_row(GgmlType type, const float* src, void* dst, std::int64_t n) 
     return {ErrorCode::invalid_argument, "n",
             fmt::format("{} elements is not a multiple of {}'s block size {}", n, traits->name, traits->block_size)};
   }
-  kernels::quantize_row_scalar(type, src, dst, n);
+  if ((type == GgmlType::f16 || type == GgmlType::bf16) && kernels::avx2_available()) {
+    kernels::convert_row_half_avx2(type, src, static_cast<std::uint16_t*>(dst), n);
+  } else {
+    kernels::quantize_row_scalar(type, src, dst, n);
+  }
   return {};
 }
 

@@ -345,7 +345,9 @@ void tile_group(const std::byte* wide, const std::int32_t* xp, const BlockQ16x* 
 // chunk's widened weights (16 x 1152 bytes) and every activation row's pairs for it (16 x 64 bytes
 // each) stay in L1 while the batch's tiles sweep them; whole rows of SmolLM2's down projection
 // (k = 1536: 55 KB widened + 49 KB of pairs for 16 rows) went to L2, and its tiles ran at ~75% of the
-// k = 576 rate (quant_matmul_bench, one thread, b:16).
+// k = 576 rate. KALLPA_THREADS=1 build/bench/quant_matmul_bench
+// --benchmark_filter='rows:576/cols:1536/b:16/act:2/threads:1/v:2/q8_0:0/avx2:0/kv:0', before and
+// after, alternated: 248 -> 232 us (medians of 6); 8-block chunks gained nothing.
 constexpr std::int64_t kChunkBlocks = 16;
 constexpr std::int64_t kChunkMaxBlocks = 24;
 

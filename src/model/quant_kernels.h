@@ -105,6 +105,8 @@ void gemm_qf_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std:
 
 // --- AVX2 + FMA + F16C (quant_dot_avx2.cpp); only call when avx2_available() ---
 bool avx2_available() noexcept;
+// n floats to F16 or BF16 (type), bit for bit quantize_row_scalar (convert_half_avx2.cpp).
+void convert_row_half_avx2(GgmlType type, const float* src, std::uint16_t* dst, std::int64_t n);
 void quantize_row_q8x_avx2(const float* x, BlockQ8x* out, std::int64_t k);
 void gemm_q_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                  const BlockQ8x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);

@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 
 #include "core/parallel.h"
-#include "kallpa/half.h"
+#include "kallpa/model/quant.h"
 #include "kallpa/runtime/ops.h"
 #include "model/repack.h"
 #include "runtime/rope_table.h"
@@ -225,11 +225,11 @@ class CpuOps final : public Ops {
           std::memcpy(d, s, static_cast<std::size_t>(dim) * 4);
           break;
         case DType::f16:
-          for (std::int64_t e = 0; e < dim; ++e) reinterpret_cast<std::uint16_t*>(d)[e] = f32_to_f16(s[e]);
+        case DType::bf16: {
+          const auto type = dst_type == DType::f16 ? model::GgmlType::f16 : model::GgmlType::bf16;
+          if (Status st = model::quantize_row(type, s, d, dim); !st) return st;
           break;
-        case DType::bf16:
-          for (std::int64_t e = 0; e < dim; ++e) reinterpret_cast<std::uint16_t*>(d)[e] = f32_to_bf16(s[e]);
-          break;
+        }
       }
     }
     return {};

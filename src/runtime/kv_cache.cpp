@@ -7,14 +7,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "kallpa/half.h"
+#include "kallpa/model/quant.h"
 #include "model/huge_buffer.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#include <immintrin.h>
-#define KALLPA_KV_X86 1
-#endif
 
 namespace kallpa::runtime {
 
@@ -275,83 +269,6 @@ Status KvCache::write(std::int32_t layer, std::span<const std::int32_t> table, s
   return write_rows(layer, slots, k, v);
 }
 
-namespace {
-
-// dst[e] = f32_to_f16(src[e]) or f32_to_bf16(src[e]), bit for bit. A decode step writes one row
-// per sequence and layer, and the scalar conversions (a rounding in software per element) were
-// 2.3% of a 16-stream server's time (perf, SmolLM2); F16C / integer rounding do 8 at a time.
-void to_f16_scalar(const float* src, std::uint16_t* dst, std::int64_t n, std::int64_t from) {
-  for (std::int64_t e = from; e < n; ++e) dst[e] = f32_to_f16(src[e]);
-}
-void to_bf16_scalar(const float* src, std::uint16_t* dst, std::int64_t n, std::int64_t from) {
-  for (std::int64_t e = from; e < n; ++e) dst[e] = f32_to_bf16(src[e]);
-}
-
-#if KALLPA_KV_X86
-bool f16c_available() noexcept {
-  // F16C through CPUID (leaf 1, ECX bit 29): clang's __builtin_cpu_supports does not know it.
-  static const bool ok = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-    return f16c && __builtin_cpu_supports("avx2");
-  }();
-  return ok;
-}
-
-// The hardware rounds to nearest even like f32_to_f16, overflow included; a NaN keeps part of its
-// payload there, so NaN lanes are set to f32_to_f16's quiet NaN (sign | 0x7e00).
-__attribute__((target("avx2,f16c"))) void to_f16_avx2(const float* src, std::uint16_t* dst, std::int64_t n) {
-  const __m128i quiet = _mm_set1_epi16(0x7e00);
-  const __m128i sign_bit = _mm_set1_epi16(static_cast<short>(0x8000));
-  std::int64_t e = 0;
-  for (; e + 8 <= n; e += 8) {
-    const __m256 x = _mm256_loadu_ps(src + e);
-    __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256i nan32 = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-    const __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(nan32), _mm256_extracti128_si256(nan32, 1));
-    h = _mm_blendv_epi8(h, _mm_or_si128(_mm_and_si128(h, sign_bit), quiet), nan16);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + e), h);
-  }
-  to_f16_scalar(src, dst, n, e);
-}
-
-// f32_to_bf16's rounding (add 0x7fff plus the kept lowest bit, keep the top half) in integers:
-// AVX512-BF16's conversion would flush denormal inputs, which bf16 can hold.
-__attribute__((target("avx2"))) void to_bf16_avx2(const float* src, std::uint16_t* dst, std::int64_t n) {
-  const __m256i round = _mm256_set1_epi32(0x7fff);
-  const __m256i one = _mm256_set1_epi32(1);
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
-  const __m256i inf = _mm256_set1_epi32(0x7f800000);
-  const __m256i quiet = _mm256_set1_epi32(0x40);
-  std::int64_t e = 0;
-  for (; e + 8 <= n; e += 8) {
-    const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + e));
-    const __m256i rounded = _mm256_srli_epi32(
-        _mm256_add_epi32(u, _mm256_add_epi32(round, _mm256_and_si256(_mm256_srli_epi32(u, 16), one))), 16);
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
-    const __m256i r = _mm256_blendv_epi8(rounded, _mm256_or_si256(_mm256_srli_epi32(u, 16), quiet), nan);
-    // Each 32-bit lane holds its result in the low 16 bits: pack (unsigned saturation is exact here).
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + e), _mm256_castsi256_si128(packed));
-  }
-  to_bf16_scalar(src, dst, n, e);
-}
-#endif
-
-void to_half_row(DType dtype, const float* src, std::uint16_t* dst, std::int64_t n) {
-#if KALLPA_KV_X86
-  if (f16c_available()) {
-    if (dtype == DType::f16) to_f16_avx2(src, dst, n);
-    else to_bf16_avx2(src, dst, n);
-    return;
-  }
-#endif
-  if (dtype == DType::f16) to_f16_scalar(src, dst, n, 0);
-  else to_bf16_scalar(src, dst, n, 0);
-}
-
-}  // namespace
-
 Status KvCache::write_rows(std::int32_t layer, std::span<const std::int64_t> slots, const float* k, const float* v) {
   const std::int64_t row = std::int64_t{n_head_kv_} * head_dim_;
   if (device_ != nullptr) {
@@ -372,10 +289,13 @@ Status KvCache::write_rows(std::int32_t layer, std::span<const std::int64_t> slo
         std::memcpy(vd, vs, static_cast<std::size_t>(row) * 4);
         break;
       case DType::f16:
-      case DType::bf16:
-        to_half_row(options_.dtype, ks, reinterpret_cast<std::uint16_t*>(kd), row);
-        to_half_row(options_.dtype, vs, reinterpret_cast<std::uint16_t*>(vd), row);
+      case DType::bf16: {
+        // F16/BF16 rounding of quantize_row: vectorised where the CPU allows (model/convert_half_avx2.cpp).
+        const auto type = options_.dtype == DType::f16 ? model::GgmlType::f16 : model::GgmlType::bf16;
+        if (Status s = model::quantize_row(type, ks, kd, row); !s) return s;
+        if (Status s = model::quantize_row(type, vs, vd, row); !s) return s;
         break;
+      }
     }
   }
   return {};

@@ -62,6 +62,20 @@ namespace {
 // row rescales: ln 256, so probabilities stay below 256.
 constexpr float kRescaleSlack = 5.545177444479562f;
 
+// s[x] = exp(s[x] - m) over the vectors [x0, end); returns their lane-wise sum.
+HWY_INLINE VF ExpInPlaceAndSum(float* HWY_RESTRICT s, std::int64_t x0, std::int64_t end, float m) {
+  const DF d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  const VF mu = hn::Set(d, m);
+  VF sum = hn::Zero(d);
+  for (std::int64_t x = x0; x < end; x += N) {
+    const VF pj = FastExp(d, hn::Sub(hn::Load(d, s + x), mu));
+    hn::Store(pj, d, s + x);
+    sum = hn::Add(sum, pj);
+  }
+  return sum;
+}
+
 // Lazy rescaling (as FlashAttention-4 does on GPUs) for a row that sees all nb keys of a block
 // (nb a multiple of the vector length) and has a finite running max m: when no score exceeds
 // m + kRescaleSlack (and none is NaN), the block is exponentiated against m itself and only its sum
@@ -79,14 +93,7 @@ HWY_INLINE bool SoftmaxBelowRunningMax(float* HWY_RESTRICT s, std::int64_t nb, f
   // Not (s <= lim): true above the limit and for NaN.
   for (std::int64_t x = 0; x < nb; x += N) over = hn::Or(over, hn::Not(hn::Le(hn::Load(d, s + x), lim)));
   if (!hn::AllFalse(d, over)) return false;
-  const VF mu = hn::Set(d, m);
-  VF sum = hn::Zero(d);
-  for (std::int64_t x = 0; x < nb; x += N) {
-    const VF pj = FastExp(d, hn::Sub(hn::Load(d, s + x), mu));
-    hn::Store(pj, d, s + x);
-    sum = hn::Add(sum, pj);
-  }
-  l += SumLanes(d, sum);
+  l += SumLanes(d, ExpInPlaceAndSum(s, 0, nb, m));
   return true;
 }
 
@@ -126,13 +133,7 @@ void GroupedSoftmax(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, 
       m_new = MaskScoresAndMax(c, s, x0, e + 1, h, i, j0, a, e, m_old);
     }
     const float m_use = m_new == kNegInf ? 0.0f : m_new;
-    const VF mu = hn::Set(d, m_use);
-    VF sum = hn::Zero(d);
-    for (std::int64_t x = x0; x <= e; x += N) {
-      const VF pj = FastExp(d, hn::Sub(hn::Load(d, s + x), mu));
-      hn::Store(pj, d, s + x);
-      sum = hn::Add(sum, pj);
-    }
+    const VF sum = ExpInPlaceAndSum(s, x0, e + 1, m_use);
     UpdateRow(c, row, m_new, std::exp(m_old - m_use), SumLanes(d, sum));
   });
 }
