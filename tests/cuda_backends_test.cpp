@@ -5,6 +5,7 @@
 // judge (the full matrix runs in conformance_test.cpp for every registered backend).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -141,10 +142,14 @@ TEST(CudaFlashPlan, LaunchShapesCoverEveryRowHeadAndSequence) {
   EXPECT_EQ(tc.grid[1], 32u);  // query heads
   EXPECT_EQ(tc.grid[2], 2u);   // sequences
   EXPECT_EQ(tc.block, static_cast<unsigned>(cuda::kTcThreads));
-  // Q and K tiles (64 x (128 + 8)) and the transposed V tile (128 x (64 + 8)), 2 bytes each: over
-  // the 48 KiB default (the launcher opts in), under sm_80's 163 KiB and sm_90's 227 KiB.
-  EXPECT_EQ(tc.smem_bytes, 2u * (64 * 136 + 64 * 136 + 128 * 72));
-  EXPECT_EQ(cuda::tensor_core_smem_bytes(64), 2u * (64 * 72 + 64 * 72 + 64 * 72));
+  // v2 (the default): the Q tile and two stages of K and V tiles, 64 x (128 + 8) 2-byte elements
+  // each: over the 48 KiB default (the launcher opts in), under sm_80's 163 KiB and sm_90's 227 KiB.
+  EXPECT_EQ(tc.smem_bytes, 2u * (64 * 136 + 4 * 64 * 136));
+  // v1: Q and K tiles and the transposed V tile (D x (64 + 8)), one stage.
+  p.tc_version = 1;
+  EXPECT_EQ(cuda::tensor_core_launch(p).smem_bytes, 2u * (64 * 136 + 64 * 136 + 128 * 72));
+  EXPECT_EQ(cuda::tensor_core_smem_bytes(64, 1), 2u * (64 * 72 + 64 * 72 + 64 * 72));
+  EXPECT_EQ(cuda::tensor_core_smem_bytes(64, 2), 2u * (64 * 72 + 4 * 64 * 72));
 
   p.max_sq = 3;
   p.d = 80;
@@ -316,6 +321,7 @@ std::vector<conformance::Case> tensor_core_cases() {
   c.spec.lse = true;
   cases.push_back(c);
   c = make_case("f16/d64/paged16_causal", DType::f16, {40, 77}, {300, 77}, 4, 2, 64);
+  c.spec.q_layout = QLayout::packed;  // dense q needs equal query lengths
   c.spec.kv_layout = KvLayout::paged;
   c.spec.page_size = 16;
   c.spec.causal = true;
@@ -338,17 +344,29 @@ void expect_passes(AttentionBackend& backend, const conformance::Case& c) {
   EXPECT_TRUE(r.passed || r.skipped) << c.name << ": " << r.failure;
 }
 
-TEST(CudaFlashDevice, TensorCoreKernelPassesPrefillCases) {
+// Both numbered tensor-core kernels (KALLPA_CUDA_FLASH_TC picks one per call; 2 is the default).
+TEST(CudaFlashDevice, TensorCoreKernelsPassPrefillCases) {
   REQUIRE_CUDA("cuda-flash", cf);
-  for (const conformance::Case& c : tensor_core_cases()) {
-    const cuda::LaunchCounts before = cuda::launch_counts();
-    expect_passes(*cf.backend, c);
-    EXPECT_GT(cuda::launch_counts().tensor_core, before.tensor_core) << c.name << " did not take the tensor-core kernel";
+  const char* saved = std::getenv("KALLPA_CUDA_FLASH_TC");
+  const std::string restore = saved != nullptr ? saved : "";
+  for (const char* version : {"1", "2"}) {
+    SCOPED_TRACE(std::string("tensor-core kernel v") + version);
+    setenv("KALLPA_CUDA_FLASH_TC", version, 1);
+    for (const conformance::Case& c : tensor_core_cases()) {
+      const cuda::LaunchCounts before = cuda::launch_counts();
+      expect_passes(*cf.backend, c);
+      EXPECT_GT(cuda::launch_counts().tensor_core, before.tensor_core) << c.name << " did not take the tensor-core kernel";
+    }
+  }
+  if (saved != nullptr) {
+    setenv("KALLPA_CUDA_FLASH_TC", restore.c_str(), 1);
+  } else {
+    unsetenv("KALLPA_CUDA_FLASH_TC");
   }
 }
 
-TEST(CudaFlashDevice, SplitKvDecodePassesAndSplits) {
-  REQUIRE_CUDA("cuda-flash", cf);
+// Decode shapes (one or two query rows, thousands of keys) that the planner splits over the keys.
+std::vector<conformance::Case> split_kv_cases() {
   std::vector<conformance::Case> cases;
   auto c = make_case("bf16/d128/decode_5000_lse", DType::bf16, {1, 1}, {5000, 5000}, 8, 2, 128);
   c.spec.lse = true;
@@ -357,12 +375,29 @@ TEST(CudaFlashDevice, SplitKvDecodePassesAndSplits) {
   c.spec.causal = true;
   cases.push_back(c);
   c = make_case("f16/d128/paged_decode_alibi_window", DType::f16, {2, 1}, {2100, 1500}, 8, 1, 128);
+  c.spec.q_layout = QLayout::packed;
   c.spec.kv_layout = KvLayout::paged;
   c.spec.page_size = 16;
   c.spec.alibi = true;
   c.spec.window_left = 1200;
   c.spec.lse = true;
   cases.push_back(c);
+  return cases;
+}
+
+// The device tests' cases must themselves be valid: each builds and passes on cpu-flash, which runs
+// everywhere (two once failed only on the GPU machine: paged K/V with unequal query lengths needs
+// packed q).
+TEST(CudaFlashCases, AreWellFormedAndPassOnTheCpu) {
+  AttentionBackend* cpu = BackendRegistry::global().find("cpu-flash");
+  ASSERT_NE(cpu, nullptr);
+  for (const conformance::Case& c : tensor_core_cases()) expect_passes(*cpu, c);
+  for (const conformance::Case& c : split_kv_cases()) expect_passes(*cpu, c);
+}
+
+TEST(CudaFlashDevice, SplitKvDecodePassesAndSplits) {
+  REQUIRE_CUDA("cuda-flash", cf);
+  const std::vector<conformance::Case> cases = split_kv_cases();
   for (const conformance::Case& k : cases) {
     const cuda::LaunchCounts before = cuda::launch_counts();
     expect_passes(*cf.backend, k);

@@ -6,6 +6,12 @@
 # the engine on the GPU (--device cuda --strict: golden text, NumPy logits check, bench model). Writes one JSON
 # ($OUT/gpu-check.json, else ./gpu-check-out/) and prints a table with ratios. Every step is under
 # `timeout`; the whole run is sized for 8 minutes. Exit status: 0 when every step that ran passed.
+#
+# Environment:
+#   KALLPA_GPU_PREBUILT  a folder holding tools/gpu-bundle.sh's bundle, extracted (bin/, lib/): skip
+#                        the configure and build (a bare CUDA image lacks kallpa's Debian packages)
+#   KALLPA_GPU_STEPS     which steps run (default: "tests bench torch engine")
+#   KALLPA_GPU_BUILD_DIR the build folder when building here (default build-gpu)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${OUT:-./gpu-check-out}
@@ -24,44 +30,80 @@ step "nvidia-smi"
 timeout 30 nvidia-smi 2>&1 | tee "$OUT_DIR/nvidia-smi.txt"
 record nvidia-smi "${PIPESTATUS[0]}"
 
-step "configure + build ($BUILD, Release, CUDA for the local GPU, -j$JOBS)"
-NVCC=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-cudnn_args=()
-# No cuDNN headers in the toolkit or the system: use the one PyTorch's wheels bring, if any.
-if [[ ! -e /usr/local/cuda/include/cudnn_graph.h && ! -e /usr/include/cudnn_graph.h ]]; then
-  cudnn_dir=$(timeout 60 python3 -c "import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__) if nvidia.cudnn.__file__ else list(nvidia.cudnn.__path__)[0])" 2>/dev/null)
-  if [[ -n "$cudnn_dir" && -e "$cudnn_dir/include/cudnn_graph.h" && -e "$cudnn_dir/lib/libcudnn.so.9" ]]; then
-    echo "cuDNN from PyTorch's wheel: $cudnn_dir"
-    cudnn_args=(-DKALLPA_CUDNN_INCLUDE_DIR="$cudnn_dir/include" -DKALLPA_CUDNN_LIBRARY="$cudnn_dir/lib/libcudnn.so.9")
-    export LD_LIBRARY_PATH="$cudnn_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+STEPS=" ${KALLPA_GPU_STEPS:-tests bench torch engine} "
+wants() { [[ "$STEPS" == *" $1 "* ]]; }
+PREBUILT=${KALLPA_GPU_PREBUILT:-}
+PY=${KALLPA_PYTHON:-python3}
+if [[ -x .venv/bin/python3 ]] && .venv/bin/python3 -c "import torch" 2>/dev/null; then PY=.venv/bin/python3; fi
+
+# kallpa dlopens cuBLAS (libcublas.so.13) and cuDNN (libcudnn.so.9): where the loader does not know
+# them, look in the toolkit and in Python's site-packages (PyTorch's nvidia-* wheels bring both).
+python_sites=$(timeout 60 python3 -c "import site; print(' '.join(site.getsitepackages()))" 2>/dev/null)
+for lib in libcublas.so.13 libcudnn.so.9; do
+  if ! ldconfig -p | grep -q "$lib"; then
+    # shellcheck disable=SC2086  # python_sites is a list of folders
+    found=$(find /usr/local/cuda/lib64 /usr/local/cuda/targets $python_sites -name "$lib" -print -quit 2>/dev/null)
+    if [[ -n "$found" ]]; then
+      echo "$lib: $found"
+      export LD_LIBRARY_PATH="$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    else
+      echo "$lib: not found (the backends that need it will say so)"
+    fi
   fi
+done
+
+if [[ -n "$PREBUILT" ]]; then
+  step "prebuilt programs from $PREBUILT (tools/gpu-bundle.sh)"
+  export LD_LIBRARY_PATH="$PREBUILT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  KALLPA="$PREBUILT/bin/kallpa"
+  TESTS="$PREBUILT/bin/kallpa_tests"
+  LOGITS_TOOL="$PREBUILT/bin/kallpa_logits_tool"
+  ldd "$KALLPA" | grep "not found" && { record prebuilt-libs 1; echo "missing libraries"; exit 1; }
+  record prebuilt-libs 0
+else
+  step "configure + build ($BUILD, Release, CUDA for the local GPU, -j$JOBS)"
+  NVCC=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+  cudnn_args=()
+  # No cuDNN headers in the toolkit or the system: use the one PyTorch's wheels bring, if any.
+  if [[ ! -e /usr/local/cuda/include/cudnn_graph.h && ! -e /usr/include/cudnn_graph.h ]]; then
+    cudnn_dir=$(timeout 60 python3 -c "import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__) if nvidia.cudnn.__file__ else list(nvidia.cudnn.__path__)[0])" 2>/dev/null)
+    if [[ -n "$cudnn_dir" && -e "$cudnn_dir/include/cudnn_graph.h" && -e "$cudnn_dir/lib/libcudnn.so.9" ]]; then
+      echo "cuDNN from PyTorch's wheel: $cudnn_dir"
+      cudnn_args=(-DKALLPA_CUDNN_INCLUDE_DIR="$cudnn_dir/include" -DKALLPA_CUDNN_LIBRARY="$cudnn_dir/lib/libcudnn.so.9")
+      export LD_LIBRARY_PATH="$cudnn_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+  fi
+  timeout 90 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKALLPA_WITH_CUDA=ON -DKALLPA_BUILD_BENCH=OFF \
+    -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=native "${cudnn_args[@]}" > "$OUT_DIR/configure.txt" 2>&1
+  rc=$?; record configure $rc; grep -E "kallpa:" "$OUT_DIR/configure.txt"
+  if [[ $rc -ne 0 ]]; then
+    tail -30 "$OUT_DIR/configure.txt"
+    echo "configure failed. kallpa needs the Debian packages of scripts/setup.sh (KALLPA_APT_PACKAGES: fmt, spdlog,"
+    echo "nlohmann-json, CLI11, GoogleTest, Highway, OpenBLAS, PCRE2, ...); a bare GPU image lacks them."
+    exit 1
+  fi
+  start=$(date +%s)
+  timeout 300 cmake --build "$BUILD" -j"$JOBS" --target kallpa kallpa_tests kallpa_logits_tool > "$OUT_DIR/build.txt" 2>&1
+  rc=$?; record build $rc
+  echo "build: exit $rc in $(( $(date +%s) - start )) s"
+  if [[ $rc -ne 0 ]]; then grep -E "error|Error" "$OUT_DIR/build.txt" | head -30; echo "build failed"; exit 1; fi
+  KALLPA="$BUILD/tools/kallpa/kallpa"
+  TESTS="$BUILD/tests/kallpa_tests"
+  LOGITS_TOOL="$BUILD/tests/engine/kallpa_logits_tool"
 fi
-timeout 90 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKALLPA_WITH_CUDA=ON -DKALLPA_BUILD_BENCH=OFF \
-  -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=native "${cudnn_args[@]}" > "$OUT_DIR/configure.txt" 2>&1
-rc=$?; record configure $rc; grep -E "kallpa:" "$OUT_DIR/configure.txt"
-if [[ $rc -ne 0 ]]; then
-  tail -30 "$OUT_DIR/configure.txt"
-  echo "configure failed. kallpa needs the Debian packages of scripts/setup.sh (KALLPA_APT_PACKAGES: fmt, spdlog,"
-  echo "nlohmann-json, CLI11, GoogleTest, Highway, OpenBLAS, PCRE2, ...); a bare GPU image lacks them."
-  exit 1
-fi
-start=$(date +%s)
-timeout 300 cmake --build "$BUILD" -j"$JOBS" --target kallpa kallpa_tests kallpa_logits_tool > "$OUT_DIR/build.txt" 2>&1
-rc=$?; record build $rc
-echo "build: exit $rc in $(( $(date +%s) - start )) s"
-if [[ $rc -ne 0 ]]; then grep -E "error|Error" "$OUT_DIR/build.txt" | head -30; echo "build failed"; exit 1; fi
-KALLPA="$BUILD/tools/kallpa/kallpa"
 
 step "kallpa backends"
 timeout 60 "$KALLPA" backends 2>&1 | tee "$OUT_DIR/backends.txt"
 record backends "${PIPESTATUS[0]}"
 
-step "CUDA tests and the conformance matrix for cuda-flash and cudnn"
-timeout 240 "$BUILD/tests/kallpa_tests" \
-  --gtest_filter='Cuda*:Cudnn*:Conformance/ConformanceBackend.PassesFullMatrix/cuda_flash:Conformance/ConformanceBackend.PassesFullMatrix/cudnn' \
-  > "$OUT_DIR/tests.txt" 2>&1
-rc=$?; record tests $rc
-grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|cuda_flash|cudnn: |Failure|skipped [0-9]+ case" "$OUT_DIR/tests.txt" | head -60
+if wants tests; then
+  step "CUDA tests and the conformance matrix for cuda-flash and cudnn"
+  timeout 240 "$TESTS" \
+    --gtest_filter='Cuda*:Cudnn*:Conformance/ConformanceBackend.PassesFullMatrix/cuda_flash:Conformance/ConformanceBackend.PassesFullMatrix/cudnn' \
+    > "$OUT_DIR/tests.txt" 2>&1
+  rc=$?; record tests $rc
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|cuda_flash|cudnn: |Failure|skipped [0-9]+ case" "$OUT_DIR/tests.txt" | head -60
+fi
 
 # Prefill: bf16, causal, D=128, Sq=Skv 4k-16k with Llama-3-8B's heads (32 query, 8 KV); the same
 # non-causal (cudnn's single-operation SDPA has no causal mask); decode: one query per sequence,
@@ -74,50 +116,54 @@ DECODE=("b=8,sq=1,skv=32768,hq=32,hkv=8,d=128,dtype=bf16")
 spec_args=()
 for s in "${PREFILL[@]}" "${DECODE[@]}"; do spec_args+=(--spec "$s"); done
 
-step "kallpa bench attention -b cuda-flash,cudnn"
-timeout 150 "$KALLPA" bench attention -b cuda-flash,cudnn "${spec_args[@]}" --min-time 0.2 --json \
-  > "$OUT_DIR/kallpa-bench.json" 2> "$OUT_DIR/kallpa-bench.log"
-rc=$?; record kallpa-bench $rc; tail -5 "$OUT_DIR/kallpa-bench.log"
-
-step "PyTorch SDPA (flash, cuDNN) on the same shapes"
-PY=${KALLPA_PYTHON:-python3}
-if [[ -x .venv/bin/python3 ]] && .venv/bin/python3 -c "import torch" 2>/dev/null; then PY=.venv/bin/python3; fi
-if command -v "$PY" > /dev/null && timeout 60 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  timeout 150 "$PY" tools/torch_sdpa_bench.py --out "$OUT_DIR/torch-sdpa.json" --min-time 0.2 "${PREFILL[@]}" "${DECODE[@]}"
-  record torch-sdpa $?
-else
-  echo "skipped: python3 with a CUDA-enabled torch is not importable"
-  record torch-sdpa 77
+if wants bench; then
+  step "kallpa bench attention -b cuda-flash,cudnn"
+  timeout 150 "$KALLPA" bench attention -b cuda-flash,cudnn "${spec_args[@]}" --min-time 0.2 --json \
+    > "$OUT_DIR/kallpa-bench.json" 2> "$OUT_DIR/kallpa-bench.log"
+  rc=$?; record kallpa-bench $rc; tail -5 "$OUT_DIR/kallpa-bench.log"
 fi
 
-step "engine golden test on the GPU, and SmolLM2 tokens/s there"
-if ls models/*.gguf > /dev/null 2>&1; then
-  # Text on stdout, the summary line (timings, device, fallbacks) on stderr.
-  timeout 120 "$KALLPA" generate --device cuda --strict --chat -p "What is the capital of France?" --temp 0 -n 32 \
-    > "$OUT_DIR/golden-gpu.txt" 2> "$OUT_DIR/golden-gpu.log"
-  rc=$?; record golden-gpu $rc; cat "$OUT_DIR/golden-gpu.txt"; tail -2 "$OUT_DIR/golden-gpu.log"
-  timeout 120 "$KALLPA" generate --chat -p "What is the capital of France?" --temp 0 -n 32 > "$OUT_DIR/golden-cpu.txt" 2>/dev/null
-  if cmp -s "$OUT_DIR/golden-gpu.txt" "$OUT_DIR/golden-cpu.txt"; then echo "GPU text == CPU text"; else
-    echo "GPU text differs from CPU text (see $OUT_DIR/golden-*.txt)"; fi
-  grep -q Paris "$OUT_DIR/golden-gpu.txt" || record golden-gpu-paris 1
-  timeout 120 "$KALLPA" bench model --device cuda -r 3 --json > "$OUT_DIR/bench-model-gpu.json" 2> "$OUT_DIR/bench-model-gpu.log"
-  record bench-model-gpu $?; cat "$OUT_DIR/bench-model-gpu.json"
-else
-  echo "skipped: no model in models/ (scripts/fetch_model.sh fetches it)"; record golden-gpu 77
+if wants torch; then
+  step "PyTorch SDPA (flash, cuDNN) on the same shapes"
+  if command -v "$PY" > /dev/null && timeout 60 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    timeout 150 "$PY" tools/torch_sdpa_bench.py --out "$OUT_DIR/torch-sdpa.json" --min-time 0.2 "${PREFILL[@]}" "${DECODE[@]}"
+    record torch-sdpa $?
+  else
+    echo "skipped: python3 with a CUDA-enabled torch is not importable"
+    record torch-sdpa 77
+  fi
 fi
-# The engine's device tests and its NumPy golden check with every op on the GPU (--strict).
-timeout 120 "$BUILD/tests/kallpa_tests" --gtest_filter='DeviceOps*:Devices/DeviceMatchesCpu*' > "$OUT_DIR/device-ops-tests.txt" 2>&1
-record device-ops-tests $?; tail -3 "$OUT_DIR/device-ops-tests.txt"
-if "${PY:-python3}" -c "import numpy, gguf" 2>/dev/null; then
-  KALLPA_DEVICE=cuda timeout 180 "${PY:-python3}" tests/engine/crosscheck_logits.py "$BUILD/tests/engine/kallpa_logits_tool" \
-    > "$OUT_DIR/golden-numpy-gpu.txt" 2>&1
-  record golden-numpy-gpu $?; cat "$OUT_DIR/golden-numpy-gpu.txt"
-else
-  echo "skipped: numpy/gguf not importable for the NumPy golden check"; record golden-numpy-gpu 77
+
+if wants engine; then
+  step "engine golden test on the GPU, and SmolLM2 tokens/s there"
+  if ls models/*.gguf > /dev/null 2>&1; then
+    # Text on stdout, the summary line (timings, device, fallbacks) on stderr.
+    timeout 120 "$KALLPA" generate --device cuda --strict --chat -p "What is the capital of France?" --temp 0 -n 32 \
+      > "$OUT_DIR/golden-gpu.txt" 2> "$OUT_DIR/golden-gpu.log"
+    rc=$?; record golden-gpu $rc; cat "$OUT_DIR/golden-gpu.txt"; tail -2 "$OUT_DIR/golden-gpu.log"
+    timeout 120 "$KALLPA" generate --chat -p "What is the capital of France?" --temp 0 -n 32 > "$OUT_DIR/golden-cpu.txt" 2>/dev/null
+    if cmp -s "$OUT_DIR/golden-gpu.txt" "$OUT_DIR/golden-cpu.txt"; then echo "GPU text == CPU text"; else
+      echo "GPU text differs from CPU text (see $OUT_DIR/golden-*.txt)"; fi
+    grep -q Paris "$OUT_DIR/golden-gpu.txt" || record golden-gpu-paris 1
+    timeout 120 "$KALLPA" bench model --device cuda -r 3 --json > "$OUT_DIR/bench-model-gpu.json" 2> "$OUT_DIR/bench-model-gpu.log"
+    record bench-model-gpu $?; cat "$OUT_DIR/bench-model-gpu.json"
+  else
+    echo "skipped: no model in models/ (scripts/fetch_model.sh fetches it)"; record golden-gpu 77
+  fi
+  # The engine's device tests and its NumPy golden check with every op on the GPU (--strict).
+  timeout 120 "$TESTS" --gtest_filter='DeviceOps*:Devices/DeviceMatchesCpu*' > "$OUT_DIR/device-ops-tests.txt" 2>&1
+  record device-ops-tests $?; tail -3 "$OUT_DIR/device-ops-tests.txt"
+  if "$PY" -c "import numpy, gguf" 2>/dev/null; then
+    KALLPA_DEVICE=cuda timeout 180 "$PY" tests/engine/crosscheck_logits.py "$LOGITS_TOOL" \
+      > "$OUT_DIR/golden-numpy-gpu.txt" 2>&1
+    record golden-numpy-gpu $?; cat "$OUT_DIR/golden-numpy-gpu.txt"
+  else
+    echo "skipped: numpy/gguf not importable for the NumPy golden check"; record golden-numpy-gpu 77
+  fi
 fi
 
 step "summary"
-"${PY:-python3}" - "$OUT_DIR" <<'PYEOF'
+"$PY" - "$OUT_DIR" <<'PYEOF'
 import json, os, sys
 out = sys.argv[1]
 def load(name, key=None):

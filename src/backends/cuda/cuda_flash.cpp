@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -31,6 +33,14 @@ std::size_t align_up(std::size_t n) noexcept { return (n + 255) / 256 * 256; }
 std::int32_t code_of(DType t) noexcept { return static_cast<std::int32_t>(t); }
 
 std::atomic<std::uint64_t> g_tensor_core{0}, g_generic{0}, g_split{0};
+
+// KALLPA_CUDA_FLASH_TC=1 runs the first tensor-core kernel instead of the default second, so that
+// both can be benchmarked and tested side by side (llm.c's numbered kernels). Read per call: a test
+// switches it between runs.
+std::int32_t tensor_core_version() noexcept {
+  const char* env = std::getenv("KALLPA_CUDA_FLASH_TC");
+  return env != nullptr && std::string_view(env) == "1" ? 1 : 2;
+}
 
 class CudaFlash final : public AttentionBackend {
  public:
@@ -125,6 +135,7 @@ class CudaFlash final : public AttentionBackend {
     fp.window_right = p.window_right;
     fp.scale = vp.scale();
     fp.softcap = p.softcap;
+    fp.tc_version = tensor_core_version();
 
     std::vector<SeqMeta> meta(static_cast<std::size_t>(batch));
     std::int64_t row0 = 0;

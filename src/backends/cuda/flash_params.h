@@ -72,6 +72,10 @@ struct FlashParams {
   float* part_o = nullptr;
   float* part_m = nullptr;
   float* part_l = nullptr;
+
+  // Which tensor-core kernel runs (flash_kernels.cu): 1, the first (synchronous loads, V transposed
+  // by scalar stores), kept to be benchmarked beside 2 (cp.async double buffering, ldmatrix).
+  std::int32_t tc_version = 2;
 };
 
 }  // namespace kallpa::cuda

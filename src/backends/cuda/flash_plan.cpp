@@ -23,11 +23,14 @@ unsigned clamp_unsigned(std::int64_t v) noexcept {
 
 }  // namespace
 
-std::size_t tensor_core_smem_bytes(int head_dim) noexcept {
+std::size_t tensor_core_smem_bytes(int head_dim, int version) noexcept {
   const auto d = static_cast<std::size_t>(head_dim);
-  // Q and K tiles row-major, V transposed; 2-byte elements.
-  return 2 * (static_cast<std::size_t>(kTcBlockQ) * (d + kTcPad) + static_cast<std::size_t>(kTcBlockK) * (d + kTcPad) +
-              d * (kTcBlockK + kTcPad));
+  const auto q_tile = static_cast<std::size_t>(kTcBlockQ) * (d + kTcPad);
+  const auto kv_tile = static_cast<std::size_t>(kTcBlockK) * (d + kTcPad);
+  // 2-byte elements. v1: Q and K tiles row-major, V transposed. v2: Q, and K and V row-major in
+  // two stages each (the next tile loads while this one is used).
+  if (version == 1) return 2 * (q_tile + kv_tile + d * (kTcBlockK + kTcPad));
+  return 2 * (q_tile + 4 * kv_tile);
 }
 
 std::size_t generic_smem_bytes(int head_dim, int head_dim_v) noexcept {
@@ -70,7 +73,7 @@ LaunchShape tensor_core_launch(const FlashParams& p) noexcept {
   s.grid[1] = clamp_unsigned(p.hq);
   s.grid[2] = clamp_unsigned(p.batch);
   s.block = kTcThreads;
-  s.smem_bytes = tensor_core_smem_bytes(p.d);
+  s.smem_bytes = tensor_core_smem_bytes(p.d, p.tc_version);
   return s;
 }
 

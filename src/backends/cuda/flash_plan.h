@@ -46,7 +46,7 @@ struct LaunchShape {
   std::size_t smem_bytes = 0;
 };
 
-std::size_t tensor_core_smem_bytes(int head_dim) noexcept;
+std::size_t tensor_core_smem_bytes(int head_dim, int version) noexcept;
 std::size_t generic_smem_bytes(int head_dim, int head_dim_v) noexcept;
 
 // Empty when p (with its per-sequence geometry) can take the tensor-core kernel, else why not.
