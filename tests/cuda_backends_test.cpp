@@ -137,19 +137,28 @@ TEST(CudaFlashPlan, TensorCoreKernelTakesAlignedSixteenBitHeadDims64And128) {
 TEST(CudaFlashPlan, LaunchShapesCoverEveryRowHeadAndSequence) {
   cuda::FlashParams p = tc_params();
   p.max_sq = 4097;
+  // v3 (the default) and v4: 128 query rows per block (32 per warp); the Q tile and two stages of
+  // K and V tiles, (128 + 8)-element rows of 2 bytes: over the 48 KiB default (the launcher opts
+  // in), under sm_80's 163 KiB and sm_90's 227 KiB.
   const cuda::LaunchShape tc = cuda::tensor_core_launch(p);
-  EXPECT_EQ(tc.grid[0], 65u);  // ceil(4097 / 64) query tiles
+  EXPECT_EQ(tc.grid[0], 33u);  // ceil(4097 / 128) query tiles
   EXPECT_EQ(tc.grid[1], 32u);  // query heads
   EXPECT_EQ(tc.grid[2], 2u);   // sequences
   EXPECT_EQ(tc.block, static_cast<unsigned>(cuda::kTcThreads));
-  // v2 (the default): the Q tile and two stages of K and V tiles, 64 x (128 + 8) 2-byte elements
-  // each: over the 48 KiB default (the launcher opts in), under sm_80's 163 KiB and sm_90's 227 KiB.
-  EXPECT_EQ(tc.smem_bytes, 2u * (64 * 136 + 4 * 64 * 136));
+  EXPECT_EQ(tc.smem_bytes, 2u * (128 * 136 + 4 * 64 * 136));
+  p.tc_version = 4;
+  EXPECT_EQ(cuda::tensor_core_launch(p).grid[0], 33u);
+  EXPECT_EQ(cuda::tensor_core_launch(p).smem_bytes, tc.smem_bytes);
+  // v2: 64 rows per block (16 per warp), the same stages.
+  p.tc_version = 2;
+  EXPECT_EQ(cuda::tensor_core_launch(p).grid[0], 65u);  // ceil(4097 / 64)
+  EXPECT_EQ(cuda::tensor_core_launch(p).smem_bytes, 2u * (64 * 136 + 4 * 64 * 136));
+  EXPECT_EQ(cuda::tensor_core_smem_bytes(64, 2), 2u * (64 * 72 + 4 * 64 * 72));
   // v1: Q and K tiles and the transposed V tile (D x (64 + 8)), one stage.
   p.tc_version = 1;
   EXPECT_EQ(cuda::tensor_core_launch(p).smem_bytes, 2u * (64 * 136 + 64 * 136 + 128 * 72));
   EXPECT_EQ(cuda::tensor_core_smem_bytes(64, 1), 2u * (64 * 72 + 64 * 72 + 64 * 72));
-  EXPECT_EQ(cuda::tensor_core_smem_bytes(64, 2), 2u * (64 * 72 + 4 * 64 * 72));
+  p.tc_version = cuda::kTcDefaultVersion;
 
   p.max_sq = 3;
   p.d = 80;
@@ -187,6 +196,43 @@ TEST(CudaFlashPlan, SplitsTheKvSequenceOnlyWhenRowsCannotFillTheDevice) {
     // No more blocks than the target (8 per multiprocessor), give or take one split.
     EXPECT_LE(8 * std::int64_t{s.splits}, cuda::kSplitBlocksPerSm * 132 + 8);
   }
+}
+
+TEST(CudaFlashPlan, DecodeKernelTakesUpToSixteenRowsPerKvHeadAndAWarpPerSplit) {
+  cuda::FlashParams p = tc_params();  // 32 query heads over 8 KV heads: a group of 4
+  const std::vector<cuda::SeqMeta> meta(2);
+  p.max_sq = 1;
+  EXPECT_EQ(cuda::decode_refusal(p, meta), "");
+  EXPECT_NE(cuda::tensor_core_refusal(p, meta), "");
+  p.max_sq = 4;  // 4 rows x 4 heads: exactly one 16-row tile
+  EXPECT_EQ(cuda::decode_refusal(p, meta), "");
+  p.max_sq = 5;
+  EXPECT_NE(cuda::decode_refusal(p, meta).find("over the decode kernel's 16"), std::string::npos);
+  p.max_sq = 1;
+  p.q_dtype = p.o_dtype = cuda::kF32;  // an engine's f32 activations against a 16-bit KV cache
+  EXPECT_EQ(cuda::decode_refusal(p, meta), "");
+  p.kv_dtype = cuda::kF32;
+  EXPECT_NE(cuda::decode_refusal(p, meta).find("f16 or bf16 K/V"), std::string::npos);
+  p.q_dtype = p.kv_dtype = p.o_dtype = cuda::kBF16;
+  p.k_rs = 8 * 128 + 4;  // the layout conditions are the tensor-core kernel's
+  EXPECT_NE(cuda::decode_refusal(p, meta).find("multiple of 8"), std::string::npos);
+  p.k_rs = 8 * 128;
+
+  p.num_splits = 9;
+  const cuda::LaunchShape s = cuda::decode_launch(p);
+  EXPECT_EQ(s.grid[0], 3u);  // 9 splits, a warp each, 4 warps per block
+  EXPECT_EQ(s.grid[1], 8u);  // KV heads
+  EXPECT_EQ(s.grid[2], 2u);  // sequences
+  EXPECT_EQ(s.block, static_cast<unsigned>(cuda::kDecodeThreads));
+  // Per warp, K and V steps of 16 x (128 + 8) 2-byte elements, two stages each.
+  EXPECT_EQ(s.smem_bytes, 4u * 4 * 16 * 136 * 2);
+
+  // Its splits aim at kDecodeWarpsPerSm warps per multiprocessor: 8 sequences x 8 KV heads on 132.
+  const cuda::SplitPlan plan = cuda::plan_splits(64, 32768, 132, cuda::kMaxSplits, cuda::kDecodeWarpsPerSm);
+  // ceil(16 * 132 / 64) = 33 splits of 993 keys, rounded up to 1024 keys: 32 splits.
+  EXPECT_EQ(plan.splits, 32);
+  EXPECT_EQ(plan.keys_per_split, 1024);
+  EXPECT_GE(std::int64_t{plan.splits} * plan.keys_per_split, 32768);
 }
 
 TEST(CudaFlashSupport, TakesTheWholeContractOnItsDeviceAndSaysWhyNotElsewhere) {
@@ -344,12 +390,12 @@ void expect_passes(AttentionBackend& backend, const conformance::Case& c) {
   EXPECT_TRUE(r.passed || r.skipped) << c.name << ": " << r.failure;
 }
 
-// Both numbered tensor-core kernels (KALLPA_CUDA_FLASH_TC picks one per call; 2 is the default).
+// Every numbered tensor-core kernel (KALLPA_CUDA_FLASH_TC picks one per call).
 TEST(CudaFlashDevice, TensorCoreKernelsPassPrefillCases) {
   REQUIRE_CUDA("cuda-flash", cf);
   const char* saved = std::getenv("KALLPA_CUDA_FLASH_TC");
   const std::string restore = saved != nullptr ? saved : "";
-  for (const char* version : {"1", "2"}) {
+  for (const char* version : {"1", "2", "3", "4"}) {
     SCOPED_TRACE(std::string("tensor-core kernel v") + version);
     setenv("KALLPA_CUDA_FLASH_TC", version, 1);
     for (const conformance::Case& c : tensor_core_cases()) {
@@ -382,6 +428,15 @@ std::vector<conformance::Case> split_kv_cases() {
   c.spec.window_left = 1200;
   c.spec.lse = true;
   cases.push_back(c);
+  // Three query rows x a group of 4 (12 of the decode kernel's 16 rows), causal from the bottom
+  // right with a window that leaves some splits without a visible key.
+  c = make_case("bf16/d64/decode3_causal_window_lse", DType::bf16, {3, 2}, {700, 900}, 8, 2, 64);
+  c.spec.q_layout = QLayout::packed;
+  c.spec.kv_layout = KvLayout::packed;
+  c.spec.causal = true;
+  c.spec.window_left = 100;
+  c.spec.lse = true;
+  cases.push_back(c);
   return cases;
 }
 
@@ -402,6 +457,25 @@ TEST(CudaFlashDevice, SplitKvDecodePassesAndSplits) {
     const cuda::LaunchCounts before = cuda::launch_counts();
     expect_passes(*cf.backend, k);
     EXPECT_GT(cuda::launch_counts().split_kv, before.split_kv) << k.name << " was not split";
+  }
+}
+
+// 16-bit decode with at most 16 query rows x heads per KV head takes the tensor-core decode kernel,
+// split or not (a short KV sequence is one split).
+TEST(CudaFlashDevice, DecodeKernelTakesSixteenBitDecode) {
+  REQUIRE_CUDA("cuda-flash", cf);
+  std::vector<conformance::Case> cases;
+  for (const conformance::Case& c : split_kv_cases()) {
+    if (c.spec.dtype != DType::f32) cases.push_back(c);
+  }
+  auto c = make_case("f16/d128/decode_short_kv_softcap", DType::f16, {1, 1}, {40, 40}, 4, 1, 128);
+  c.spec.softcap = 30.0f;
+  c.spec.lse = true;
+  cases.push_back(c);
+  for (const conformance::Case& k : cases) {
+    const cuda::LaunchCounts before = cuda::launch_counts();
+    expect_passes(*cf.backend, k);
+    EXPECT_GT(cuda::launch_counts().decode, before.decode) << k.name << " did not take the decode kernel";
   }
 }
 

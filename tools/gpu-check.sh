@@ -16,18 +16,22 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${OUT:-./gpu-check-out}
 mkdir -p "$OUT_DIR"
+# Each step's output, as files. The device tool brings back at most 8 files from $OUT: there they
+# are kept aside and come back as one archive beside gpu-check.json.
+DETAILS=$OUT_DIR
+if [[ -n "${OUT:-}" ]]; then DETAILS=$(mktemp -d); fi
 BUILD=${KALLPA_GPU_BUILD_DIR:-build-gpu}
 JOBS=$(nproc)
 failures=()
 step() { echo; echo "== $* ($(date -u +%T))"; }
 record() {  # record NAME RC: remember failed steps (rc 77 = skipped)
   if [[ $2 -ne 0 && $2 -ne 77 ]]; then failures+=("$1 (exit $2)"); fi
-  echo "$1: exit $2" >> "$OUT_DIR/steps.txt"
+  echo "$1: exit $2" >> "$DETAILS/steps.txt"
 }
-: > "$OUT_DIR/steps.txt"
+: > "$DETAILS/steps.txt"
 
 step "nvidia-smi"
-timeout 30 nvidia-smi 2>&1 | tee "$OUT_DIR/nvidia-smi.txt"
+timeout 30 nvidia-smi 2>&1 | tee "$DETAILS/nvidia-smi.txt"
 record nvidia-smi "${PIPESTATUS[0]}"
 
 STEPS=" ${KALLPA_GPU_STEPS:-tests bench torch engine} "
@@ -74,35 +78,35 @@ else
     fi
   fi
   timeout 90 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKALLPA_WITH_CUDA=ON -DKALLPA_BUILD_BENCH=OFF \
-    -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=native "${cudnn_args[@]}" > "$OUT_DIR/configure.txt" 2>&1
-  rc=$?; record configure $rc; grep -E "kallpa:" "$OUT_DIR/configure.txt"
+    -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=native "${cudnn_args[@]}" > "$DETAILS/configure.txt" 2>&1
+  rc=$?; record configure $rc; grep -E "kallpa:" "$DETAILS/configure.txt"
   if [[ $rc -ne 0 ]]; then
-    tail -30 "$OUT_DIR/configure.txt"
+    tail -30 "$DETAILS/configure.txt"
     echo "configure failed. kallpa needs the Debian packages of scripts/setup.sh (KALLPA_APT_PACKAGES: fmt, spdlog,"
     echo "nlohmann-json, CLI11, GoogleTest, Highway, OpenBLAS, PCRE2, ...); a bare GPU image lacks them."
     exit 1
   fi
   start=$(date +%s)
-  timeout 300 cmake --build "$BUILD" -j"$JOBS" --target kallpa kallpa_tests kallpa_logits_tool > "$OUT_DIR/build.txt" 2>&1
+  timeout 300 cmake --build "$BUILD" -j"$JOBS" --target kallpa kallpa_tests kallpa_logits_tool > "$DETAILS/build.txt" 2>&1
   rc=$?; record build $rc
   echo "build: exit $rc in $(( $(date +%s) - start )) s"
-  if [[ $rc -ne 0 ]]; then grep -E "error|Error" "$OUT_DIR/build.txt" | head -30; echo "build failed"; exit 1; fi
+  if [[ $rc -ne 0 ]]; then grep -E "error|Error" "$DETAILS/build.txt" | head -30; echo "build failed"; exit 1; fi
   KALLPA="$BUILD/tools/kallpa/kallpa"
   TESTS="$BUILD/tests/kallpa_tests"
   LOGITS_TOOL="$BUILD/tests/engine/kallpa_logits_tool"
 fi
 
 step "kallpa backends"
-timeout 60 "$KALLPA" backends 2>&1 | tee "$OUT_DIR/backends.txt"
+timeout 60 "$KALLPA" backends 2>&1 | tee "$DETAILS/backends.txt"
 record backends "${PIPESTATUS[0]}"
 
 if wants tests; then
   step "CUDA tests and the conformance matrix for cuda-flash and cudnn"
   timeout 240 "$TESTS" \
     --gtest_filter='Cuda*:Cudnn*:Conformance/ConformanceBackend.PassesFullMatrix/cuda_flash:Conformance/ConformanceBackend.PassesFullMatrix/cudnn' \
-    > "$OUT_DIR/tests.txt" 2>&1
+    > "$DETAILS/tests.txt" 2>&1
   rc=$?; record tests $rc
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|cuda_flash|cudnn: |Failure|skipped [0-9]+ case" "$OUT_DIR/tests.txt" | head -60
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|cuda_flash|cudnn: |Failure|skipped [0-9]+ case" "$DETAILS/tests.txt" | head -60
 fi
 
 # Prefill: bf16, causal, D=128, Sq=Skv 4k-16k with Llama-3-8B's heads (32 query, 8 KV); the same
@@ -119,14 +123,22 @@ for s in "${PREFILL[@]}" "${DECODE[@]}"; do spec_args+=(--spec "$s"); done
 if wants bench; then
   step "kallpa bench attention -b cuda-flash,cudnn"
   timeout 150 "$KALLPA" bench attention -b cuda-flash,cudnn "${spec_args[@]}" --min-time 0.2 --json \
-    > "$OUT_DIR/kallpa-bench.json" 2> "$OUT_DIR/kallpa-bench.log"
-  rc=$?; record kallpa-bench $rc; tail -5 "$OUT_DIR/kallpa-bench.log"
+    > "$DETAILS/kallpa-bench.json" 2> "$DETAILS/kallpa-bench.log"
+  rc=$?; record kallpa-bench $rc; tail -5 "$DETAILS/kallpa-bench.log"
+  # The numbered tensor-core kernels side by side on the prefill shapes (KALLPA_CUDA_FLASH_TC).
+  prefill_args=()
+  for s in "${PREFILL[@]}"; do prefill_args+=(--spec "$s"); done
+  for ver in 1 2 3 4; do
+    KALLPA_CUDA_FLASH_TC=$ver timeout 120 "$KALLPA" bench attention -b cuda-flash "${prefill_args[@]}" --min-time 0.2 \
+      --json > "$DETAILS/kallpa-bench-v$ver.json" 2>> "$DETAILS/kallpa-bench.log"
+    record "kallpa-bench-v$ver" $?
+  done
 fi
 
 if wants torch; then
   step "PyTorch SDPA (flash, cuDNN) on the same shapes"
   if command -v "$PY" > /dev/null && timeout 60 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-    timeout 150 "$PY" tools/torch_sdpa_bench.py --out "$OUT_DIR/torch-sdpa.json" --min-time 0.2 "${PREFILL[@]}" "${DECODE[@]}"
+    timeout 150 "$PY" tools/torch_sdpa_bench.py --out "$DETAILS/torch-sdpa.json" --min-time 0.2 "${PREFILL[@]}" "${DECODE[@]}"
     record torch-sdpa $?
   else
     echo "skipped: python3 with a CUDA-enabled torch is not importable"
@@ -139,31 +151,31 @@ if wants engine; then
   if ls models/*.gguf > /dev/null 2>&1; then
     # Text on stdout, the summary line (timings, device, fallbacks) on stderr.
     timeout 120 "$KALLPA" generate --device cuda --strict --chat -p "What is the capital of France?" --temp 0 -n 32 \
-      > "$OUT_DIR/golden-gpu.txt" 2> "$OUT_DIR/golden-gpu.log"
-    rc=$?; record golden-gpu $rc; cat "$OUT_DIR/golden-gpu.txt"; tail -2 "$OUT_DIR/golden-gpu.log"
-    timeout 120 "$KALLPA" generate --chat -p "What is the capital of France?" --temp 0 -n 32 > "$OUT_DIR/golden-cpu.txt" 2>/dev/null
-    if cmp -s "$OUT_DIR/golden-gpu.txt" "$OUT_DIR/golden-cpu.txt"; then echo "GPU text == CPU text"; else
-      echo "GPU text differs from CPU text (see $OUT_DIR/golden-*.txt)"; fi
-    grep -q Paris "$OUT_DIR/golden-gpu.txt" || record golden-gpu-paris 1
-    timeout 120 "$KALLPA" bench model --device cuda -r 3 --json > "$OUT_DIR/bench-model-gpu.json" 2> "$OUT_DIR/bench-model-gpu.log"
-    record bench-model-gpu $?; cat "$OUT_DIR/bench-model-gpu.json"
+      > "$DETAILS/golden-gpu.txt" 2> "$DETAILS/golden-gpu.log"
+    rc=$?; record golden-gpu $rc; cat "$DETAILS/golden-gpu.txt"; tail -2 "$DETAILS/golden-gpu.log"
+    timeout 120 "$KALLPA" generate --chat -p "What is the capital of France?" --temp 0 -n 32 > "$DETAILS/golden-cpu.txt" 2>/dev/null
+    if cmp -s "$DETAILS/golden-gpu.txt" "$DETAILS/golden-cpu.txt"; then echo "GPU text == CPU text"; else
+      echo "GPU text differs from CPU text (see $DETAILS/golden-*.txt)"; fi
+    grep -q Paris "$DETAILS/golden-gpu.txt" || record golden-gpu-paris 1
+    timeout 120 "$KALLPA" bench model --device cuda -r 3 --json > "$DETAILS/bench-model-gpu.json" 2> "$DETAILS/bench-model-gpu.log"
+    record bench-model-gpu $?; cat "$DETAILS/bench-model-gpu.json"
   else
     echo "skipped: no model in models/ (scripts/fetch_model.sh fetches it)"; record golden-gpu 77
   fi
   # The engine's device tests and its NumPy golden check with every op on the GPU (--strict).
-  timeout 120 "$TESTS" --gtest_filter='DeviceOps*:Devices/DeviceMatchesCpu*' > "$OUT_DIR/device-ops-tests.txt" 2>&1
-  record device-ops-tests $?; tail -3 "$OUT_DIR/device-ops-tests.txt"
+  timeout 120 "$TESTS" --gtest_filter='DeviceOps*:Devices/DeviceMatchesCpu*' > "$DETAILS/device-ops-tests.txt" 2>&1
+  record device-ops-tests $?; tail -3 "$DETAILS/device-ops-tests.txt"
   if "$PY" -c "import numpy, gguf" 2>/dev/null; then
     KALLPA_DEVICE=cuda timeout 180 "$PY" tests/engine/crosscheck_logits.py "$LOGITS_TOOL" \
-      > "$OUT_DIR/golden-numpy-gpu.txt" 2>&1
-    record golden-numpy-gpu $?; cat "$OUT_DIR/golden-numpy-gpu.txt"
+      > "$DETAILS/golden-numpy-gpu.txt" 2>&1
+    record golden-numpy-gpu $?; cat "$DETAILS/golden-numpy-gpu.txt"
   else
     echo "skipped: numpy/gguf not importable for the NumPy golden check"; record golden-numpy-gpu 77
   fi
 fi
 
 step "summary"
-"$PY" - "$OUT_DIR" <<'PYEOF'
+"$PY" - "$DETAILS" <<'PYEOF'
 import json, os, sys
 out = sys.argv[1]
 def load(name, key=None):
@@ -174,16 +186,21 @@ def load(name, key=None):
     except (OSError, ValueError):
         return [] if key or name.endswith("bench.json") else {}
 kallpa = load("kallpa-bench.json")
+versions = []
+for ver in (1, 2, 3, 4):
+    for r in load(f"kallpa-bench-v{ver}.json"):
+        versions.append(dict(r, backend=f"v{ver}"))
 torch_doc = load("torch-sdpa.json")
-rows = kallpa + (torch_doc.get("rows", []) if isinstance(torch_doc, dict) else [])
+rows = kallpa + versions + (torch_doc.get("rows", []) if isinstance(torch_doc, dict) else [])
 def canonical(shape):  # kallpa prints its canonical spec; compare as sets of key=value items
     return ",".join(sorted(shape.split(",")))
 table, label = {}, {}
 for r in rows:
     table.setdefault(canonical(r["shape"]), {})[r["backend"]] = r
     label.setdefault(canonical(r["shape"]), r["shape"])
-names = ["cuda-flash", "cudnn", "torch-flash", "torch-cudnn"]
-print(f"{'shape':58s} " + " ".join(f"{n:>12s}" for n in names) + "  flash/torch-flash  flash/cudnn")
+# cuda-flash as it runs by default, its numbered tensor-core kernels (prefill), the vendor paths.
+names = ["cuda-flash", "v1", "v2", "v3", "v4", "cudnn", "torch-flash", "torch-cudnn"]
+print(f"{'shape':58s} " + " ".join(f"{n:>11s}" for n in names) + "  flash/torch-flash  best/torch-flash  flash/cudnn")
 for shape, by in table.items():
     decode = any(r.get("decode") for r in by.values())
     unit = "GB/s" if decode else "TFLOP/s"
@@ -194,14 +211,15 @@ for shape, by in table.items():
         return r["gbps"] if decode else r["gflops"] / 1e3
     cells = [val(n) for n in names]
     ratio = lambda a, b: f"{a / b:6.2f}" if a and b else "     -"
-    best_cudnn = max([c for c in (cells[1], cells[3]) if c] or [0]) or None
-    print(f"{label[shape]:58s} " + " ".join(f"{c:12.1f}" if c else f"{'-':>12s}" for c in cells) +
-          f"  {ratio(cells[0], cells[2]):>17s}  {ratio(cells[0], best_cudnn):>11s}  ({unit})")
+    best_flash = max([c for c in cells[:5] if c] or [0]) or None
+    best_cudnn = max([c for c in (cells[5], cells[7]) if c] or [0]) or None
+    print(f"{label[shape]:58s} " + " ".join(f"{c:11.1f}" if c else f"{'-':>11s}" for c in cells) +
+          f"  {ratio(cells[0], cells[6]):>17s}  {ratio(best_flash, cells[6]):>16s}  {ratio(cells[0], best_cudnn):>11s}  ({unit})")
 notes = [f"{r['backend']} on {r['shape']}: {r.get('note')}" for r in rows if not r.get("ran")]
 for n in notes:
     print("not run:", n)
 steps = open(os.path.join(out, "steps.txt")).read().split("\n")
-doc = {"steps": [s for s in steps if s], "kallpa_bench": kallpa, "torch_sdpa": torch_doc,
+doc = {"steps": [s for s in steps if s], "kallpa_bench": kallpa, "kallpa_bench_versions": versions, "torch_sdpa": torch_doc,
        "tests_tail": open(os.path.join(out, "tests.txt")).read()[-4000:] if os.path.exists(os.path.join(out, "tests.txt")) else "",
        "nvidia_smi": open(os.path.join(out, "nvidia-smi.txt")).read() if os.path.exists(os.path.join(out, "nvidia-smi.txt")) else ""}
 with open(os.path.join(out, "gpu-check.json"), "w") as f:
@@ -209,6 +227,10 @@ with open(os.path.join(out, "gpu-check.json"), "w") as f:
 print(f"wrote {os.path.join(out, 'gpu-check.json')}")
 PYEOF
 record summary $?
+if [[ "$DETAILS" != "$OUT_DIR" ]]; then
+  cp "$DETAILS/gpu-check.json" "$OUT_DIR/" 2> /dev/null
+  tar -C "$DETAILS" -czf "$OUT_DIR/gpu-check-details.tar.gz" .
+fi
 
 echo
 if [[ ${#failures[@]} -gt 0 ]]; then

@@ -32,14 +32,19 @@ std::size_t align_up(std::size_t n) noexcept { return (n + 255) / 256 * 256; }
 
 std::int32_t code_of(DType t) noexcept { return static_cast<std::int32_t>(t); }
 
-std::atomic<std::uint64_t> g_tensor_core{0}, g_generic{0}, g_split{0};
+std::atomic<std::uint64_t> g_tensor_core{0}, g_generic{0}, g_decode{0}, g_split{0};
 
-// KALLPA_CUDA_FLASH_TC=1 runs the first tensor-core kernel instead of the default second, so that
-// both can be benchmarked and tested side by side (llm.c's numbered kernels). Read per call: a test
+// KALLPA_CUDA_FLASH_TC=1|2|3|4 picks one of the numbered tensor-core kernels instead of the default,
+// so that they can be benchmarked and tested side by side (llm.c's habit). Read per call: a test
 // switches it between runs.
 std::int32_t tensor_core_version() noexcept {
   const char* env = std::getenv("KALLPA_CUDA_FLASH_TC");
-  return env != nullptr && std::string_view(env) == "1" ? 1 : 2;
+  const std::string_view v = env != nullptr ? env : "";
+  if (v == "1") return 1;
+  if (v == "2") return 2;
+  if (v == "3") return 3;
+  if (v == "4") return 4;
+  return kTcDefaultVersion;
 }
 
 class CudaFlash final : public AttentionBackend {
@@ -49,8 +54,8 @@ class CudaFlash final : public AttentionBackend {
   DeviceKind device_kind() const noexcept override { return DeviceKind::cuda; }
   int priority() const noexcept override { return 200; }
   std::string_view description() const noexcept override {
-    return "FlashAttention-2 forward on tensor cores (mma.sync, f16/bf16, D 64/128), generic f32-FMA kernel "
-           "for the rest, split-KV decode; sm_80+";
+    return "FlashAttention-2 forward on tensor cores (mma.sync, f16/bf16, D 64/128), split-KV decode on tensor "
+           "cores (a warp per KV head's query group), generic f32-FMA kernel for the rest; sm_80+";
   }
 
   Support supports(const ProblemSignature& sig) const noexcept override {
@@ -155,9 +160,22 @@ class CudaFlash final : public AttentionBackend {
 
     const std::string tc_refusal = tensor_core_refusal(fp, meta);
     const bool tensor_cores = tc_refusal.empty();
+    const bool decode = !tensor_cores && decode_refusal(fp, meta).empty();
     LaunchShape shape;
     if (tensor_cores) {
       shape = tensor_core_launch(fp);
+    } else if (decode) {
+      // One warp per (sequence, KV head, split), about kDecodeWarpsPerSm warps per multiprocessor.
+      const std::size_t per_split =
+          static_cast<std::size_t>(fp.total_q) * static_cast<std::size_t>(fp.hq) * (static_cast<std::size_t>(fp.dv) + 2) *
+          sizeof(float);
+      const SplitPlan split = plan_splits(std::int64_t{fp.batch} * fp.hkv, vp.max_seqlen_k(), dev->facts().sm_count,
+                                          static_cast<std::int64_t>(kSplitScratchBudget / std::max<std::size_t>(per_split, 1)),
+                                          kDecodeWarpsPerSm);
+      fp.num_splits = split.splits;
+      fp.keys_per_split = split.splits > 1 ? split.keys_per_split
+                                           : static_cast<std::int32_t>(std::max<std::int64_t>(vp.max_seqlen_k(), 1));
+      shape = decode_launch(fp);
     } else {
       const LaunchShape unsplit = generic_launch(fp);
       const std::size_t per_split =
@@ -173,8 +191,8 @@ class CudaFlash final : public AttentionBackend {
     if (std::string why = grid_refusal(shape); !why.empty()) {
       return Status(ErrorCode::unsupported, "cuda-flash", std::move(why));
     }
-    spdlog::trace("cuda-flash: {} kernel, grid {}x{}x{}{}", tensor_cores ? "tensor-core" : "generic", shape.grid[0],
-                  shape.grid[1], shape.grid[2], tensor_cores ? "" : fmt::format(" ({})", tc_refusal));
+    spdlog::trace("cuda-flash: {} kernel, grid {}x{}x{}{}", tensor_cores ? "tensor-core" : decode ? "decode" : "generic",
+                  shape.grid[0], shape.grid[1], shape.grid[2], tensor_cores ? "" : fmt::format(" ({})", tc_refusal));
 
     // Scratch layout: sequence geometry, block table, ALiBi slopes, split partials.
     const std::size_t meta_bytes = meta.size() * sizeof(SeqMeta);
@@ -183,7 +201,8 @@ class CudaFlash final : public AttentionBackend {
     const std::size_t table_bytes = table_entries * sizeof(std::int32_t);
     const std::size_t alibi_bytes = p.alibi_slopes != nullptr ? static_cast<std::size_t>(fp.hq) * sizeof(float) : 0;
     const std::size_t rows = static_cast<std::size_t>(fp.total_q) * static_cast<std::size_t>(fp.hq);
-    const std::size_t splits = fp.num_splits > 1 ? static_cast<std::size_t>(fp.num_splits) : 0;
+    // The decode kernel always writes partials (one per warp), even unsplit.
+    const std::size_t splits = fp.num_splits > 1 || decode ? static_cast<std::size_t>(fp.num_splits) : 0;
     const std::size_t part_o_bytes = splits * rows * static_cast<std::size_t>(fp.dv) * sizeof(float);
     const std::size_t part_ml_bytes = splits * rows * sizeof(float);
     const std::size_t total = align_up(meta_bytes) + align_up(table_bytes) + align_up(alibi_bytes) +
@@ -214,19 +233,28 @@ class CudaFlash final : public AttentionBackend {
     fp.meta = reinterpret_cast<const SeqMeta*>(meta_dev);
     fp.block_table = paged ? reinterpret_cast<const std::int32_t*>(table_dev) : nullptr;
     fp.alibi = p.alibi_slopes != nullptr ? reinterpret_cast<const float*>(alibi_dev) : nullptr;
-    if (fp.num_splits > 1) {
+    if (splits > 0) {
       fp.part_o = reinterpret_cast<float*>(take(part_o_bytes));
       fp.part_m = reinterpret_cast<float*>(take(part_ml_bytes));
       fp.part_l = reinterpret_cast<float*>(take(part_ml_bytes));
     }
 
-    (tensor_cores ? g_tensor_core : g_generic).fetch_add(1, std::memory_order_relaxed);
+    (tensor_cores ? g_tensor_core : decode ? g_decode : g_generic).fetch_add(1, std::memory_order_relaxed);
     if (fp.num_splits > 1) g_split.fetch_add(1, std::memory_order_relaxed);
     if (tensor_cores) {
       if (const cudaError_t err = launch_flash_tensor_core(fp, stream); err != cudaSuccess) {
         return cuda_failure("flash_tensor_core launch", err,
                             fmt::format("grid {}x{}x{}, {} bytes shared", shape.grid[0], shape.grid[1],
                                         shape.grid[2], shape.smem_bytes));
+      }
+    } else if (decode) {
+      if (const cudaError_t err = launch_flash_decode(fp, stream); err != cudaSuccess) {
+        return cuda_failure("flash_decode_tc launch", err,
+                            fmt::format("grid {}x{}x{}, {} bytes shared", shape.grid[0], shape.grid[1],
+                                        shape.grid[2], shape.smem_bytes));
+      }
+      if (const cudaError_t err = launch_flash_combine(fp, stream); err != cudaSuccess) {
+        return cuda_failure("flash_combine launch", err, fmt::format("{} splits", fp.num_splits));
       }
     } else {
       if (const cudaError_t err = launch_flash_generic(fp, stream); err != cudaSuccess) {
@@ -251,7 +279,7 @@ KALLPA_REGISTER_BACKEND(CudaFlash);
 
 LaunchCounts launch_counts() noexcept {
   return {g_tensor_core.load(std::memory_order_relaxed), g_generic.load(std::memory_order_relaxed),
-          g_split.load(std::memory_order_relaxed)};
+          g_decode.load(std::memory_order_relaxed), g_split.load(std::memory_order_relaxed)};
 }
 
 }  // namespace kallpa::cuda

@@ -12,6 +12,8 @@ namespace kallpa::cuda {
 // all f16 or all bf16, head_dim == head_dim_v in {64, 128}, unit stride along the head dim, every
 // address 16-byte aligned. flash_plan.h's tensor_core_refusal() says whether p qualifies.
 cudaError_t launch_flash_tensor_core(const FlashParams& p, cudaStream_t stream);
+// Writes p.num_splits partial results (one per warp); launch_flash_combine merges them.
+cudaError_t launch_flash_decode(const FlashParams& p, cudaStream_t stream);
 
 // The generic kernel: any dtypes, head dims and strides, f32 FMAs; split-KV when p.num_splits > 1
 // (then launch_flash_combine must follow on the same stream).

@@ -23,6 +23,9 @@ struct SeqMeta {
   std::int32_t skv = 0;
 };
 
+// The tensor-core kernel that runs unless KALLPA_CUDA_FLASH_TC names another (cuda_flash.cpp).
+inline constexpr std::int32_t kTcDefaultVersion = 3;
+
 struct FlashParams {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -73,9 +76,10 @@ struct FlashParams {
   float* part_m = nullptr;
   float* part_l = nullptr;
 
-  // Which tensor-core kernel runs (flash_kernels.cu): 1, the first (synchronous loads, V transposed
-  // by scalar stores), kept to be benchmarked beside 2 (cp.async double buffering, ldmatrix).
-  std::int32_t tc_version = 2;
+  // Which tensor-core kernel runs (flash_kernels.cu): 1 (synchronous loads, V transposed by scalar
+  // stores), 2 (cp.async double buffering, ldmatrix), 3 (v2 with 32 query rows per warp), 4 (v3
+  // with a leaner softmax where there is no softcap or ALiBi).
+  std::int32_t tc_version = kTcDefaultVersion;
 };
 
 }  // namespace kallpa::cuda

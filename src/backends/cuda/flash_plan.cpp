@@ -25,10 +25,10 @@ unsigned clamp_unsigned(std::int64_t v) noexcept {
 
 std::size_t tensor_core_smem_bytes(int head_dim, int version) noexcept {
   const auto d = static_cast<std::size_t>(head_dim);
-  const auto q_tile = static_cast<std::size_t>(kTcBlockQ) * (d + kTcPad);
+  const auto q_tile = static_cast<std::size_t>(tensor_core_block_q(version)) * (d + kTcPad);
   const auto kv_tile = static_cast<std::size_t>(kTcBlockK) * (d + kTcPad);
-  // 2-byte elements. v1: Q and K tiles row-major, V transposed. v2: Q, and K and V row-major in
-  // two stages each (the next tile loads while this one is used).
+  // 2-byte elements. v1: Q and K tiles row-major, V transposed. v2 and v3: Q, and K and V
+  // row-major in two stages each (the next tile loads while this one is used).
   if (version == 1) return 2 * (q_tile + kv_tile + d * (kTcBlockK + kTcPad));
   return 2 * (q_tile + 4 * kv_tile);
 }
@@ -37,11 +37,9 @@ std::size_t generic_smem_bytes(int head_dim, int head_dim_v) noexcept {
   return static_cast<std::size_t>(kGenericWarps) * static_cast<std::size_t>(head_dim + head_dim_v) * sizeof(float);
 }
 
-std::string tensor_core_refusal(const FlashParams& p, const std::vector<SeqMeta>& meta) {
-  if (p.q_dtype != p.kv_dtype || p.q_dtype != p.o_dtype || p.q_dtype == kF32) {
-    return fmt::format("q/kv/o dtypes are {}/{}/{}; the tensor-core kernel takes f16 or bf16 for all of them",
-                       code_name(p.q_dtype), code_name(p.kv_dtype), code_name(p.o_dtype));
-  }
+namespace {
+// The layout conditions both tensor-core kernels share (16-byte loads of 16-bit rows).
+std::string sixteen_bit_layout_refusal(const FlashParams& p, const std::vector<SeqMeta>& meta) {
   if (p.d != p.dv || (p.d != 64 && p.d != 128)) {
     return fmt::format("head dims {}/{}; the tensor-core kernel has D = Dv = 64 or 128", p.d, p.dv);
   }
@@ -60,6 +58,16 @@ std::string tensor_core_refusal(const FlashParams& p, const std::vector<SeqMeta>
       return "a sequence's q/k/v rows do not start on a 16-byte boundary";
     }
   }
+  return {};
+}
+}  // namespace
+
+std::string tensor_core_refusal(const FlashParams& p, const std::vector<SeqMeta>& meta) {
+  if (p.q_dtype != p.kv_dtype || p.q_dtype != p.o_dtype || p.q_dtype == kF32) {
+    return fmt::format("q/kv/o dtypes are {}/{}/{}; the tensor-core kernel takes f16 or bf16 for all of them",
+                       code_name(p.q_dtype), code_name(p.kv_dtype), code_name(p.o_dtype));
+  }
+  if (std::string why = sixteen_bit_layout_refusal(p, meta); !why.empty()) return why;
   if (p.max_sq < kTcMinRows) {
     return fmt::format("at most {} query rows per sequence; below {} the split-KV generic kernel is used", p.max_sq,
                        kTcMinRows);
@@ -67,9 +75,38 @@ std::string tensor_core_refusal(const FlashParams& p, const std::vector<SeqMeta>
   return {};
 }
 
+std::string decode_refusal(const FlashParams& p, const std::vector<SeqMeta>& meta) {
+  // q may be f32 (an engine's activations): it is rounded to K's type for the mma, as K is stored.
+  if (p.kv_dtype == kF32 || (p.q_dtype != p.kv_dtype && p.q_dtype != kF32)) {
+    return fmt::format("q/kv dtypes are {}/{}; the decode kernel takes f16 or bf16 K/V and q of that type or f32",
+                       code_name(p.q_dtype), code_name(p.kv_dtype));
+  }
+  if (std::string why = sixteen_bit_layout_refusal(p, meta); !why.empty()) return why;
+  if (std::int64_t{p.max_sq} * p.group > kDecodeMaxRows) {
+    return fmt::format("{} query rows x {} heads per KV head is over the decode kernel's {}", p.max_sq, p.group,
+                       kDecodeMaxRows);
+  }
+  return {};
+}
+
+std::size_t decode_smem_bytes(int head_dim) noexcept {
+  // Per warp: K and V steps of 16 rows x (D + 8) 2-byte elements, two stages each.
+  return static_cast<std::size_t>(kDecodeWarps) * 4 * kDecodeStepKeys * static_cast<std::size_t>(head_dim + kTcPad) * 2;
+}
+
+LaunchShape decode_launch(const FlashParams& p) noexcept {
+  LaunchShape s;
+  s.grid[0] = clamp_unsigned(ceil_div(p.num_splits, kDecodeWarps));
+  s.grid[1] = clamp_unsigned(p.hkv);
+  s.grid[2] = clamp_unsigned(p.batch);
+  s.block = kDecodeThreads;
+  s.smem_bytes = decode_smem_bytes(p.d);
+  return s;
+}
+
 LaunchShape tensor_core_launch(const FlashParams& p) noexcept {
   LaunchShape s;
-  s.grid[0] = clamp_unsigned(ceil_div(p.max_sq, kTcBlockQ));
+  s.grid[0] = clamp_unsigned(ceil_div(p.max_sq, tensor_core_block_q(p.tc_version)));
   s.grid[1] = clamp_unsigned(p.hq);
   s.grid[2] = clamp_unsigned(p.batch);
   s.block = kTcThreads;
@@ -88,9 +125,9 @@ LaunchShape generic_launch(const FlashParams& p) noexcept {
 }
 
 SplitPlan plan_splits(std::int64_t blocks_without_split, std::int64_t max_seqlen_k, int sm_count,
-                      std::int64_t max_splits) noexcept {
+                      std::int64_t max_splits, int units_per_sm) noexcept {
   SplitPlan plan;
-  const std::int64_t target = kSplitBlocksPerSm * std::int64_t{std::max(sm_count, 1)};
+  const std::int64_t target = std::int64_t{std::max(units_per_sm, 1)} * std::max(sm_count, 1);
   if (blocks_without_split <= 0 || blocks_without_split >= target || max_seqlen_k < 2 * kMinKeysPerSplit) {
     return plan;
   }

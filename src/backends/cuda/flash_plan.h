@@ -15,7 +15,10 @@ namespace kallpa::cuda {
 // The tensor-core kernel: 4 warps, 64 query rows x 64 keys per step; rows of its shared-memory
 // tiles are padded by 8 elements so that the quad-strided fragment loads hit distinct banks.
 inline constexpr int kTcThreads = 128;
-inline constexpr int kTcBlockQ = 64;
+inline constexpr int kTcBlockQ = 64;     // query rows per block, v1 and v2 (16 per warp)
+inline constexpr int kTcBlockQV3 = 128;  // v3: 32 per warp
+// Query rows per block of tensor-core kernel `version`.
+constexpr int tensor_core_block_q(int version) noexcept { return version >= 3 ? kTcBlockQV3 : kTcBlockQ; }
 inline constexpr int kTcBlockK = 64;
 inline constexpr int kTcPad = 8;
 // Below this many query rows a 64-row tile is mostly empty; the generic kernel with split-KV wins.
@@ -29,6 +32,16 @@ inline constexpr std::int64_t kMinKeysPerSplit = 256;
 inline constexpr int kMaxSplits = 128;
 // Decode is bound by memory latency: a multiprocessor needs several 4-warp blocks in flight.
 inline constexpr int kSplitBlocksPerSm = 8;
+
+// The split-KV decode kernel on tensor cores: one warp per (sequence, KV head, key split) holds
+// every query row of the KV head's group -- (query row, head) pairs, at most one 16-row mma tile --
+// and streams 16-key steps through two shared-memory stages of its own.
+inline constexpr int kDecodeWarps = 4;
+inline constexpr int kDecodeThreads = 32 * kDecodeWarps;
+inline constexpr int kDecodeMaxRows = 16;
+inline constexpr int kDecodeStepKeys = 16;
+// Streaming K/V from memory needs many requests in flight: about this many warps per multiprocessor.
+inline constexpr int kDecodeWarpsPerSm = 16;
 
 // What the planner needs to know of the device (cudaDeviceProp, read once).
 struct DeviceFacts {
@@ -51,11 +64,17 @@ std::size_t generic_smem_bytes(int head_dim, int head_dim_v) noexcept;
 
 // Empty when p (with its per-sequence geometry) can take the tensor-core kernel, else why not.
 std::string tensor_core_refusal(const FlashParams& p, const std::vector<SeqMeta>& meta);
+// Empty when p can take the tensor-core decode kernel (the tensor-core kernel's dtype, head-dim
+// and alignment conditions, and at most kDecodeMaxRows query rows x heads per KV head), else why not.
+std::string decode_refusal(const FlashParams& p, const std::vector<SeqMeta>& meta);
+std::size_t decode_smem_bytes(int head_dim) noexcept;
 
 // x: query tiles (64 rows) of the longest sequence, y: query heads, z: sequences.
 LaunchShape tensor_core_launch(const FlashParams& p) noexcept;
 // x: (query row, head) pairs of the longest sequence / 4, y: KV splits, z: sequences.
 LaunchShape generic_launch(const FlashParams& p) noexcept;
+// x: key splits / 4 (a warp each; p.num_splits of them), y: KV heads, z: sequences.
+LaunchShape decode_launch(const FlashParams& p) noexcept;
 
 struct SplitPlan {
   int splits = 1;
@@ -64,8 +83,9 @@ struct SplitPlan {
 // About kSplitBlocksPerSm blocks per multiprocessor: when the query rows alone give fewer, the KV
 // sequence is split (each split at least kMinKeysPerSplit keys).
 // `max_splits` caps the partial results' memory (the caller's budget); at most kMaxSplits.
+// `units_per_sm` sets the target (4-warp blocks for the generic kernel, warps for the decode one).
 SplitPlan plan_splits(std::int64_t blocks_without_split, std::int64_t max_seqlen_k, int sm_count,
-                      std::int64_t max_splits = kMaxSplits) noexcept;
+                      std::int64_t max_splits = kMaxSplits, int units_per_sm = kSplitBlocksPerSm) noexcept;
 // Device memory the split partials are allowed (part_o, part_m, part_l together).
 inline constexpr std::size_t kSplitScratchBudget = std::size_t{256} << 20;
 
@@ -74,7 +94,8 @@ inline constexpr std::size_t kSplitScratchBudget = std::size_t{256} << 20;
 struct LaunchCounts {
   std::uint64_t tensor_core = 0;
   std::uint64_t generic = 0;
-  std::uint64_t split_kv = 0;  // generic launches with num_splits > 1 (each followed by a combine)
+  std::uint64_t decode = 0;    // tensor-core decode launches (each followed by a combine)
+  std::uint64_t split_kv = 0;  // generic or decode launches with num_splits > 1
 };
 LaunchCounts launch_counts() noexcept;
 
