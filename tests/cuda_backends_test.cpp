@@ -137,7 +137,7 @@ TEST(CudaFlashPlan, TensorCoreKernelTakesAlignedSixteenBitHeadDims64And128) {
 TEST(CudaFlashPlan, LaunchShapesCoverEveryRowHeadAndSequence) {
   cuda::FlashParams p = tc_params();
   p.max_sq = 4097;
-  // v3 (the default) and v4: 128 query rows per block (32 per warp); the Q tile and two stages of
+  // v3, v4 and v5 (the default): 128 query rows per block (32 per warp); the Q tile and two stages of
   // K and V tiles, (128 + 8)-element rows of 2 bytes: over the 48 KiB default (the launcher opts
   // in), under sm_80's 163 KiB and sm_90's 227 KiB.
   const cuda::LaunchShape tc = cuda::tensor_core_launch(p);
@@ -146,9 +146,11 @@ TEST(CudaFlashPlan, LaunchShapesCoverEveryRowHeadAndSequence) {
   EXPECT_EQ(tc.grid[2], 2u);   // sequences
   EXPECT_EQ(tc.block, static_cast<unsigned>(cuda::kTcThreads));
   EXPECT_EQ(tc.smem_bytes, 2u * (128 * 136 + 4 * 64 * 136));
-  p.tc_version = 4;
-  EXPECT_EQ(cuda::tensor_core_launch(p).grid[0], 33u);
-  EXPECT_EQ(cuda::tensor_core_launch(p).smem_bytes, tc.smem_bytes);
+  for (int version : {3, 4}) {
+    p.tc_version = version;
+    EXPECT_EQ(cuda::tensor_core_launch(p).grid[0], 33u);
+    EXPECT_EQ(cuda::tensor_core_launch(p).smem_bytes, tc.smem_bytes);
+  }
   // v2: 64 rows per block (16 per warp), the same stages.
   p.tc_version = 2;
   EXPECT_EQ(cuda::tensor_core_launch(p).grid[0], 65u);  // ceil(4097 / 64)
@@ -227,12 +229,27 @@ TEST(CudaFlashPlan, DecodeKernelTakesUpToSixteenRowsPerKvHeadAndAWarpPerSplit) {
   // Per warp, K and V steps of 16 x (128 + 8) 2-byte elements, two stages each.
   EXPECT_EQ(s.smem_bytes, 4u * 4 * 16 * 136 * 2);
 
-  // Its splits aim at kDecodeWarpsPerSm warps per multiprocessor: 8 sequences x 8 KV heads on 132.
-  const cuda::SplitPlan plan = cuda::plan_splits(64, 32768, 132, cuda::kMaxSplits, cuda::kDecodeWarpsPerSm);
-  // ceil(16 * 132 / 64) = 33 splits of 993 keys, rounded up to 1024 keys: 32 splits.
-  EXPECT_EQ(plan.splits, 32);
-  EXPECT_EQ(plan.keys_per_split, 1024);
+  // Its splits fill the device's resident warps once: 8 sequences x 8 KV heads on 132 SMs of 12
+  // warps each take 1584 / 64 = 24 splits (of 1366 keys, rounded up to 1376): 384 blocks of the
+  // 396 that fit at once.
+  cuda::SplitPlan plan = cuda::plan_decode_splits(64, 32768, 132);
+  EXPECT_EQ(plan.splits, 24);
+  EXPECT_EQ(plan.keys_per_split, 1376);
   EXPECT_GE(std::int64_t{plan.splits} * plan.keys_per_split, 32768);
+  for (std::int64_t units : {1, 3, 8, 64, 500, 1584}) {
+    for (std::int64_t skv : {100, 600, 5000, 32768, 1 << 20}) {
+      SCOPED_TRACE(testing::Message() << units << " units, " << skv << " keys");
+      plan = cuda::plan_decode_splits(units, skv, 132);
+      EXPECT_LE(units * plan.splits, std::max<std::int64_t>(units, 1584));  // never a second wave of its own making
+      EXPECT_LE(plan.splits, cuda::kMaxSplits);
+      if (plan.splits > 1) {
+        EXPECT_GE(plan.keys_per_split, cuda::kMinKeysPerSplit);
+        EXPECT_GE(std::int64_t{plan.splits} * plan.keys_per_split, skv);
+        EXPECT_LT(std::int64_t{plan.splits - 1} * plan.keys_per_split, skv);
+      }
+    }
+  }
+  EXPECT_EQ(cuda::plan_decode_splits(8, 32768, 132, 5).splits, 5);  // the caller's memory budget
 }
 
 TEST(CudaFlashSupport, TakesTheWholeContractOnItsDeviceAndSaysWhyNotElsewhere) {
@@ -395,7 +412,7 @@ TEST(CudaFlashDevice, TensorCoreKernelsPassPrefillCases) {
   REQUIRE_CUDA("cuda-flash", cf);
   const char* saved = std::getenv("KALLPA_CUDA_FLASH_TC");
   const std::string restore = saved != nullptr ? saved : "";
-  for (const char* version : {"1", "2", "3", "4"}) {
+  for (const char* version : {"1", "2", "3", "4", "5"}) {
     SCOPED_TRACE(std::string("tensor-core kernel v") + version);
     setenv("KALLPA_CUDA_FLASH_TC", version, 1);
     for (const conformance::Case& c : tensor_core_cases()) {

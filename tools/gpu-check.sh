@@ -128,7 +128,7 @@ if wants bench; then
   # The numbered tensor-core kernels side by side on the prefill shapes (KALLPA_CUDA_FLASH_TC).
   prefill_args=()
   for s in "${PREFILL[@]}"; do prefill_args+=(--spec "$s"); done
-  for ver in 1 2 3 4; do
+  for ver in 1 2 3 4 5; do
     KALLPA_CUDA_FLASH_TC=$ver timeout 120 "$KALLPA" bench attention -b cuda-flash "${prefill_args[@]}" --min-time 0.2 \
       --json > "$DETAILS/kallpa-bench-v$ver.json" 2>> "$DETAILS/kallpa-bench.log"
     record "kallpa-bench-v$ver" $?
@@ -187,7 +187,7 @@ def load(name, key=None):
         return [] if key or name.endswith("bench.json") else {}
 kallpa = load("kallpa-bench.json")
 versions = []
-for ver in (1, 2, 3, 4):
+for ver in (1, 2, 3, 4, 5):
     for r in load(f"kallpa-bench-v{ver}.json"):
         versions.append(dict(r, backend=f"v{ver}"))
 torch_doc = load("torch-sdpa.json")
@@ -199,7 +199,7 @@ for r in rows:
     table.setdefault(canonical(r["shape"]), {})[r["backend"]] = r
     label.setdefault(canonical(r["shape"]), r["shape"])
 # cuda-flash as it runs by default, its numbered tensor-core kernels (prefill), the vendor paths.
-names = ["cuda-flash", "v1", "v2", "v3", "v4", "cudnn", "torch-flash", "torch-cudnn"]
+names = ["cuda-flash", "v1", "v2", "v3", "v4", "v5", "cudnn", "torch-flash", "torch-cudnn"]
 print(f"{'shape':58s} " + " ".join(f"{n:>11s}" for n in names) + "  flash/torch-flash  best/torch-flash  flash/cudnn")
 for shape, by in table.items():
     decode = any(r.get("decode") for r in by.values())
@@ -211,10 +211,10 @@ for shape, by in table.items():
         return r["gbps"] if decode else r["gflops"] / 1e3
     cells = [val(n) for n in names]
     ratio = lambda a, b: f"{a / b:6.2f}" if a and b else "     -"
-    best_flash = max([c for c in cells[:5] if c] or [0]) or None
-    best_cudnn = max([c for c in (cells[5], cells[7]) if c] or [0]) or None
+    best_flash = max([c for c in cells[:6] if c] or [0]) or None
+    best_cudnn = max([c for c in (cells[6], cells[8]) if c] or [0]) or None
     print(f"{label[shape]:58s} " + " ".join(f"{c:11.1f}" if c else f"{'-':>11s}" for c in cells) +
-          f"  {ratio(cells[0], cells[6]):>17s}  {ratio(best_flash, cells[6]):>16s}  {ratio(cells[0], best_cudnn):>11s}  ({unit})")
+          f"  {ratio(cells[0], cells[7]):>17s}  {ratio(best_flash, cells[7]):>16s}  {ratio(cells[0], best_cudnn):>11s}  ({unit})")
 notes = [f"{r['backend']} on {r['shape']}: {r.get('note')}" for r in rows if not r.get("ran")]
 for n in notes:
     print("not run:", n)

@@ -34,7 +34,7 @@ std::int32_t code_of(DType t) noexcept { return static_cast<std::int32_t>(t); }
 
 std::atomic<std::uint64_t> g_tensor_core{0}, g_generic{0}, g_decode{0}, g_split{0};
 
-// KALLPA_CUDA_FLASH_TC=1|2|3|4 picks one of the numbered tensor-core kernels instead of the default,
+// KALLPA_CUDA_FLASH_TC=1|2|3|4|5 picks one of the numbered tensor-core kernels instead of the default,
 // so that they can be benchmarked and tested side by side (llm.c's habit). Read per call: a test
 // switches it between runs.
 std::int32_t tensor_core_version() noexcept {
@@ -44,6 +44,7 @@ std::int32_t tensor_core_version() noexcept {
   if (v == "2") return 2;
   if (v == "3") return 3;
   if (v == "4") return 4;
+  if (v == "5") return 5;
   return kTcDefaultVersion;
 }
 
@@ -165,13 +166,13 @@ class CudaFlash final : public AttentionBackend {
     if (tensor_cores) {
       shape = tensor_core_launch(fp);
     } else if (decode) {
-      // One warp per (sequence, KV head, split), about kDecodeWarpsPerSm warps per multiprocessor.
+      // One warp per (sequence, KV head, split), one wave of them.
       const std::size_t per_split =
           static_cast<std::size_t>(fp.total_q) * static_cast<std::size_t>(fp.hq) * (static_cast<std::size_t>(fp.dv) + 2) *
           sizeof(float);
-      const SplitPlan split = plan_splits(std::int64_t{fp.batch} * fp.hkv, vp.max_seqlen_k(), dev->facts().sm_count,
-                                          static_cast<std::int64_t>(kSplitScratchBudget / std::max<std::size_t>(per_split, 1)),
-                                          kDecodeWarpsPerSm);
+      const SplitPlan split =
+          plan_decode_splits(std::int64_t{fp.batch} * fp.hkv, vp.max_seqlen_k(), dev->facts().sm_count,
+                             static_cast<std::int64_t>(kSplitScratchBudget / std::max<std::size_t>(per_split, 1)));
       fp.num_splits = split.splits;
       fp.keys_per_split = split.splits > 1 ? split.keys_per_split
                                            : static_cast<std::int32_t>(std::max<std::int64_t>(vp.max_seqlen_k(), 1));

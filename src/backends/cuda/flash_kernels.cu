@@ -625,15 +625,15 @@ __global__ void __launch_bounds__(kTcThreads) flash_tensor_core_v2(FlashParams p
 // positions are int32 (a sequence has at most 2^31 - 1 keys), and problems without softcap and
 // ALiBi (Plain) score with one multiply.
 
-template <typename T, int D, bool Plain, bool Lean>
+template <typename T, int D, bool Plain, bool Lean, int SUB>
 __global__ void __launch_bounds__(kTcThreads) flash_tensor_core_v3(FlashParams p) {
   constexpr int BQ = kTcBlockQV3, BK = kTcBlockK;
   constexpr int QS = D + kTcPad;
   constexpr int CH = D / 8;
   constexpr int TILE = BK * QS;
-  // Keys scored at a time: a whole tile for D 64; half of one for D 128, whose two 64-key score
-  // slices beside the 128 output accumulators would spill.
-  constexpr int SUB = D > 64 ? BK / 2 : BK;
+  // SUB: keys scored at a time, a whole tile or half of one (for D 128 the two 64-key score slices
+  // beside the 128 output accumulators spill without the lean softmax: v3).
+  static_assert(BK % SUB == 0 && SUB % 16 == 0);
   extern __shared__ __align__(16) unsigned char tc_smem[];
   T* qs = reinterpret_cast<T*>(tc_smem);
   T* ks = qs + BQ * QS;  // stages 0 and 1
@@ -1138,12 +1138,16 @@ template <typename T, int D>
 cudaError_t launch_tc(const FlashParams& p, cudaStream_t stream) {
   const LaunchShape s = tensor_core_launch(p);
   const bool plain = p.softcap <= 0.0f && p.alibi == nullptr;
-  const bool lean = p.tc_version >= 4 && plain && p.scale > 0.0f;  // v4: v3 with the lean softmax
-  auto* kernel = p.tc_version == 1   ? flash_tensor_core<T, D>
-                 : p.tc_version == 2 ? flash_tensor_core_v2<T, D>
-                 : lean              ? flash_tensor_core_v3<T, D, true, true>
-                 : plain             ? flash_tensor_core_v3<T, D, true, false>
-                                     : flash_tensor_core_v3<T, D, false, false>;
+  // v4: v3 with the lean softmax; v5: v4 scoring whole 64-key tiles at D 128 too (v3 and v4 take
+  // two 32-key halves there). Softcap, ALiBi or a negative scale take v3's general softmax.
+  constexpr int kHalf = D > 64 ? kTcBlockK / 2 : kTcBlockK;
+  const bool lean = p.tc_version >= 4 && plain && p.scale > 0.0f;
+  auto* kernel = p.tc_version == 1          ? flash_tensor_core<T, D>
+                 : p.tc_version == 2        ? flash_tensor_core_v2<T, D>
+                 : lean && p.tc_version >= 5 ? flash_tensor_core_v3<T, D, true, true, kTcBlockK>
+                 : lean                     ? flash_tensor_core_v3<T, D, true, true, kHalf>
+                 : plain                    ? flash_tensor_core_v3<T, D, true, false, kHalf>
+                                            : flash_tensor_core_v3<T, D, false, false, kHalf>;
   // Above 48 KiB a kernel must opt in; cheap enough to repeat per launch.
   if (const cudaError_t e =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(s.smem_bytes));

@@ -125,9 +125,9 @@ LaunchShape generic_launch(const FlashParams& p) noexcept {
 }
 
 SplitPlan plan_splits(std::int64_t blocks_without_split, std::int64_t max_seqlen_k, int sm_count,
-                      std::int64_t max_splits, int units_per_sm) noexcept {
+                      std::int64_t max_splits) noexcept {
   SplitPlan plan;
-  const std::int64_t target = std::int64_t{std::max(units_per_sm, 1)} * std::max(sm_count, 1);
+  const std::int64_t target = kSplitBlocksPerSm * std::int64_t{std::max(sm_count, 1)};
   if (blocks_without_split <= 0 || blocks_without_split >= target || max_seqlen_k < 2 * kMinKeysPerSplit) {
     return plan;
   }
@@ -136,6 +136,22 @@ SplitPlan plan_splits(std::int64_t blocks_without_split, std::int64_t max_seqlen
   if (splits <= 1) return plan;
   const std::int64_t keys = ceil_div(ceil_div(max_seqlen_k, splits), 32) * 32;
   splits = ceil_div(max_seqlen_k, keys);  // rounding the chunk up may leave the last split empty
+  if (splits <= 1) return plan;
+  plan.splits = static_cast<int>(splits);
+  plan.keys_per_split = static_cast<int>(keys);
+  return plan;
+}
+
+SplitPlan plan_decode_splits(std::int64_t units, std::int64_t max_seqlen_k, int sm_count,
+                             std::int64_t max_splits) noexcept {
+  SplitPlan plan;
+  const std::int64_t resident = std::int64_t{kDecodeResidentWarpsPerSm} * std::max(sm_count, 1);
+  if (units <= 0) return plan;
+  std::int64_t splits = std::min({resident / units, max_seqlen_k / kMinKeysPerSplit,
+                                  std::min<std::int64_t>(max_splits, kMaxSplits)});
+  if (splits <= 1) return plan;
+  const std::int64_t keys = ceil_div(ceil_div(max_seqlen_k, splits), 32) * 32;
+  splits = ceil_div(max_seqlen_k, keys);  // never more than before the rounding
   if (splits <= 1) return plan;
   plan.splits = static_cast<int>(splits);
   plan.keys_per_split = static_cast<int>(keys);

@@ -40,8 +40,8 @@ inline constexpr int kDecodeWarps = 4;
 inline constexpr int kDecodeThreads = 32 * kDecodeWarps;
 inline constexpr int kDecodeMaxRows = 16;
 inline constexpr int kDecodeStepKeys = 16;
-// Streaming K/V from memory needs many requests in flight: about this many warps per multiprocessor.
-inline constexpr int kDecodeWarpsPerSm = 16;
+// Warps of the decode kernel resident per multiprocessor (3 blocks: registers and shared memory).
+inline constexpr int kDecodeResidentWarpsPerSm = 12;
 
 // What the planner needs to know of the device (cudaDeviceProp, read once).
 struct DeviceFacts {
@@ -83,9 +83,13 @@ struct SplitPlan {
 // About kSplitBlocksPerSm blocks per multiprocessor: when the query rows alone give fewer, the KV
 // sequence is split (each split at least kMinKeysPerSplit keys).
 // `max_splits` caps the partial results' memory (the caller's budget); at most kMaxSplits.
-// `units_per_sm` sets the target (4-warp blocks for the generic kernel, warps for the decode one).
 SplitPlan plan_splits(std::int64_t blocks_without_split, std::int64_t max_seqlen_k, int sm_count,
-                      std::int64_t max_splits = kMaxSplits, int units_per_sm = kSplitBlocksPerSm) noexcept;
+                      std::int64_t max_splits = kMaxSplits) noexcept;
+// The decode kernel's splits (a warp each): as many as fit resident on the device at once, so the
+// keys stream in one wave -- a second, partial wave would leave most multiprocessors idle while
+// it runs -- and each split at least kMinKeysPerSplit keys. `units` is sequences x KV heads.
+SplitPlan plan_decode_splits(std::int64_t units, std::int64_t max_seqlen_k, int sm_count,
+                             std::int64_t max_splits = kMaxSplits) noexcept;
 // Device memory the split partials are allowed (part_o, part_m, part_l together).
 inline constexpr std::size_t kSplitScratchBudget = std::size_t{256} << 20;
 
