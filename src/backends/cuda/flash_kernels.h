@@ -1,5 +1,6 @@
-// cuda-flash's kernels (flash_kernels.cu). Each launch returns the launch's error (cudaSuccess when
-// it was queued); completion is the caller's business (the stream).
+// cuda-flash's kernels (flash_*.cu; what they share is in flash_device.cuh). Each launch returns
+// the launch's error (cudaSuccess when it was queued); completion is the caller's business (the
+// stream).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,6 +13,10 @@ namespace kallpa::cuda {
 // all f16 or all bf16, head_dim == head_dim_v in {64, 128}, unit stride along the head dim, every
 // address 16-byte aligned. flash_plan.h's tensor_core_refusal() says whether p qualifies.
 cudaError_t launch_flash_tensor_core(const FlashParams& p, cudaStream_t stream);
+// The numbered versions it dispatches to by p.tc_version (v3 also serves 4 and 5).
+cudaError_t launch_tensor_core_v1(const FlashParams& p, cudaStream_t stream);
+cudaError_t launch_tensor_core_v2(const FlashParams& p, cudaStream_t stream);
+cudaError_t launch_tensor_core_v3(const FlashParams& p, cudaStream_t stream);
 // Writes p.num_splits partial results (one per warp); launch_flash_combine merges them.
 cudaError_t launch_flash_decode(const FlashParams& p, cudaStream_t stream);
 
