@@ -1,5 +1,10 @@
 // cuda-flash tensor-core kernels, versions 3, 4 and 5 (KALLPA_CUDA_FLASH_TC=3|4|5; 5 is the
 // default): one template, the later versions switching on a leaner softmax and wider score tiles.
+// Why v4: ncu on v3 (8k tokens, D 128) found 2 warps per scheduler (255 registers: 2 blocks of 4
+// warps per SM), 4.1 cycles between a warp's instructions and ~40% of stalls waiting on
+// fixed-latency dependencies -- the softmax's serial max/sum chains and scale multiplies.
+// tools/gpu-check.sh on an H200 (bf16, D 128, 32/8 heads, 4k-16k tokens, TFLOP/s): v3 151-206,
+// v4 188-258, v5 194-267; PyTorch's FlashAttention-2 backend 259-348 (bench/results/).
 #include "backends/cuda/flash_device.cuh"
 #include "backends/cuda/flash_kernels.h"
 
