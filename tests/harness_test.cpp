@@ -161,6 +161,48 @@ TEST(AttentionBench, MarksDecodeWhoseKvFitsTheLastLevelCache) {
   EXPECT_EQ(json[0]["machine_llc_bytes"], 64 * 1024);
 }
 
+// The machine's peaks are its CPU's: a row of a backend on another device (a GPU at 250 TFLOP/s)
+// gets no fraction of them -- '-' in the table, null in the JSON -- and no cache mark.
+TEST(AttentionBench, GivesNoCpuPeakFractionsToDeviceBackends) {
+  MachinePeak peak;
+  peak.fma_gflops = 100.0;
+  peak.dram_read_gbps = 10.0;
+  peak.last_level_cache_bytes = 1 << 30;
+  BenchRow gpu;
+  gpu.backend = "cuda-flash";
+  gpu.shape = "b=8,sq=1,skv=32768,hq=32,hkv=8,d=128,dtype=bf16";
+  gpu.decode = gpu.ran = true;
+  gpu.on_host = false;
+  gpu.seconds = 3e-4;
+  gpu.gflops = 7600.0;
+  gpu.gbps = 3500.0;
+  gpu.kv_bytes = 1 << 20;  // would fit the cache
+  BenchRow cpu = gpu;
+  cpu.backend = "cpu-flash";
+  cpu.on_host = true;
+  cpu.gflops = 50.0;
+  cpu.peak_fraction = 0.5;
+  cpu.gbps = 5.0;
+  cpu.bandwidth_fraction = 0.5;
+  const std::string table = format_bench_table({gpu, cpu}, peak);
+  const auto line_of = [&table](const char* backend) {
+    const std::size_t at = table.find(backend);
+    return table.substr(at, table.find('\n', at) - at);
+  };
+  EXPECT_EQ(line_of("cuda-flash").find('%'), std::string::npos) << table;
+  EXPECT_NE(line_of("cuda-flash").find(" - "), std::string::npos) << table;
+  EXPECT_NE(line_of("cpu-flash").find("50.0%"), std::string::npos) << table;
+  EXPECT_NE(line_of("cpu-flash").find("50.0%*"), std::string::npos) << "the CPU row is still cache-marked:\n" << table;
+  EXPECT_NE(table.find("'-' for backends on another device"), std::string::npos) << table;
+  const auto json = bench_to_json({gpu, cpu}, peak);
+  EXPECT_TRUE(json[0]["peak_fraction"].is_null());
+  EXPECT_TRUE(json[0]["bandwidth_fraction"].is_null());
+  EXPECT_EQ(json[0]["kv_fits_cache"], false);
+  EXPECT_EQ(json[0]["on_host"], false);
+  EXPECT_DOUBLE_EQ(json[1]["peak_fraction"].get<double>(), 0.5);
+  EXPECT_EQ(json[1]["kv_fits_cache"], true);
+}
+
 TEST(AllocTracker, SeesAllocationsInsideACall) {
   reset_heap_peak();
   const std::size_t before = heap_bytes_in_use();

@@ -182,9 +182,10 @@ std::vector<BenchRow> run_attention_bench(const BenchOptions& options, const Mac
       row.runs = static_cast<int>(times.size());
       row.seconds = times[times.size() / 2];
       row.gflops = inst.flops() / row.seconds / 1e9;
-      row.peak_fraction = peak.fma_gflops > 0 ? row.gflops / peak.fma_gflops : 0.0;
+      row.on_host = backend->device_kind() == DeviceKind::cpu;
+      row.peak_fraction = row.on_host && peak.fma_gflops > 0 ? row.gflops / peak.fma_gflops : 0.0;
       row.gbps = inst.kv_bytes() / row.seconds / 1e9;
-      row.bandwidth_fraction = peak.dram_read_gbps > 0 ? row.gbps / peak.dram_read_gbps : 0.0;
+      row.bandwidth_fraction = row.on_host && peak.dram_read_gbps > 0 ? row.gbps / peak.dram_read_gbps : 0.0;
       row.kv_bytes = static_cast<std::int64_t>(inst.kv_bytes());
       if (!read_times.empty()) {
         std::sort(read_times.begin(), read_times.end());
@@ -214,7 +215,7 @@ std::string format_bench_table(const std::vector<BenchRow>& rows, const MachineP
   out += fmt::format("{:<62} {:<10} {:>10} {:>9} {:>6} {:>8} {:>6} {:>6} {:>10} {:>9}\n", "shape", "backend", "ms",
                      "GFLOP/s", "%peak", "GB/s", "%bw", "%read", "workspace", "heap");
   std::string last_shape;
-  bool any_cached = false, any_read = false;
+  bool any_cached = false, any_read = false, any_device = false;
   for (const BenchRow& r : rows) {
     const std::string shape = r.shape == last_shape ? "" : r.shape;
     last_shape = r.shape;
@@ -223,14 +224,20 @@ std::string format_bench_table(const std::vector<BenchRow>& rows, const MachineP
       continue;
     }
     // A decode whose K/V fits in the last-level cache is marked: repeated calls read it from there.
-    const bool cached = r.decode && kv_fits_cache(r, peak);
+    const bool cached = r.on_host && r.decode && kv_fits_cache(r, peak);
     any_cached = any_cached || cached;
     any_read = any_read || r.read_gbps > 0;
-    out += fmt::format("{:<62} {:<10} {:>10.3f} {:>9.1f} {:>5.1f}% {:>8.1f} {:>6} {:>6} {:>10} {:>9}\n", shape,
-                       r.backend, r.seconds * 1e3, r.gflops, r.peak_fraction * 100, r.gbps,
-                       fmt::format("{:.1f}%{}", r.bandwidth_fraction * 100, cached ? "*" : ""),
+    any_device = any_device || !r.on_host;
+    out += fmt::format("{:<62} {:<10} {:>10.3f} {:>9.1f} {:>6} {:>8.1f} {:>6} {:>6} {:>10} {:>9}\n", shape,
+                       r.backend, r.seconds * 1e3, r.gflops,
+                       r.on_host ? fmt::format("{:.1f}%", r.peak_fraction * 100) : std::string("-"), r.gbps,
+                       r.on_host ? fmt::format("{:.1f}%{}", r.bandwidth_fraction * 100, cached ? "*" : "")
+                                 : std::string("-"),
                        r.read_gbps > 0 ? fmt::format("{:.1f}%", r.read_fraction * 100) : std::string("-"),
                        r.workspace_bytes, r.heap_bytes);
+  }
+  if (any_device) {
+    out += "%peak and %bw are of this machine's CPU (above): '-' for backends on another device.\n";
   }
   if (any_read) {
     out += "%read: decode GB/s over a plain read of the same K/V timed after each call (medians), side by side.\n";
@@ -251,9 +258,11 @@ nlohmann::json bench_to_json(const std::vector<BenchRow>& rows, const MachinePea
                         {"machine_dram_gbps", peak.dram_read_gbps}, {"simd", peak.simd_target},
                         {"machine_llc_bytes", peak.last_level_cache_bytes}};
     if (r.ran) {
-      j.update({{"seconds", r.seconds}, {"gflops", r.gflops}, {"peak_fraction", r.peak_fraction},
-                {"gbps", r.gbps}, {"bandwidth_fraction", r.bandwidth_fraction}, {"runs", r.runs},
-                {"kv_bytes", r.kv_bytes}, {"kv_fits_cache", kv_fits_cache(r, peak)},
+      const auto fraction = [&r](double f) { return r.on_host ? nlohmann::json(f) : nlohmann::json(nullptr); };
+      j.update({{"seconds", r.seconds}, {"gflops", r.gflops}, {"on_host", r.on_host},
+                {"peak_fraction", fraction(r.peak_fraction)}, {"gbps", r.gbps},
+                {"bandwidth_fraction", fraction(r.bandwidth_fraction)}, {"runs", r.runs},
+                {"kv_bytes", r.kv_bytes}, {"kv_fits_cache", r.on_host && kv_fits_cache(r, peak)},
                 {"read_gbps", r.read_gbps}, {"read_fraction", r.read_fraction},
                 {"workspace_bytes", r.workspace_bytes}, {"heap_bytes", r.heap_bytes}});
     } else {

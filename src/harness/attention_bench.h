@@ -32,9 +32,12 @@ struct BenchRow {
   int runs = 0;
   double seconds = 0.0;  // median over runs
   double gflops = 0.0;
-  double peak_fraction = 0.0;  // of the measured f32 FMA peak
+  // The backend computes on this machine's CPU, whose peaks are measured: only then are the
+  // fractions of them below meaningful (a GPU's 250 TFLOP/s is no percentage of a CPU's FMA peak).
+  bool on_host = true;
+  double peak_fraction = 0.0;  // of the measured f32 FMA peak; 0 when !on_host
   double gbps = 0.0;           // K/V bytes read per second
-  double bandwidth_fraction = 0.0;
+  double bandwidth_fraction = 0.0;  // of the measured DRAM read; 0 when !on_host
   std::int64_t kv_bytes = 0;
   // Decode on the CPU: a plain streaming read of the same K/V buffers, timed after every kernel run
   // (medians), and the kernel's GB/s as a fraction of it: a ratio taken side by side, which the
