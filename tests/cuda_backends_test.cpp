@@ -412,9 +412,10 @@ TEST(CudaFlashDevice, TensorCoreKernelsPassPrefillCases) {
   REQUIRE_CUDA("cuda-flash", cf);
   const char* saved = std::getenv("KALLPA_CUDA_FLASH_TC");
   const std::string restore = saved != nullptr ? saved : "";
-  for (const char* version : {"1", "2", "3", "4", "5"}) {
-    SCOPED_TRACE(std::string("tensor-core kernel v") + version);
-    setenv("KALLPA_CUDA_FLASH_TC", version, 1);
+  for (int v = 1; v <= cuda::kTcNewestVersion; ++v) {
+    const std::string version = std::to_string(v);
+    SCOPED_TRACE("tensor-core kernel v" + version);
+    setenv("KALLPA_CUDA_FLASH_TC", version.c_str(), 1);
     for (const conformance::Case& c : tensor_core_cases()) {
       const cuda::LaunchCounts before = cuda::launch_counts();
       expect_passes(*cf.backend, c);

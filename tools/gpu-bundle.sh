@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packs kallpa's built programs for a GPU machine that cannot build them itself (a bare CUDA image:
 # no fmt, spdlog, Highway, OpenBLAS, ... and no package registry), so that tools/gpu-check.sh runs
-# there with --prebuilt instead of configuring and compiling (which costs device minutes).
+# there on the prebuilt programs (KALLPA_GPU_PREBUILT) instead of configuring and compiling (which
+# costs device minutes).
 #
 #   bash tools/gpu-bundle.sh [BUILD_DIR] [OUT_DIR]      # defaults: build, .gpu
 #
@@ -10,8 +11,8 @@
 # machine has in newer, compatible versions). cuBLAS and cuDNN are not packed: kallpa dlopens them
 # and gpu-check.sh finds the GPU machine's own. Also OUT_DIR/wheels/ with the pure-Python gguf wheel
 # the NumPy logits check needs, and the model split into OUT_DIR/model.part-* pieces, each under
-# the device tool's 64 MiB per call (the 98 MB model does not travel in one call); gpu-check.sh
-# --model-parts joins them and checks the SHA-256.
+# the device tool's 64 MiB per call (the 98 MB model does not travel in one call);
+# tools/gpu-unbundle.sh (which reads the default OUT_DIR, .gpu) joins them and checks the SHA-256.
 #
 # The build must target the GPU's architecture (the default CMAKE_CUDA_ARCHITECTURES 80;90 does
 # for A100/H100/H200).

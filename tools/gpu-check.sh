@@ -112,6 +112,8 @@ fi
 # Prefill: bf16, causal, D=128, Sq=Skv 4k-16k with Llama-3-8B's heads (32 query, 8 KV); the same
 # non-causal (cudnn's single-operation SDPA has no causal mask); decode: one query per sequence,
 # 8 sequences over 32k keys (1 GiB of K/V per call: HBM-bound).
+# cuda-flash's numbered tensor-core kernels (KALLPA_CUDA_FLASH_TC), benchmarked side by side.
+TC_VERSIONS=(1 2 3 4 5)
 PREFILL=()
 for n in 4096 8192 16384; do
   PREFILL+=("b=1,sq=$n,skv=$n,hq=32,hkv=8,d=128,dtype=bf16,causal" "b=1,sq=$n,skv=$n,hq=32,hkv=8,d=128,dtype=bf16")
@@ -128,7 +130,7 @@ if wants bench; then
   # The numbered tensor-core kernels side by side on the prefill shapes (KALLPA_CUDA_FLASH_TC).
   prefill_args=()
   for s in "${PREFILL[@]}"; do prefill_args+=(--spec "$s"); done
-  for ver in 1 2 3 4 5; do
+  for ver in "${TC_VERSIONS[@]}"; do
     KALLPA_CUDA_FLASH_TC=$ver timeout 120 "$KALLPA" bench attention -b cuda-flash "${prefill_args[@]}" --min-time 0.2 \
       --json > "$DETAILS/kallpa-bench-v$ver.json" 2>> "$DETAILS/kallpa-bench.log"
     record "kallpa-bench-v$ver" $?
@@ -175,7 +177,7 @@ if wants engine; then
 fi
 
 step "summary"
-"$PY" - "$DETAILS" <<'PYEOF'
+"$PY" - "$DETAILS" "${TC_VERSIONS[*]}" <<'PYEOF'
 import json, os, sys
 out = sys.argv[1]
 def load(name, key=None):
@@ -187,7 +189,7 @@ def load(name, key=None):
         return [] if key or name.endswith("bench.json") else {}
 kallpa = load("kallpa-bench.json")
 versions = []
-for ver in (1, 2, 3, 4, 5):
+for ver in sys.argv[2].split():
     for r in load(f"kallpa-bench-v{ver}.json"):
         versions.append(dict(r, backend=f"v{ver}"))
 torch_doc = load("torch-sdpa.json")
@@ -199,7 +201,8 @@ for r in rows:
     table.setdefault(canonical(r["shape"]), {})[r["backend"]] = r
     label.setdefault(canonical(r["shape"]), r["shape"])
 # cuda-flash as it runs by default, its numbered tensor-core kernels (prefill), the vendor paths.
-names = ["cuda-flash", "v1", "v2", "v3", "v4", "v5", "cudnn", "torch-flash", "torch-cudnn"]
+version_names = [f"v{ver}" for ver in sys.argv[2].split()]
+names = ["cuda-flash"] + version_names + ["cudnn", "torch-flash", "torch-cudnn"]
 print(f"{'shape':58s} " + " ".join(f"{n:>11s}" for n in names) + "  flash/torch-flash  best/torch-flash  flash/cudnn")
 for shape, by in table.items():
     decode = any(r.get("decode") for r in by.values())
@@ -209,12 +212,13 @@ for shape, by in table.items():
         if not r or not r.get("ran"):
             return None
         return r["gbps"] if decode else r["gflops"] / 1e3
-    cells = [val(n) for n in names]
+    cell = {n: val(n) for n in names}
     ratio = lambda a, b: f"{a / b:6.2f}" if a and b else "     -"
-    best_flash = max([c for c in cells[:6] if c] or [0]) or None
-    best_cudnn = max([c for c in (cells[6], cells[8]) if c] or [0]) or None
-    print(f"{label[shape]:58s} " + " ".join(f"{c:11.1f}" if c else f"{'-':>11s}" for c in cells) +
-          f"  {ratio(cells[0], cells[7]):>17s}  {ratio(best_flash, cells[7]):>16s}  {ratio(cells[0], best_cudnn):>11s}  ({unit})")
+    best = lambda ns: max([cell[n] for n in ns if cell[n]] or [0]) or None
+    best_flash, best_cudnn = best(["cuda-flash"] + version_names), best(["cudnn", "torch-cudnn"])
+    print(f"{label[shape]:58s} " + " ".join(f"{cell[n]:11.1f}" if cell[n] else f"{'-':>11s}" for n in names) +
+          f"  {ratio(cell['cuda-flash'], cell['torch-flash']):>17s}  {ratio(best_flash, cell['torch-flash']):>16s}"
+          f"  {ratio(cell['cuda-flash'], best_cudnn):>11s}  ({unit})")
 notes = [f"{r['backend']} on {r['shape']}: {r.get('note')}" for r in rows if not r.get("ran")]
 for n in notes:
     print("not run:", n)

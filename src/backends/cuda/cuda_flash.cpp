@@ -34,17 +34,13 @@ std::int32_t code_of(DType t) noexcept { return static_cast<std::int32_t>(t); }
 
 std::atomic<std::uint64_t> g_tensor_core{0}, g_generic{0}, g_decode{0}, g_split{0};
 
-// KALLPA_CUDA_FLASH_TC=1|2|3|4|5 picks one of the numbered tensor-core kernels instead of the default,
-// so that they can be benchmarked and tested side by side (llm.c's habit). Read per call: a test
-// switches it between runs.
+// KALLPA_CUDA_FLASH_TC=1..kTcNewestVersion picks one of the numbered tensor-core kernels instead of
+// the default, so that they can be benchmarked and tested side by side (llm.c's habit); anything
+// else leaves the default. Read per call: a test switches it between runs.
 std::int32_t tensor_core_version() noexcept {
   const char* env = std::getenv("KALLPA_CUDA_FLASH_TC");
   const std::string_view v = env != nullptr ? env : "";
-  if (v == "1") return 1;
-  if (v == "2") return 2;
-  if (v == "3") return 3;
-  if (v == "4") return 4;
-  if (v == "5") return 5;
+  if (v.size() == 1 && v[0] >= '1' && v[0] - '0' <= kTcNewestVersion) return v[0] - '0';
   return kTcDefaultVersion;
 }
 
@@ -163,28 +159,26 @@ class CudaFlash final : public AttentionBackend {
     const bool tensor_cores = tc_refusal.empty();
     const bool decode = !tensor_cores && decode_refusal(fp, meta).empty();
     LaunchShape shape;
+    // Splits the partial results' scratch allows: each holds an output row, a max and a sum per
+    // (query row, head).
+    const std::size_t per_split =
+        static_cast<std::size_t>(fp.total_q) * static_cast<std::size_t>(fp.hq) * (static_cast<std::size_t>(fp.dv) + 2) *
+        sizeof(float);
+    const auto max_splits = static_cast<std::int64_t>(kSplitScratchBudget / std::max<std::size_t>(per_split, 1));
     if (tensor_cores) {
       shape = tensor_core_launch(fp);
     } else if (decode) {
       // One warp per (sequence, KV head, split), one wave of them.
-      const std::size_t per_split =
-          static_cast<std::size_t>(fp.total_q) * static_cast<std::size_t>(fp.hq) * (static_cast<std::size_t>(fp.dv) + 2) *
-          sizeof(float);
       const SplitPlan split =
-          plan_decode_splits(std::int64_t{fp.batch} * fp.hkv, vp.max_seqlen_k(), dev->facts().sm_count,
-                             static_cast<std::int64_t>(kSplitScratchBudget / std::max<std::size_t>(per_split, 1)));
+          plan_decode_splits(std::int64_t{fp.batch} * fp.hkv, vp.max_seqlen_k(), dev->facts().sm_count, max_splits);
       fp.num_splits = split.splits;
       fp.keys_per_split = split.splits > 1 ? split.keys_per_split
                                            : static_cast<std::int32_t>(std::max<std::int64_t>(vp.max_seqlen_k(), 1));
       shape = decode_launch(fp);
     } else {
       const LaunchShape unsplit = generic_launch(fp);
-      const std::size_t per_split =
-          static_cast<std::size_t>(fp.total_q) * static_cast<std::size_t>(fp.hq) * (static_cast<std::size_t>(fp.dv) + 2) *
-          sizeof(float);
       const SplitPlan split = plan_splits(std::int64_t{unsplit.grid[0]} * unsplit.grid[2], vp.max_seqlen_k(),
-                                          dev->facts().sm_count,
-                                          static_cast<std::int64_t>(kSplitScratchBudget / std::max<std::size_t>(per_split, 1)));
+                                          dev->facts().sm_count, max_splits);
       fp.num_splits = split.splits;
       fp.keys_per_split = split.keys_per_split;
       shape = generic_launch(fp);

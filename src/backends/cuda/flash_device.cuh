@@ -165,6 +165,19 @@ __device__ __forceinline__ void ldsm_x4_trans(std::uint32_t (&r)[4], const void*
                : "memory");
 }
 
+// acc[n] holds an m16n8 accumulator tile's rows g (registers 0, 1) and g + 8 (2, 3) for this lane:
+// multiplies them by their rows' factors (the online softmax's correction for a new maximum).
+template <int N>
+__device__ __forceinline__ void scale_rows(float (&acc)[N][4], float row_g, float row_g8) {
+  #pragma unroll
+  for (int n = 0; n < N; ++n) {
+    acc[n][0] *= row_g;
+    acc[n][1] *= row_g;
+    acc[n][2] *= row_g8;
+    acc[n][3] *= row_g8;
+  }
+}
+
 // Opts the kernel in to its shared memory (above 48 KiB a kernel must; cheap enough to repeat per
 // launch) and queues it with shape s.
 inline cudaError_t launch_with_smem(void (*kernel)(FlashParams), const LaunchShape& s, const FlashParams& p,

@@ -25,6 +25,7 @@ struct SeqMeta {
 
 // The tensor-core kernel that runs unless KALLPA_CUDA_FLASH_TC names another (cuda_flash.cpp).
 inline constexpr std::int32_t kTcDefaultVersion = 5;
+inline constexpr std::int32_t kTcNewestVersion = 5;
 
 struct FlashParams {
   const void* q = nullptr;

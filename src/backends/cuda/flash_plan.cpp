@@ -124,15 +124,13 @@ LaunchShape generic_launch(const FlashParams& p) noexcept {
   return s;
 }
 
-SplitPlan plan_splits(std::int64_t blocks_without_split, std::int64_t max_seqlen_k, int sm_count,
-                      std::int64_t max_splits) noexcept {
+namespace {
+// At most `wanted` splits (also capped by kMinKeysPerSplit keys each, the caller's memory and
+// kMaxSplits), each a whole number of 32-key chunks; none when that leaves one.
+SplitPlan split_keys(std::int64_t wanted, std::int64_t max_seqlen_k, std::int64_t max_splits) noexcept {
   SplitPlan plan;
-  const std::int64_t target = kSplitBlocksPerSm * std::int64_t{std::max(sm_count, 1)};
-  if (blocks_without_split <= 0 || blocks_without_split >= target || max_seqlen_k < 2 * kMinKeysPerSplit) {
-    return plan;
-  }
-  std::int64_t splits = std::min({ceil_div(target, blocks_without_split), max_seqlen_k / kMinKeysPerSplit,
-                                  std::min<std::int64_t>(max_splits, kMaxSplits)});
+  std::int64_t splits =
+      std::min({wanted, max_seqlen_k / kMinKeysPerSplit, std::min<std::int64_t>(max_splits, kMaxSplits)});
   if (splits <= 1) return plan;
   const std::int64_t keys = ceil_div(ceil_div(max_seqlen_k, splits), 32) * 32;
   splits = ceil_div(max_seqlen_k, keys);  // rounding the chunk up may leave the last split empty
@@ -141,21 +139,22 @@ SplitPlan plan_splits(std::int64_t blocks_without_split, std::int64_t max_seqlen
   plan.keys_per_split = static_cast<int>(keys);
   return plan;
 }
+}  // namespace
+
+SplitPlan plan_splits(std::int64_t blocks_without_split, std::int64_t max_seqlen_k, int sm_count,
+                      std::int64_t max_splits) noexcept {
+  const std::int64_t target = kSplitBlocksPerSm * std::int64_t{std::max(sm_count, 1)};
+  if (blocks_without_split <= 0 || blocks_without_split >= target || max_seqlen_k < 2 * kMinKeysPerSplit) {
+    return {};
+  }
+  return split_keys(ceil_div(target, blocks_without_split), max_seqlen_k, max_splits);
+}
 
 SplitPlan plan_decode_splits(std::int64_t units, std::int64_t max_seqlen_k, int sm_count,
                              std::int64_t max_splits) noexcept {
-  SplitPlan plan;
+  if (units <= 0) return {};
   const std::int64_t resident = std::int64_t{kDecodeResidentWarpsPerSm} * std::max(sm_count, 1);
-  if (units <= 0) return plan;
-  std::int64_t splits = std::min({resident / units, max_seqlen_k / kMinKeysPerSplit,
-                                  std::min<std::int64_t>(max_splits, kMaxSplits)});
-  if (splits <= 1) return plan;
-  const std::int64_t keys = ceil_div(ceil_div(max_seqlen_k, splits), 32) * 32;
-  splits = ceil_div(max_seqlen_k, keys);  // never more than before the rounding
-  if (splits <= 1) return plan;
-  plan.splits = static_cast<int>(splits);
-  plan.keys_per_split = static_cast<int>(keys);
-  return plan;
+  return split_keys(resident / units, max_seqlen_k, max_splits);
 }
 
 std::string grid_refusal(const LaunchShape& shape) {

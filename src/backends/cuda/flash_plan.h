@@ -12,8 +12,9 @@
 
 namespace kallpa::cuda {
 
-// The tensor-core kernel: 4 warps, 64 query rows x 64 keys per step; rows of its shared-memory
-// tiles are padded by 8 elements so that the quad-strided fragment loads hit distinct banks.
+// The tensor-core kernels: 4 warps, tensor_core_block_q(version) query rows x 64 keys per step;
+// rows of their shared-memory tiles are padded by 8 elements so that the quad-strided fragment
+// loads hit distinct banks.
 inline constexpr int kTcThreads = 128;
 inline constexpr int kTcBlockQ = 64;     // query rows per block, v1 and v2 (16 per warp)
 inline constexpr int kTcBlockQV3 = 128;  // v3: 32 per warp
@@ -40,8 +41,10 @@ inline constexpr int kDecodeWarps = 4;
 inline constexpr int kDecodeThreads = 32 * kDecodeWarps;
 inline constexpr int kDecodeMaxRows = 16;
 inline constexpr int kDecodeStepKeys = 16;
-// Warps of the decode kernel resident per multiprocessor (3 blocks: registers and shared memory).
-inline constexpr int kDecodeResidentWarpsPerSm = 12;
+// Blocks of the decode kernel resident per multiprocessor: its launch bound, which holds it to 168
+// registers, and three blocks' shared memory (70 KiB each at D 128) fit an SM.
+inline constexpr int kDecodeBlocksPerSm = 3;
+inline constexpr int kDecodeResidentWarpsPerSm = kDecodeWarps * kDecodeBlocksPerSm;
 
 // What the planner needs to know of the device (cudaDeviceProp, read once).
 struct DeviceFacts {
@@ -69,7 +72,8 @@ std::string tensor_core_refusal(const FlashParams& p, const std::vector<SeqMeta>
 std::string decode_refusal(const FlashParams& p, const std::vector<SeqMeta>& meta);
 std::size_t decode_smem_bytes(int head_dim) noexcept;
 
-// x: query tiles (64 rows) of the longest sequence, y: query heads, z: sequences.
+// x: query tiles (tensor_core_block_q(p.tc_version) rows) of the longest sequence, y: query heads,
+// z: sequences.
 LaunchShape tensor_core_launch(const FlashParams& p) noexcept;
 // x: (query row, head) pairs of the longest sequence / 4, y: KV splits, z: sequences.
 LaunchShape generic_launch(const FlashParams& p) noexcept;

@@ -12,8 +12,8 @@ namespace kallpa::cuda {
 namespace {
 
 // ---- tensor-core kernel, version 3 ------------------------------------------------------------
-// v2 ran at 76-88 TFLOP/s where FlashAttention-2 runs at 266-349 (H200, bf16, D 128, 4k-16k
-// tokens): each of its warps owns 16 rows, so every K or V fragment it reads from shared memory
+// v2 ran at 76-88 TFLOP/s where FlashAttention-2 runs at 266-349 (tools/gpu-check.sh on an H200,
+// bf16, D 128, 4k-16k tokens): each of its warps owns 16 rows, so every K or V fragment it reads from shared memory
 // feeds a single mma. v3 gives each warp 32 rows, two 16-row slices (FlashAttention-2's
 // arrangement of 128 rows over 4 warps): each fragment feeds two mma, and one K/V tile serves
 // twice the rows (half the tile loads per FLOP). Q's fragments no longer fit in registers beside
@@ -139,6 +139,7 @@ __global__ void __launch_bounds__(kTcThreads) flash_tensor_core_v3(FlashParams p
     }
 
     const bool whole = k0 + sub >= whole_first && k0 + sub + SUB - 1 <= whole_last;
+    float tile_max[2][2];
     if constexpr (Lean) {
       // Raw scores: the maximum is taken before scaling (scale > 0 keeps the order) and the scale
       // folds into the exponent's FFMA; max and sum run as four independent chains per row.
@@ -171,55 +172,15 @@ __global__ void __launch_bounds__(kTcThreads) flash_tensor_core_v3(FlashParams p
             m = fmaxf(m, s[sl][n][e]);
           }
         }
-      }
-      float base[2][2], alpha[2][2];
-      bool rescale = false;
-      #pragma unroll
-      for (int sl = 0; sl < 2; ++sl) {
         #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
-          float tmax = fmaxf(fmaxf(chain[sl][rr][0], chain[sl][rr][1]), fmaxf(chain[sl][rr][2], chain[sl][rr][3]));
-          tmax = fmaxf(tmax, __shfl_xor_sync(kFullMask, tmax, 1));
-          tmax = fmaxf(tmax, __shfl_xor_sync(kFullMask, tmax, 2));
-          const float new_max = fmaxf(row_max[sl][rr], tmax);  // raw units
-          base[sl][rr] = new_max == -INFINITY ? 0.0f : new_max * scale_log2;
-          alpha[sl][rr] = fast_exp2(fmaf(row_max[sl][rr], scale_log2, -base[sl][rr]));
-          rescale = rescale || alpha[sl][rr] != 1.0f;
-          row_max[sl][rr] = new_max;
-          row_sum[sl][rr] *= alpha[sl][rr];
+          tile_max[sl][rr] = fmaxf(fmaxf(chain[sl][rr][0], chain[sl][rr][1]), fmaxf(chain[sl][rr][2], chain[sl][rr][3]));
         }
-      }
-      if (__any_sync(kFullMask, rescale)) {
-        #pragma unroll
-        for (int sl = 0; sl < 2; ++sl) {
-          #pragma unroll
-          for (int n = 0; n < D / 8; ++n) {
-            acc[sl][n][0] *= alpha[sl][0];
-            acc[sl][n][1] *= alpha[sl][0];
-            acc[sl][n][2] *= alpha[sl][1];
-            acc[sl][n][3] *= alpha[sl][1];
-          }
-        }
-      }
-      #pragma unroll
-      for (int sl = 0; sl < 2; ++sl) {
-        float sum[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-        #pragma unroll
-        for (int n = 0; n < SUB / 8; ++n) {
-          #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            s[sl][n][e] = fast_exp2(fmaf(s[sl][n][e], scale_log2, -base[sl][e / 2]));
-            sum[e / 2][e & 1] += s[sl][n][e];
-          }
-        }
-        row_sum[sl][0] += sum[0][0] + sum[0][1];
-        row_sum[sl][1] += sum[1][0] + sum[1][1];
       }
     } else {
-      const bool whole = k0 + sub >= whole_first && k0 + sub + SUB - 1 <= whole_last;
-      float tile_max[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
       #pragma unroll
       for (int sl = 0; sl < 2; ++sl) {
+        tile_max[sl][0] = tile_max[sl][1] = -INFINITY;
         #pragma unroll
         for (int n = 0; n < SUB / 8; ++n) {
           #pragma unroll
@@ -238,46 +199,57 @@ __global__ void __launch_bounds__(kTcThreads) flash_tensor_core_v3(FlashParams p
           }
         }
       }
-      float base[2][2], alpha[2][2];
-      bool rescale = false;
+    }
+
+    // The rows' new maxima (Lean: raw units; else log2 units), the factor alpha for what they
+    // summed so far, and the exponent's offset base.
+    float base[2][2], alpha[2][2];
+    bool rescale = false;
+    #pragma unroll
+    for (int sl = 0; sl < 2; ++sl) {
       #pragma unroll
-      for (int sl = 0; sl < 2; ++sl) {
-        #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          float tmax = tile_max[sl][rr];
-          tmax = fmaxf(tmax, __shfl_xor_sync(kFullMask, tmax, 1));
-          tmax = fmaxf(tmax, __shfl_xor_sync(kFullMask, tmax, 2));
-          const float new_max = fmaxf(row_max[sl][rr], tmax);
+      for (int rr = 0; rr < 2; ++rr) {
+        float tmax = tile_max[sl][rr];
+        tmax = fmaxf(tmax, __shfl_xor_sync(kFullMask, tmax, 1));
+        tmax = fmaxf(tmax, __shfl_xor_sync(kFullMask, tmax, 2));
+        const float new_max = fmaxf(row_max[sl][rr], tmax);
+        if constexpr (Lean) {
+          base[sl][rr] = new_max == -INFINITY ? 0.0f : new_max * scale_log2;
+          alpha[sl][rr] = fast_exp2(fmaf(row_max[sl][rr], scale_log2, -base[sl][rr]));
+        } else {
           base[sl][rr] = new_max == -INFINITY ? 0.0f : new_max;
           alpha[sl][rr] = exp2f(row_max[sl][rr] - base[sl][rr]);
-          rescale = rescale || alpha[sl][rr] != 1.0f;
-          row_max[sl][rr] = new_max;
-          row_sum[sl][rr] *= alpha[sl][rr];
         }
+        rescale = rescale || alpha[sl][rr] != 1.0f;
+        row_max[sl][rr] = new_max;
+        row_sum[sl][rr] *= alpha[sl][rr];
       }
-      // Past the first tiles a row's maximum rarely moves: skip the 128 multiplies by exactly 1.
-      if (__any_sync(kFullMask, rescale)) {
-        #pragma unroll
-        for (int sl = 0; sl < 2; ++sl) {
-          #pragma unroll
-          for (int n = 0; n < D / 8; ++n) {
-            acc[sl][n][0] *= alpha[sl][0];
-            acc[sl][n][1] *= alpha[sl][0];
-            acc[sl][n][2] *= alpha[sl][1];
-            acc[sl][n][3] *= alpha[sl][1];
-          }
-        }
-      }
+    }
+    // Past the first tiles a row's maximum rarely moves: skip the 128 multiplies by exactly 1.
+    if (__any_sync(kFullMask, rescale)) {
+      scale_rows(acc[0], alpha[0][0], alpha[0][1]);
+      scale_rows(acc[1], alpha[1][0], alpha[1][1]);
+    }
+
+    #pragma unroll
+    for (int sl = 0; sl < 2; ++sl) {
+      float sum[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
       #pragma unroll
-      for (int sl = 0; sl < 2; ++sl) {
+      for (int n = 0; n < SUB / 8; ++n) {
         #pragma unroll
-        for (int n = 0; n < SUB / 8; ++n) {
-          #pragma unroll
-          for (int e = 0; e < 4; ++e) {
+        for (int e = 0; e < 4; ++e) {
+          if constexpr (Lean) {
+            s[sl][n][e] = fast_exp2(fmaf(s[sl][n][e], scale_log2, -base[sl][e / 2]));
+            sum[e / 2][e & 1] += s[sl][n][e];
+          } else {
             s[sl][n][e] = exp2f(s[sl][n][e] - base[sl][e / 2]);
             row_sum[sl][e / 2] += s[sl][n][e];
           }
         }
+      }
+      if constexpr (Lean) {
+        row_sum[sl][0] += sum[0][0] + sum[0][1];
+        row_sum[sl][1] += sum[1][0] + sum[1][1];
       }
     }
 
