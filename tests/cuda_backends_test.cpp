@@ -134,6 +134,36 @@ TEST(CudaFlashPlan, TensorCoreKernelTakesAlignedSixteenBitHeadDims64And128) {
   EXPECT_NE(refusal([](cuda::FlashParams& x, auto&) { x.max_sq = 1; }).find("split-KV"), std::string::npos);
 }
 
+TEST(CudaFlashPlan, WgmmaKernelsRunOnlyOnComputeCapability90WithTheLeanSoftmax) {
+  cuda::FlashParams p = tc_params();
+  cuda::DeviceFacts h200;
+  h200.name = "H200";
+  h200.cc_major = 9;
+  h200.cc_minor = 0;
+  p.tc_version = 5;
+  EXPECT_NE(cuda::wgmma_refusal(p, h200), "");  // not asked for
+  for (int version : {6, 7}) {
+    p.tc_version = version;
+    EXPECT_EQ(cuda::wgmma_refusal(p, h200), "");
+    cuda::DeviceFacts other = h200;
+    for (auto [major, minor] : {std::pair{8, 0}, std::pair{8, 9}, std::pair{10, 0}}) {
+      other.cc_major = major;
+      other.cc_minor = minor;
+      EXPECT_NE(cuda::wgmma_refusal(p, other).find("compute capability"), std::string::npos) << major << "." << minor;
+    }
+    cuda::FlashParams x = p;
+    x.softcap = 30.0f;
+    EXPECT_NE(cuda::wgmma_refusal(x, h200).find("softcap"), std::string::npos);
+    x = p;
+    const float slopes[1] = {0.5f};
+    x.alibi = slopes;
+    EXPECT_NE(cuda::wgmma_refusal(x, h200), "");
+    x = p;
+    x.scale = -0.1f;
+    EXPECT_NE(cuda::wgmma_refusal(x, h200), "");
+  }
+}
+
 TEST(CudaFlashPlan, LaunchShapesCoverEveryRowHeadAndSequence) {
   cuda::FlashParams p = tc_params();
   p.max_sq = 4097;
@@ -160,6 +190,17 @@ TEST(CudaFlashPlan, LaunchShapesCoverEveryRowHeadAndSequence) {
   p.tc_version = 1;
   EXPECT_EQ(cuda::tensor_core_launch(p).smem_bytes, 2u * (64 * 136 + 64 * 136 + 128 * 72));
   EXPECT_EQ(cuda::tensor_core_smem_bytes(64, 1), 2u * (64 * 72 + 64 * 72 + 64 * 72));
+  // v6 and v7 (Hopper): two warpgroups (256 threads) of 64 rows, unpadded Q and two stages of
+  // 128-key K and V tiles plus 1 KiB of alignment slack: 161 KiB at D 128, under sm_90's 227 KiB.
+  for (int version : {6, 7}) {
+    p.tc_version = version;
+    const cuda::LaunchShape hopper = cuda::tensor_core_launch(p);
+    EXPECT_EQ(hopper.grid[0], 33u);
+    EXPECT_EQ(hopper.block, 256u);
+    EXPECT_EQ(hopper.smem_bytes, 1024u + 2u * (128 * 128 + 4 * 128 * 128));
+    EXPECT_LE(hopper.smem_bytes, 227u * 1024u);
+    EXPECT_EQ(cuda::tensor_core_smem_bytes(64, version), 1024u + 2u * (128 * 64 + 4 * 128 * 64));
+  }
   p.tc_version = cuda::kTcDefaultVersion;
 
   p.max_sq = 3;
@@ -389,12 +430,37 @@ std::vector<conformance::Case> tensor_core_cases() {
   c.spec.page_size = 16;
   c.spec.causal = true;
   cases.push_back(c);
+  // Several 128-key tiles (the Hopper kernels' pipeline over stages), causal and not.
+  c = make_case("bf16/d128/causal_gqa_700", DType::bf16, {700}, {700}, 8, 2, 128);
+  c.spec.causal = true;
+  c.spec.lse = true;
+  cases.push_back(c);
+  c = make_case("f16/d64/rows_96_keys_1100", DType::f16, {96}, {1100}, 4, 4, 64);
+  cases.push_back(c);
+  c = make_case("f16/d128/window_600", DType::f16, {600}, {600}, 2, 1, 128);
+  c.spec.window_left = 200;
+  c.spec.window_right = 0;
+  cases.push_back(c);
   c = make_case("bf16/d64/nan_in_masked_kv", DType::bf16, {64}, {192}, 2, 1, 64);
   c.spec.causal = true;
   c.spec.window_left = 50;
   c.spec.edge = conformance::Edge::nan_in_masked_kv;
   cases.push_back(c);
   return cases;
+}
+
+// Whether cuda-flash must run case c on a Hopper kernel when v6 or v7 is asked for (wgmma_refusal()
+// on this device and the case's softmax).
+bool hopper_wgmma_expected(const conformance::Case& c) {
+  const cuda::DeviceFacts* dev = cuda::active_device_facts();
+  if (dev == nullptr) return false;
+  cuda::FlashParams p;
+  p.tc_version = cuda::kTcFirstWgmmaVersion;
+  p.scale = 1.0f;
+  p.softcap = c.spec.softcap;
+  const float slope = 1.0f;
+  p.alibi = c.spec.alibi ? &slope : nullptr;
+  return cuda::wgmma_refusal(p, *dev).empty();
 }
 
 #define REQUIRE_CUDA(name, var)          \
@@ -419,7 +485,12 @@ TEST(CudaFlashDevice, TensorCoreKernelsPassPrefillCases) {
     for (const conformance::Case& c : tensor_core_cases()) {
       const cuda::LaunchCounts before = cuda::launch_counts();
       expect_passes(*cf.backend, c);
-      EXPECT_GT(cuda::launch_counts().tensor_core, before.tensor_core) << c.name << " did not take the tensor-core kernel";
+      const cuda::LaunchCounts after = cuda::launch_counts();
+      EXPECT_GT(after.tensor_core, before.tensor_core) << c.name << " did not take the tensor-core kernel";
+      // The Hopper kernels must really run where they apply, not fall back to v5 unnoticed.
+      if (v >= cuda::kTcFirstWgmmaVersion && hopper_wgmma_expected(c)) {
+        EXPECT_GT(after.wgmma, before.wgmma) << c.name << " did not take the wgmma kernel";
+      }
     }
   }
   if (saved != nullptr) {

@@ -29,6 +29,9 @@ for p in "${programs[@]}"; do
   [[ -x "$p" ]] || { echo "gpu-bundle: $p is missing (build it first)" >&2; exit 1; }
   strip -o "$stage/bin/$(basename "$p")" "$p"
 done
+# The wgmma building blocks' check, where this build has it (CUDA 12+).
+probe="$BUILD/src/backends/cuda/kallpa_wgmma_probe"
+if [[ -x "$probe" ]]; then strip -o "$stage/bin/kallpa_wgmma_probe" "$probe"; fi
 # The C and C++ runtimes stay: the GPU image has them (newer versions load older programs).
 system_libs='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libstdc\+\+|libgcc_s|libcuda\.)'
 ldd "${programs[@]}" | awk '/=> \//{print $1, $3}' | sort -u | while read -r name path; do

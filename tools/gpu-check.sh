@@ -10,7 +10,8 @@
 # Environment:
 #   KALLPA_GPU_PREBUILT  a folder holding tools/gpu-bundle.sh's bundle, extracted (bin/, lib/): skip
 #                        the configure and build (a bare CUDA image lacks kallpa's Debian packages)
-#   KALLPA_GPU_STEPS     which steps run (default: "tests bench torch engine")
+#   KALLPA_GPU_STEPS     which steps run (default: "tests bench torch engine"; "ncu" adds Nsight Compute
+#                        on the Hopper kernels)
 #   KALLPA_GPU_BUILD_DIR the build folder when building here (default build-gpu)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -62,6 +63,7 @@ if [[ -n "$PREBUILT" ]]; then
   KALLPA="$PREBUILT/bin/kallpa"
   TESTS="$PREBUILT/bin/kallpa_tests"
   LOGITS_TOOL="$PREBUILT/bin/kallpa_logits_tool"
+  PROBE="$PREBUILT/bin/kallpa_wgmma_probe"
   ldd "$KALLPA" | grep "not found" && { record prebuilt-libs 1; echo "missing libraries"; exit 1; }
   record prebuilt-libs 0
 else
@@ -87,13 +89,17 @@ else
     exit 1
   fi
   start=$(date +%s)
-  timeout 300 cmake --build "$BUILD" -j"$JOBS" --target kallpa kallpa_tests kallpa_logits_tool > "$DETAILS/build.txt" 2>&1
+  probe_target=()
+  if grep -q "kallpa_wgmma_probe" "$BUILD/Makefile" "$BUILD/build.ninja" 2> /dev/null; then probe_target=(kallpa_wgmma_probe); fi
+  timeout 300 cmake --build "$BUILD" -j"$JOBS" --target kallpa kallpa_tests kallpa_logits_tool "${probe_target[@]}" \
+    > "$DETAILS/build.txt" 2>&1
   rc=$?; record build $rc
   echo "build: exit $rc in $(( $(date +%s) - start )) s"
   if [[ $rc -ne 0 ]]; then grep -E "error|Error" "$DETAILS/build.txt" | head -30; echo "build failed"; exit 1; fi
   KALLPA="$BUILD/tools/kallpa/kallpa"
   TESTS="$BUILD/tests/kallpa_tests"
   LOGITS_TOOL="$BUILD/tests/engine/kallpa_logits_tool"
+  PROBE="$BUILD/src/backends/cuda/kallpa_wgmma_probe"
 fi
 
 step "kallpa backends"
@@ -101,19 +107,35 @@ timeout 60 "$KALLPA" backends 2>&1 | tee "$DETAILS/backends.txt"
 record backends "${PIPESTATUS[0]}"
 
 if wants tests; then
+  step "wgmma building blocks (Hopper only)"
+  if [[ -x "$PROBE" ]]; then
+    timeout 60 "$PROBE" 2>&1 | tee "$DETAILS/wgmma-probe.txt"
+    rc=${PIPESTATUS[0]}; [[ $rc -eq 2 ]] && rc=77  # 2: not a compute capability 9.0 device
+    record wgmma-probe $rc
+  else
+    echo "skipped: no kallpa_wgmma_probe in this build"; record wgmma-probe 77
+  fi
   step "CUDA tests and the conformance matrix for cuda-flash and cudnn"
   timeout 240 "$TESTS" \
     --gtest_filter='Cuda*:Cudnn*:Conformance/ConformanceBackend.PassesFullMatrix/cuda_flash:Conformance/ConformanceBackend.PassesFullMatrix/cudnn' \
     > "$DETAILS/tests.txt" 2>&1
   rc=$?; record tests $rc
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|cuda_flash|cudnn: |Failure|skipped [0-9]+ case" "$DETAILS/tests.txt" | head -60
+  # The Hopper kernels on the whole matrix too (the default above runs kTcDefaultVersion).
+  for ver in 6 7; do
+    KALLPA_CUDA_FLASH_TC=$ver timeout 120 "$TESTS" --gtest_filter='Conformance/ConformanceBackend.PassesFullMatrix/cuda_flash' \
+      > "$DETAILS/tests-v$ver.txt" 2>&1
+    rc=$?; record "conformance-v$ver" $rc
+    echo "conformance with KALLPA_CUDA_FLASH_TC=$ver: exit $rc"; grep -E "cuda_flash: |Failure" "$DETAILS/tests-v$ver.txt" | head -8
+  done
 fi
 
 # Prefill: bf16, causal, D=128, Sq=Skv 4k-16k with Llama-3-8B's heads (32 query, 8 KV); the same
 # non-causal (cudnn's single-operation SDPA has no causal mask); decode: one query per sequence,
 # 8 sequences over 32k keys (1 GiB of K/V per call: HBM-bound).
 # cuda-flash's numbered tensor-core kernels (KALLPA_CUDA_FLASH_TC), benchmarked side by side.
-TC_VERSIONS=(1 2 3 4 5)
+# (v1 and v2, 49-89 TFLOP/s on an H200, are left out to save device time: bench/results/.)
+TC_VERSIONS=(3 4 5 6 7)
 PREFILL=()
 for n in 4096 8192 16384; do
   PREFILL+=("b=1,sq=$n,skv=$n,hq=32,hkv=8,d=128,dtype=bf16,causal" "b=1,sq=$n,skv=$n,hq=32,hkv=8,d=128,dtype=bf16")
@@ -135,6 +157,27 @@ if wants bench; then
       --json > "$DETAILS/kallpa-bench-v$ver.json" 2>> "$DETAILS/kallpa-bench.log"
     record "kallpa-bench-v$ver" $?
   done
+fi
+
+# Nsight Compute on the two Hopper kernels, one launch each (8k tokens, non-causal): where their
+# time goes. Only when asked for (KALLPA_GPU_STEPS has "ncu").
+if wants ncu; then
+  step "ncu: v6 and v7 on one 8k prefill launch"
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2> /dev/null || true)
+  if [[ -n "$NCU" ]]; then
+    for ver in 6 7; do
+      KALLPA_CUDA_FLASH_TC=$ver timeout 120 "$NCU" --clock-control none -k regex:wgmma -c 1 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section ComputeWorkloadAnalysis --section SchedulerStats \
+        "$KALLPA" bench attention -b cuda-flash --spec "b=1,sq=8192,skv=8192,hq=32,hkv=8,d=128,dtype=bf16" \
+        --min-time 0.01 > "$DETAILS/ncu-v$ver.txt" 2>&1
+      record "ncu-v$ver" $?
+      grep -E "Duration|Registers Per|Achieved Occupancy|Compute \(SM\) Throughput|Memory Throughput|Issued Ipc|No Eligible|Warp Cycles Per Issued|Stall" \
+        "$DETAILS/ncu-v$ver.txt" | head -16
+    done
+  else
+    echo "skipped: no ncu"; record ncu 77
+  fi
 fi
 
 if wants torch; then

@@ -32,7 +32,7 @@ std::size_t align_up(std::size_t n) noexcept { return (n + 255) / 256 * 256; }
 
 std::int32_t code_of(DType t) noexcept { return static_cast<std::int32_t>(t); }
 
-std::atomic<std::uint64_t> g_tensor_core{0}, g_generic{0}, g_decode{0}, g_split{0};
+std::atomic<std::uint64_t> g_tensor_core{0}, g_generic{0}, g_decode{0}, g_split{0}, g_wgmma{0};
 
 // KALLPA_CUDA_FLASH_TC=1..kTcNewestVersion picks one of the numbered tensor-core kernels instead of
 // the default, so that they can be benchmarked and tested side by side (llm.c's habit); anything
@@ -166,6 +166,12 @@ class CudaFlash final : public AttentionBackend {
         sizeof(float);
     const auto max_splits = static_cast<std::int64_t>(kSplitScratchBudget / std::max<std::size_t>(per_split, 1));
     if (tensor_cores) {
+      if (fp.tc_version >= kTcFirstWgmmaVersion) {
+        if (std::string why = wgmma_refusal(fp, dev->facts()); !why.empty()) {
+          spdlog::trace("cuda-flash: tensor-core v{} does not apply ({}); v5 runs", fp.tc_version, why);
+          fp.tc_version = 5;
+        }
+      }
       shape = tensor_core_launch(fp);
     } else if (decode) {
       // One warp per (sequence, KV head, split), one wave of them.
@@ -236,6 +242,7 @@ class CudaFlash final : public AttentionBackend {
 
     (tensor_cores ? g_tensor_core : decode ? g_decode : g_generic).fetch_add(1, std::memory_order_relaxed);
     if (fp.num_splits > 1) g_split.fetch_add(1, std::memory_order_relaxed);
+    if (tensor_cores && fp.tc_version >= kTcFirstWgmmaVersion) g_wgmma.fetch_add(1, std::memory_order_relaxed);
     if (tensor_cores) {
       if (const cudaError_t err = launch_flash_tensor_core(fp, stream); err != cudaSuccess) {
         return cuda_failure("flash_tensor_core launch", err,
@@ -272,9 +279,15 @@ KALLPA_REGISTER_BACKEND(CudaFlash);
 
 }  // namespace
 
+const DeviceFacts* active_device_facts() noexcept {
+  const CudaDevice* dev = CudaDevice::get();
+  return dev != nullptr ? &dev->facts() : nullptr;
+}
+
 LaunchCounts launch_counts() noexcept {
   return {g_tensor_core.load(std::memory_order_relaxed), g_generic.load(std::memory_order_relaxed),
-          g_decode.load(std::memory_order_relaxed), g_split.load(std::memory_order_relaxed)};
+          g_decode.load(std::memory_order_relaxed), g_split.load(std::memory_order_relaxed),
+          g_wgmma.load(std::memory_order_relaxed)};
 }
 
 }  // namespace kallpa::cuda

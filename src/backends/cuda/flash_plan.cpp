@@ -25,6 +25,10 @@ unsigned clamp_unsigned(std::int64_t v) noexcept {
 
 std::size_t tensor_core_smem_bytes(int head_dim, int version) noexcept {
   const auto d = static_cast<std::size_t>(head_dim);
+  if (version >= kTcFirstWgmmaVersion) {
+    // Q and two stages each of K and V, 2-byte elements, unpadded; 1 KiB to align them.
+    return 1024 + 2 * d * (kWgmmaBlockQ + 4 * std::size_t{kWgmmaBlockK});
+  }
   const auto q_tile = static_cast<std::size_t>(tensor_core_block_q(version)) * (d + kTcPad);
   const auto kv_tile = static_cast<std::size_t>(kTcBlockK) * (d + kTcPad);
   // 2-byte elements. v1: Q and K tiles row-major, V transposed. v2 and v3: Q, and K and V
@@ -104,12 +108,27 @@ LaunchShape decode_launch(const FlashParams& p) noexcept {
   return s;
 }
 
+std::string wgmma_refusal(const FlashParams& p, const DeviceFacts& dev) {
+  if (p.tc_version < kTcFirstWgmmaVersion) return fmt::format("tensor-core kernel v{} was asked for", p.tc_version);
+#ifndef KALLPA_CUDA_WGMMA_BUILT
+  return "this build has no sm_90a code (CUDA 12 or later compiles it)";
+#endif
+  if (dev.cc_major != 9 || dev.cc_minor != 0) {
+    return fmt::format("device {} has compute capability {}.{}; the wgmma kernels are sm_90a code, for 9.0 only",
+                       dev.name, dev.cc_major, dev.cc_minor);
+  }
+  if (p.softcap > 0.0f || p.alibi != nullptr || !(p.scale > 0.0f)) {
+    return "softcap, ALiBi or a non-positive scale; the wgmma kernels have only the lean softmax";
+  }
+  return {};
+}
+
 LaunchShape tensor_core_launch(const FlashParams& p) noexcept {
   LaunchShape s;
   s.grid[0] = clamp_unsigned(ceil_div(p.max_sq, tensor_core_block_q(p.tc_version)));
   s.grid[1] = clamp_unsigned(p.hq);
   s.grid[2] = clamp_unsigned(p.batch);
-  s.block = kTcThreads;
+  s.block = p.tc_version >= kTcFirstWgmmaVersion ? kWgmmaThreads : kTcThreads;
   s.smem_bytes = tensor_core_smem_bytes(p.d, p.tc_version);
   return s;
 }

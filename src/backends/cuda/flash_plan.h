@@ -22,6 +22,13 @@ inline constexpr int kTcBlockQV3 = 128;  // v3: 32 per warp
 constexpr int tensor_core_block_q(int version) noexcept { return version >= 3 ? kTcBlockQV3 : kTcBlockQ; }
 inline constexpr int kTcBlockK = 64;
 inline constexpr int kTcPad = 8;
+// The Hopper kernels (v6, v7: flash_tc_v6.cu): two warpgroups of 64 query rows against 128-key
+// tiles stored in wgmma's swizzled layout (no padding), two stages each of K and V; 1 KiB of slack
+// aligns the tiles to the swizzle's 1024-byte atoms.
+inline constexpr int kWgmmaThreads = 256;
+inline constexpr int kWgmmaBlockQ = 128;
+inline constexpr int kWgmmaBlockK = 128;
+inline constexpr int kTcFirstWgmmaVersion = 6;
 // Below this many query rows a 64-row tile is mostly empty; the generic kernel with split-KV wins.
 inline constexpr std::int64_t kTcMinRows = 16;
 
@@ -64,6 +71,10 @@ struct LaunchShape {
 
 std::size_t tensor_core_smem_bytes(int head_dim, int version) noexcept;
 std::size_t generic_smem_bytes(int head_dim, int head_dim_v) noexcept;
+// Empty when version p.tc_version >= kTcFirstWgmmaVersion can run p on device `dev`, else why not
+// (the caller then runs v5): a Hopper (compute capability 9.0 exactly: sm_90a code runs nowhere
+// else), a build with that code, and the lean softmax's conditions (no softcap or ALiBi, scale > 0).
+std::string wgmma_refusal(const FlashParams& p, const DeviceFacts& dev);
 
 // Empty when p (with its per-sequence geometry) can take the tensor-core kernel, else why not.
 std::string tensor_core_refusal(const FlashParams& p, const std::vector<SeqMeta>& meta);
@@ -104,8 +115,11 @@ struct LaunchCounts {
   std::uint64_t generic = 0;
   std::uint64_t decode = 0;    // tensor-core decode launches (each followed by a combine)
   std::uint64_t split_kv = 0;  // generic or decode launches with num_splits > 1
+  std::uint64_t wgmma = 0;     // tensor-core launches that ran a Hopper kernel (v6, v7)
 };
 LaunchCounts launch_counts() noexcept;
+// The facts of the device cuda-flash runs on; nullptr when there is none. Defined beside the backend.
+const DeviceFacts* active_device_facts() noexcept;
 
 // Empty when the grid fits CUDA's limits (y and z at most 65535, x below 2^31), else why not.
 std::string grid_refusal(const LaunchShape& shape);
