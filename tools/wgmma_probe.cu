@@ -51,8 +51,13 @@ __global__ void probe(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv
   #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) {
     const std::uint32_t col = (kk % 4) * 32;
-    wgmma_ss_n128<__nv_bfloat16>(s, sw128_desc(q_addr + (kk / 4) * (M * 128) + col, 16, 1024),
-                                 sw128_desc(k_addr + (kk / 4) * (N * 128) + col, 16, 1024), kk > 0 ? 1 : 0);
+    const std::uint64_t a = sw128_desc(q_addr + (kk / 4) * (M * 128) + col, 16, 1024);
+    const std::uint64_t b = sw128_desc(k_addr + (kk / 4) * (N * 128) + col, 16, 1024);
+    if (kk == 0) {
+      wgmma_ss_n128<__nv_bfloat16, false>(s, a, b);
+    } else {
+      wgmma_ss_n128<__nv_bfloat16, true>(s, a, b);
+    }
   }
   wgmma_commit();
   wgmma_wait<0>();

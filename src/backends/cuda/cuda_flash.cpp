@@ -167,7 +167,10 @@ class CudaFlash final : public AttentionBackend {
     const auto max_splits = static_cast<std::int64_t>(kSplitScratchBudget / std::max<std::size_t>(per_split, 1));
     if (tensor_cores) {
       if (fp.tc_version >= kTcFirstWgmmaVersion) {
-        if (std::string why = wgmma_refusal(fp, dev->facts()); !why.empty()) {
+        // fp.alibi gets its device copy below; here only whether there are slopes matters.
+        FlashParams as_run = fp;
+        as_run.alibi = p.alibi_slopes;
+        if (std::string why = wgmma_refusal(as_run, dev->facts()); !why.empty()) {
           spdlog::trace("cuda-flash: tensor-core v{} does not apply ({}); v5 runs", fp.tc_version, why);
           fp.tc_version = 5;
         }

@@ -104,8 +104,13 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(Flas
     #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const std::uint32_t panel_q = (kk / 4) * (BQ * 128), panel_k = (kk / 4) * (BK * 128), col = (kk % 4) * 32;
-      wgmma_ss_n128<T>(s, sw128_desc(q_base + panel_q + col, 16, 1024), sw128_desc(k_base + panel_k + col, 16, 1024),
-                       kk > 0 ? 1 : 0);
+      const std::uint64_t a = sw128_desc(q_base + panel_q + col, 16, 1024);
+      const std::uint64_t bk = sw128_desc(k_base + panel_k + col, 16, 1024);
+      if (kk == 0) {
+        wgmma_ss_n128<T, false>(s, a, bk);
+      } else {
+        wgmma_ss_n128<T, true>(s, a, bk);
+      }
     }
   };
   // O += P V for the V tile in `stage`: BK / 16 instructions of 16 keys each.
@@ -202,14 +207,14 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(Flas
       cp_async_wait<1>();  // K tile t (and Q); V tile t may still be in flight
       fence_async_shared();
       __syncthreads();  // ... for every thread; and every warpgroup is done with tile t - 1
+      wgmma_fence();
+      issue_scores(stage);
+      wgmma_commit();
+      // The next tile's loads are issued while the tensor cores work.
       if (t + 1 < tiles) load_k(stage ^ 1, k0 + BK);
       cp_async_commit();
       if (t + 1 < tiles) load_v(stage ^ 1, k0 + BK);
       cp_async_commit();
-
-      wgmma_fence();
-      issue_scores(stage);
-      wgmma_commit();
       wgmma_wait<0>();
       pin_registers(s);
       softmax(k0, pr, alpha);
@@ -239,40 +244,45 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(Flas
     if (tiles > 1) load_v(1, k_begin + BK);
     cp_async_commit();
     std::uint32_t next[BK / 16][4];
-    for (int t = 1; t < tiles; ++t) {
+    // Tile t's probabilities go to `fresh` while tile t - 1's, in `prev`, feed the tensor cores; the
+    // loop is unrolled by two so that the buffers swap roles instead of being copied (ptxas
+    // serialises wgmma whose input registers other instructions write while it may run).
+    auto step = [&](int t, const std::uint32_t (&prev)[BK / 16][4], std::uint32_t (&fresh)[BK / 16][4]) {
       const int stage = t & 1;
       const std::int32_t k0 = k_begin + t * BK;
       cp_async_wait<1>();  // K tile t and V tile t - 1; V tile t may still be in flight
       fence_async_shared();
       __syncthreads();  // every warpgroup is past tile t - 1's scores: K stage t + 1 is free
-      if (t + 1 < tiles) load_k(stage ^ 1, k0 + BK);
-      cp_async_commit();
-
       wgmma_fence();
       issue_scores(stage);
       wgmma_commit();
-      issue_values(stage ^ 1, pr);  // tile t - 1
+      issue_values(stage ^ 1, prev);  // tile t - 1
       wgmma_commit();
+      if (t + 1 < tiles) load_k(stage ^ 1, k0 + BK);
+      cp_async_commit();
       wgmma_wait<1>();  // the scores; the values product keeps running
       pin_registers(s);
-      softmax(k0, next, alpha);
+      softmax(k0, fresh, alpha);
       wgmma_wait<0>();
       pin_registers(o);
       rescale(alpha);
-      #pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
-        #pragma unroll
-        for (int e = 0; e < 4; ++e) pr[kk][e] = next[kk][e];
-      }
       __syncthreads();  // every warpgroup is done with V stage t - 1
       if (t + 1 < tiles) load_v(stage ^ 1, k0 + BK);
       cp_async_commit();
+    };
+    for (int t = 1; t < tiles; t += 2) {
+      step(t, pr, next);
+      if (t + 1 < tiles) step(t + 1, next, pr);
     }
     cp_async_wait<0>();  // the last V tile
     fence_async_shared();
     __syncthreads();
     wgmma_fence();
-    issue_values((tiles - 1) & 1, pr);
+    if ((tiles - 1) % 2 == 0) {
+      issue_values((tiles - 1) & 1, pr);
+    } else {
+      issue_values((tiles - 1) & 1, next);
+    }
     wgmma_commit();
     wgmma_wait<0>();
     pin_registers(o);

@@ -69,22 +69,19 @@ __device__ __forceinline__ void pin_registers(float (&r)[N]) {
 template <typename T>
 constexpr bool kIsHalf = std::is_same_v<T, __half>;
 
-// d (64 x 128, f32) = (accumulate ? d : 0) + A (64 x 16, K-major in shared memory) B (16 x 128,
+// d (64 x 128, f32) = (Accumulate ? d : 0) + A (64 x 16, K-major in shared memory) B (16 x 128,
 // K-major: 128 rows of 16) -- the scores of 64 query rows against 128 keys, 16 dims at a time.
-template <typename T>
-__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], std::uint64_t a, std::uint64_t b, int accumulate) {
+// Accumulate is an immediate: a predicate computed between two wgmma would make ptxas serialize them.
+template <typename T, bool Accumulate>
+__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], std::uint64_t a, std::uint64_t b) {
   if constexpr (kIsHalf<T>) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " KALLPA_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : KALLPA_F64(d)
-        : "l"(a), "l"(b), "r"(accumulate));
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " KALLPA_D64 ", %64, %65, %66, 1, 1, 0, 0;\n"
+                 : KALLPA_F64(d)
+                 : "l"(a), "l"(b), "n"(Accumulate ? 1 : 0));
   } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " KALLPA_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : KALLPA_F64(d)
-        : "l"(a), "l"(b), "r"(accumulate));
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " KALLPA_D64 ", %64, %65, %66, 1, 1, 0, 0;\n"
+                 : KALLPA_F64(d)
+                 : "l"(a), "l"(b), "n"(Accumulate ? 1 : 0));
   }
 }
 
