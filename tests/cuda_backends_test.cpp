@@ -142,7 +142,7 @@ TEST(CudaFlashPlan, WgmmaKernelsRunOnlyOnComputeCapability90WithTheLeanSoftmax) 
   h200.cc_minor = 0;
   p.tc_version = 5;
   EXPECT_NE(cuda::wgmma_refusal(p, h200), "");  // not asked for
-  for (int version : {6, 7}) {
+  for (int version : {6, 7, 8, 9}) {
     p.tc_version = version;
     EXPECT_EQ(cuda::wgmma_refusal(p, h200), "");
     cuda::DeviceFacts other = h200;
@@ -192,7 +192,7 @@ TEST(CudaFlashPlan, LaunchShapesCoverEveryRowHeadAndSequence) {
   EXPECT_EQ(cuda::tensor_core_smem_bytes(64, 1), 2u * (64 * 72 + 64 * 72 + 64 * 72));
   // v6 and v7 (Hopper): two warpgroups (256 threads) of 64 rows, unpadded Q and two stages of
   // 128-key K and V tiles plus 1 KiB of alignment slack: 161 KiB at D 128, under sm_90's 227 KiB.
-  for (int version : {6, 7}) {
+  for (int version : {6, 7, 8, 9}) {
     p.tc_version = version;
     const cuda::LaunchShape hopper = cuda::tensor_core_launch(p);
     EXPECT_EQ(hopper.grid[0], 33u);

@@ -122,7 +122,7 @@ if wants tests; then
   rc=$?; record tests $rc
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|cuda_flash|cudnn: |Failure|skipped [0-9]+ case" "$DETAILS/tests.txt" | head -60
   # The Hopper kernels on the whole matrix too (the default above runs kTcDefaultVersion).
-  for ver in 6 7; do
+  for ver in 6 7 8 9; do
     KALLPA_CUDA_FLASH_TC=$ver timeout 120 "$TESTS" --gtest_filter='Conformance/ConformanceBackend.PassesFullMatrix/cuda_flash' \
       > "$DETAILS/tests-v$ver.txt" 2>&1
     rc=$?; record "conformance-v$ver" $rc
@@ -135,7 +135,7 @@ fi
 # 8 sequences over 32k keys (1 GiB of K/V per call: HBM-bound).
 # cuda-flash's numbered tensor-core kernels (KALLPA_CUDA_FLASH_TC), benchmarked side by side.
 # (v1 and v2, 49-89 TFLOP/s on an H200, are left out to save device time: bench/results/.)
-TC_VERSIONS=(3 4 5 6 7)
+TC_VERSIONS=(3 4 5 6 7 8 9)
 PREFILL=()
 for n in 4096 8192 16384; do
   PREFILL+=("b=1,sq=$n,skv=$n,hq=32,hkv=8,d=128,dtype=bf16,causal" "b=1,sq=$n,skv=$n,hq=32,hkv=8,d=128,dtype=bf16")
@@ -162,14 +162,14 @@ fi
 # Nsight Compute on the two Hopper kernels, one launch each (8k tokens, non-causal): where their
 # time goes. Only when asked for (KALLPA_GPU_STEPS has "ncu").
 if wants ncu; then
-  step "ncu: v6 and v7 on one 8k prefill launch"
+  step "ncu: v8 and v9 on one 8k prefill launch"
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2> /dev/null || true)
   if [[ -n "$NCU" ]]; then
-    for ver in 6 7; do
+    for ver in 8 9; do
       # Past the start-up self-check's small launches, one of the benchmark's.
       KALLPA_CUDA_FLASH_TC=$ver timeout 120 "$NCU" --clock-control none -k regex:flash_tensor_core_wgmma --launch-skip 4 -c 1 \
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-        --section ComputeWorkloadAnalysis --section SchedulerStats --section MemoryWorkloadAnalysis \
+        --section ComputeWorkloadAnalysis --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats \
         "$KALLPA" bench attention -b cuda-flash --spec "b=1,sq=8192,skv=8192,hq=32,hkv=8,d=128,dtype=bf16" \
         --min-time 0.05 > "$DETAILS/ncu-v$ver.txt" 2>&1
       record "ncu-v$ver" $?

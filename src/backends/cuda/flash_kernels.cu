@@ -10,7 +10,9 @@ cudaError_t launch_flash_tensor_core(const FlashParams& p, cudaStream_t stream) 
     case 2: return launch_tensor_core_v2(p, stream);
 #ifdef KALLPA_CUDA_WGMMA_BUILT
     case 6:
-    case 7: return launch_tensor_core_wgmma(p, stream);  // cuda_flash.cpp checked wgmma_refusal()
+    case 7:
+    case 8:
+    case 9: return launch_tensor_core_wgmma(p, stream);  // cuda_flash.cpp checked wgmma_refusal()
 #endif
     default: return launch_tensor_core_v3(p, stream);  // 3, 4 and 5
   }

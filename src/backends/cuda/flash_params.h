@@ -25,7 +25,7 @@ struct SeqMeta {
 
 // The tensor-core kernel that runs unless KALLPA_CUDA_FLASH_TC names another (cuda_flash.cpp).
 inline constexpr std::int32_t kTcDefaultVersion = 5;
-inline constexpr std::int32_t kTcNewestVersion = 7;
+inline constexpr std::int32_t kTcNewestVersion = 9;
 
 struct FlashParams {
   const void* q = nullptr;
@@ -80,7 +80,8 @@ struct FlashParams {
   // Which tensor-core kernel runs (flash_kernels.cu): 1 (synchronous loads, V transposed by scalar
   // stores), 2 (cp.async double buffering, ldmatrix), 3 (v2 with 32 query rows per warp), 4 (v3
   // with a leaner softmax where there is no softcap or ALiBi), 5 (v4 scoring 64 keys at once),
-  // 6 (Hopper: wgmma, two warpgroups, 128-key tiles), 7 (v6 with its two products overlapped).
+  // 6 (Hopper: wgmma, two warpgroups, 128-key tiles), 7 (v6 with its two products overlapped),
+  // 8 (v7 with cheaper K/V loads), 9 (v6 with them).
   std::int32_t tc_version = kTcDefaultVersion;
 };
 

@@ -1,4 +1,4 @@
-// cuda-flash tensor-core kernels for Hopper, versions 6 and 7 (KALLPA_CUDA_FLASH_TC=6|7): the
+// cuda-flash tensor-core kernels for Hopper, versions 6 to 9 (KALLPA_CUDA_FLASH_TC=6..9): the
 // FlashAttention-2 algorithm on wgmma (flash_wgmma.cuh), compiled for sm_90a only.
 // Why: v5 (mma.sync) reached 0.73-0.77x PyTorch's FlashAttention-2 on an H200; ncu found it
 // latency-bound at 2 warps per scheduler (255 registers), each warp waiting on its own mma
@@ -11,6 +11,7 @@
 // - v7: the same with the products overlapped (FlashAttention-3's intra-warpgroup pipelining):
 //   S for tile j and O += P V for tile j - 1 are issued together, and tile j's softmax runs while
 //   the second product is still on the tensor cores; O's rescale for tile j waits for it.
+// - v8: v7 with cheap loads (load_fast below); v9: v6 with them.
 // Both take the lean softmax only (no softcap or ALiBi, a positive scale); anything else, and any
 // device other than compute capability 9.0, runs v5 instead (flash_kernels.cu).
 #include "backends/cuda/flash_device.cuh"
@@ -26,7 +27,7 @@
 namespace kallpa::cuda {
 namespace {
 
-template <typename T, int D, bool Overlap>
+template <typename T, int D, bool Overlap, bool FastLoads>
 __global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(FlashParams p) {
 #if KALLPA_WGMMA_BODY
   constexpr int BQ = kWgmmaBlockQ, BK = kWgmmaBlockK, CH = D / 8;
@@ -71,8 +72,40 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(Flas
                  valid);
     }
   };
-  auto load_k = [&](int stage, std::int32_t k0) { load_rows(k_tiles + stage * kTileBytes, k, false, p.k_hs, k0); };
-  auto load_v = [&](int stage, std::int32_t k0) { load_rows(v_tiles + stage * kTileBytes, v, true, p.v_hs, k0); };
+  // v8's loads: a thread copies the same 16-byte chunk of rows lrow, lrow + kRowsPerPass, ... of
+  // every tile, so its shared-memory offsets are constants (the swizzle depends on the row mod 8,
+  // and kRowsPerPass is a multiple of 8) and its global address moves by one stride per pass: 2-3
+  // instructions per copy instead of v6/v7's ~30 (ncu: ~1500 instructions per warp per tile, at
+  // 2 warps per scheduler). Tiles that are whole, visible and unpaged only; others load as before.
+  constexpr int kRowsPerPass = kWgmmaThreads / CH;
+  static_assert(kRowsPerPass % 8 == 0 && BK % kRowsPerPass == 0);
+  const int lrow = tid / CH, lchunk = tid % CH;
+  const std::uint32_t lane_offset = swizzled_chunk(BK, lrow, lchunk);
+  auto load_fast = [&](std::uint32_t dst, const T* src, std::int64_t row_stride) {
+    #pragma unroll
+    for (int pass = 0; pass < BK / kRowsPerPass; ++pass) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + pass * kRowsPerPass * 128), "l"(src)
+                   : "memory");
+      src += kRowsPerPass * row_stride;
+    }
+  };
+  auto fast_tile = [&](std::int32_t k0) { return FastLoads && !p.paged && k0 >= k_first && k0 + BK - 1 <= k_last; };
+  auto load_k = [&](int stage, std::int32_t k0) {
+    if (fast_tile(k0)) {
+      load_fast(k_addr + stage * kTileBytes + lane_offset, k + m.k + hk * p.k_hs + lchunk * 8 + (lrow + k0) * p.k_rs,
+                p.k_rs);
+    } else {
+      load_rows(k_tiles + stage * kTileBytes, k, false, p.k_hs, k0);
+    }
+  };
+  auto load_v = [&](int stage, std::int32_t k0) {
+    if (fast_tile(k0)) {
+      load_fast(v_addr + stage * kTileBytes + lane_offset, v + m.v + hk * p.v_hs + lchunk * 8 + (lrow + k0) * p.v_rs,
+                p.v_rs);
+    } else {
+      load_rows(v_tiles + stage * kTileBytes, v, true, p.v_hs, k0);
+    }
+  };
 
   const std::int32_t k_begin = k_first / BK * BK;
   const int tiles = k_begin <= k_last ? (k_last - k_begin) / BK + 1 : 0;
@@ -317,7 +350,10 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(Flas
 
 template <typename T, int D>
 auto* pick_wgmma(const FlashParams& p) {
-  return p.tc_version >= 7 ? flash_tensor_core_wgmma<T, D, true> : flash_tensor_core_wgmma<T, D, false>;
+  return p.tc_version >= 9   ? flash_tensor_core_wgmma<T, D, false, true>
+         : p.tc_version == 8 ? flash_tensor_core_wgmma<T, D, true, true>
+         : p.tc_version == 7 ? flash_tensor_core_wgmma<T, D, true, false>
+                             : flash_tensor_core_wgmma<T, D, false, false>;
 }
 
 }  // namespace
