@@ -167,7 +167,8 @@ TEST(CudaFlashPlan, WgmmaKernelsRunOnlyOnComputeCapability90WithTheLeanSoftmax) 
 TEST(CudaFlashPlan, LaunchShapesCoverEveryRowHeadAndSequence) {
   cuda::FlashParams p = tc_params();
   p.max_sq = 4097;
-  // v3, v4 and v5 (the default): 128 query rows per block (32 per warp); the Q tile and two stages of
+  p.tc_version = cuda::kTcPortableVersion;
+  // v3, v4 and v5 (the default off Hopper): 128 query rows per block (32 per warp); the Q tile and two stages of
   // K and V tiles, (128 + 8)-element rows of 2 bytes: over the 48 KiB default (the launcher opts
   // in), under sm_80's 163 KiB and sm_90's 227 KiB.
   const cuda::LaunchShape tc = cuda::tensor_core_launch(p);
@@ -190,7 +191,7 @@ TEST(CudaFlashPlan, LaunchShapesCoverEveryRowHeadAndSequence) {
   p.tc_version = 1;
   EXPECT_EQ(cuda::tensor_core_launch(p).smem_bytes, 2u * (64 * 136 + 64 * 136 + 128 * 72));
   EXPECT_EQ(cuda::tensor_core_smem_bytes(64, 1), 2u * (64 * 72 + 64 * 72 + 64 * 72));
-  // v6 and v7 (Hopper): two warpgroups (256 threads) of 64 rows, unpadded Q and two stages of
+  // v6-v9 (Hopper): two warpgroups (256 threads) of 64 rows, unpadded Q and two stages of
   // 128-key K and V tiles plus 1 KiB of alignment slack: 161 KiB at D 128, under sm_90's 227 KiB.
   for (int version : {6, 7, 8, 9}) {
     p.tc_version = version;

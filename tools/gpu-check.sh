@@ -13,6 +13,8 @@
 #   KALLPA_GPU_STEPS     which steps run (default: "tests bench torch engine"; "ncu" adds Nsight Compute
 #                        on the Hopper kernels)
 #   KALLPA_GPU_BUILD_DIR the build folder when building here (default build-gpu)
+#   KALLPA_GPU_TC_VERSIONS    the numbered prefill kernels benchmarked side by side (default 3-9)
+#   KALLPA_GPU_HOPPER_VERSIONS the non-default Hopper kernels run on the whole matrix (default 6 7 8)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${OUT:-./gpu-check-out}
@@ -121,8 +123,9 @@ if wants tests; then
     > "$DETAILS/tests.txt" 2>&1
   rc=$?; record tests $rc
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|cuda_flash|cudnn: |Failure|skipped [0-9]+ case" "$DETAILS/tests.txt" | head -60
-  # The Hopper kernels on the whole matrix too (the default above runs kTcDefaultVersion).
-  for ver in 6 7 8 9; do
+  # The Hopper kernels other than the default (which the matrix above ran) on the whole matrix too.
+  read -r -a HOPPER_VERSIONS <<< "${KALLPA_GPU_HOPPER_VERSIONS-6 7 8}"
+  for ver in "${HOPPER_VERSIONS[@]}"; do
     KALLPA_CUDA_FLASH_TC=$ver timeout 120 "$TESTS" --gtest_filter='Conformance/ConformanceBackend.PassesFullMatrix/cuda_flash' \
       > "$DETAILS/tests-v$ver.txt" 2>&1
     rc=$?; record "conformance-v$ver" $rc
@@ -135,7 +138,7 @@ fi
 # 8 sequences over 32k keys (1 GiB of K/V per call: HBM-bound).
 # cuda-flash's numbered tensor-core kernels (KALLPA_CUDA_FLASH_TC), benchmarked side by side.
 # (v1 and v2, 49-89 TFLOP/s on an H200, are left out to save device time: bench/results/.)
-TC_VERSIONS=(3 4 5 6 7 8 9)
+read -r -a TC_VERSIONS <<< "${KALLPA_GPU_TC_VERSIONS-3 4 5 6 7 8 9}"
 PREFILL=()
 for n in 4096 8192 16384; do
   PREFILL+=("b=1,sq=$n,skv=$n,hq=32,hkv=8,d=128,dtype=bf16,causal" "b=1,sq=$n,skv=$n,hq=32,hkv=8,d=128,dtype=bf16")

@@ -51,8 +51,9 @@ class CudaFlash final : public AttentionBackend {
   DeviceKind device_kind() const noexcept override { return DeviceKind::cuda; }
   int priority() const noexcept override { return 200; }
   std::string_view description() const noexcept override {
-    return "FlashAttention-2 forward on tensor cores (mma.sync, f16/bf16, D 64/128), split-KV decode on tensor "
-           "cores (a warp per KV head's query group), generic f32-FMA kernel for the rest; sm_80+";
+    return "FlashAttention-2 forward on tensor cores (wgmma on Hopper, mma.sync elsewhere; f16/bf16, D 64/128), "
+           "split-KV decode on tensor cores (a warp per KV head's query group), generic f32-FMA kernel for the rest; "
+           "sm_80+";
   }
 
   Support supports(const ProblemSignature& sig) const noexcept override {
@@ -171,8 +172,9 @@ class CudaFlash final : public AttentionBackend {
         FlashParams as_run = fp;
         as_run.alibi = p.alibi_slopes;
         if (std::string why = wgmma_refusal(as_run, dev->facts()); !why.empty()) {
-          spdlog::trace("cuda-flash: tensor-core v{} does not apply ({}); v5 runs", fp.tc_version, why);
-          fp.tc_version = 5;
+          spdlog::trace("cuda-flash: tensor-core v{} does not apply ({}); v{} runs", fp.tc_version, why,
+                        kTcPortableVersion);
+          fp.tc_version = kTcPortableVersion;
         }
       }
       shape = tensor_core_launch(fp);

@@ -23,8 +23,11 @@ struct SeqMeta {
   std::int32_t skv = 0;
 };
 
-// The tensor-core kernel that runs unless KALLPA_CUDA_FLASH_TC names another (cuda_flash.cpp).
-inline constexpr std::int32_t kTcDefaultVersion = 5;
+// The tensor-core kernel that runs unless KALLPA_CUDA_FLASH_TC names another (cuda_flash.cpp):
+// 9 on a Hopper with the lean softmax; elsewhere (wgmma_refusal()) 5 runs instead.
+inline constexpr std::int32_t kTcDefaultVersion = 9;
+// What runs where the Hopper kernels do not apply.
+inline constexpr std::int32_t kTcPortableVersion = 5;
 inline constexpr std::int32_t kTcNewestVersion = 9;
 
 struct FlashParams {

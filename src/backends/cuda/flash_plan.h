@@ -72,7 +72,7 @@ struct LaunchShape {
 std::size_t tensor_core_smem_bytes(int head_dim, int version) noexcept;
 std::size_t generic_smem_bytes(int head_dim, int head_dim_v) noexcept;
 // Empty when version p.tc_version >= kTcFirstWgmmaVersion can run p on device `dev`, else why not
-// (the caller then runs v5): a Hopper (compute capability 9.0 exactly: sm_90a code runs nowhere
+// (the caller then runs kTcPortableVersion): a Hopper (compute capability 9.0 exactly: sm_90a code runs nowhere
 // else), a build with that code, and the lean softmax's conditions (no softcap or ALiBi, scale > 0).
 std::string wgmma_refusal(const FlashParams& p, const DeviceFacts& dev);
 

@@ -1,5 +1,6 @@
-// cuda-flash tensor-core kernels, versions 3, 4 and 5 (KALLPA_CUDA_FLASH_TC=3|4|5; 5 is the
-// default): one template, the later versions switching on a leaner softmax and wider score tiles.
+// cuda-flash tensor-core kernels, versions 3, 4 and 5 (KALLPA_CUDA_FLASH_TC=3|4|5; 5 runs by
+// default where the Hopper kernels of flash_tc_v6.cu do not apply): one template, the later
+// versions switching on a leaner softmax and wider score tiles.
 // Why v4: ncu on v3 (8k tokens, D 128) found 2 warps per scheduler (255 registers: 2 blocks of 4
 // warps per SM), 4.1 cycles between a warp's instructions and ~40% of stalls waiting on
 // fixed-latency dependencies -- the softmax's serial max/sum chains and scale multiplies.
