@@ -12,8 +12,16 @@
 //   S for tile j and O += P V for tile j - 1 are issued together, and tile j's softmax runs while
 //   the second product is still on the tensor cores; O's rescale for tile j waits for it.
 // - v8: v7 with cheap loads (load_fast below); v9: v6 with them.
+// tools/gpu-check.sh on an H200 (bf16, D 128, 32/8 heads, 4k-16k tokens, TFLOP/s;
+// bench/results/gpu-check-h200-2026-12-04-v3-v9.json): v5 195-267, v6 205-260, v7 210-266,
+// v8 338-461, v9 343-463; PyTorch's FlashAttention-2 265-348. ncu (8k, non-causal): v7 issued
+// ~1500 instructions per warp per tile at 2 warps per scheduler (tensor pipe 27% busy), a third of
+// them the loads' address arithmetic; v8 665 (tensor pipe 47%). v9 (no overlap, 198 registers)
+// runs as fast as v8 (255, a 24-byte spill), so v9 is the default: the overlap has not paid while
+// both warpgroups meet at the same two barriers per tile (decoupling them -- mbarriers per stage,
+// a producer warp, TMA -- is the next step, FlashAttention-3's).
 // Both take the lean softmax only (no softcap or ALiBi, a positive scale); anything else, and any
-// device other than compute capability 9.0, runs v5 instead (flash_kernels.cu).
+// device other than compute capability 9.0, runs v5 instead (wgmma_refusal(), cuda_flash.cpp).
 #include "backends/cuda/flash_device.cuh"
 #include "backends/cuda/flash_kernels.h"
 #include "backends/cuda/flash_wgmma.cuh"
