@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string_view>
 #include <type_traits>
 
 #include "backends/cpu-flash/flash_internal.h"
@@ -311,16 +312,19 @@ inline void SoftmaxRows(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t 
 }
 
 // Prefetch distance in keys (each stream) of a streaming kernel: its own default unless
-// KALLPA_CPU_FLASH_PREFETCH (0-4096, read once) overrides it for tuning, for every kernel alike.
+// KALLPA_CPU_FLASH_PREFETCH (0-4096, or "off": -1, none; read once) overrides it for tuning, for
+// every kernel alike.
 inline std::int64_t PrefetchKeys(std::int64_t kernel_default) {
   static const std::int64_t override_keys = [] {
     if (const char* env = std::getenv("KALLPA_CPU_FLASH_PREFETCH")) {
+      if (std::string_view(env) == "off") return std::int64_t{-2};
       char* end = nullptr;
       const long v = std::strtol(env, &end, 10);
       if (end != env && *end == '\0' && v >= 0 && v <= 4096) return static_cast<std::int64_t>(v);
     }
     return std::int64_t{-1};
   }();
+  if (override_keys == -2) return -1;
   return override_keys >= 0 ? override_keys : kernel_default;
 }
 
