@@ -17,7 +17,7 @@ cudaError_t launch_flash_tensor_core(const FlashParams& p, cudaStream_t stream);
 cudaError_t launch_tensor_core_v1(const FlashParams& p, cudaStream_t stream);
 cudaError_t launch_tensor_core_v2(const FlashParams& p, cudaStream_t stream);
 cudaError_t launch_tensor_core_v3(const FlashParams& p, cudaStream_t stream);
-// v6 and v7 (flash_tc_v6.cu): sm_90a only, and only where wgmma_refusal() is empty.
+// v6-v9 (flash_tc_v6.cu): sm_90a only, and only where wgmma_refusal() is empty.
 cudaError_t launch_tensor_core_wgmma(const FlashParams& p, cudaStream_t stream);
 // Writes p.num_splits partial results (one per warp); launch_flash_combine merges them.
 cudaError_t launch_flash_decode(const FlashParams& p, cudaStream_t stream);

@@ -12,23 +12,25 @@
 
 namespace kallpa::cuda {
 
-// The tensor-core kernels: 4 warps, tensor_core_block_q(version) query rows x 64 keys per step;
-// rows of their shared-memory tiles are padded by 8 elements so that the quad-strided fragment
-// loads hit distinct banks.
+// The mma.sync tensor-core kernels (v1-v5): 4 warps, tensor_core_block_q(version) query rows x 64
+// keys per step; rows of their shared-memory tiles are padded by 8 elements so that the
+// quad-strided fragment loads hit distinct banks.
 inline constexpr int kTcThreads = 128;
 inline constexpr int kTcBlockQ = 64;     // query rows per block, v1 and v2 (16 per warp)
-inline constexpr int kTcBlockQV3 = 128;  // v3: 32 per warp
-// Query rows per block of tensor-core kernel `version`.
-constexpr int tensor_core_block_q(int version) noexcept { return version >= 3 ? kTcBlockQV3 : kTcBlockQ; }
+inline constexpr int kTcBlockQV3 = 128;  // v3-v5: 32 per warp
 inline constexpr int kTcBlockK = 64;
 inline constexpr int kTcPad = 8;
-// The Hopper kernels (v6, v7: flash_tc_v6.cu): two warpgroups of 64 query rows against 128-key
+// The Hopper kernels (v6-v9: flash_tc_v6.cu): two warpgroups of 64 query rows against 128-key
 // tiles stored in wgmma's swizzled layout (no padding), two stages each of K and V; 1 KiB of slack
 // aligns the tiles to the swizzle's 1024-byte atoms.
 inline constexpr int kWgmmaThreads = 256;
 inline constexpr int kWgmmaBlockQ = 128;
 inline constexpr int kWgmmaBlockK = 128;
 inline constexpr int kTcFirstWgmmaVersion = 6;
+// Query rows per block of tensor-core kernel `version`.
+constexpr int tensor_core_block_q(int version) noexcept {
+  return version >= kTcFirstWgmmaVersion ? kWgmmaBlockQ : version >= 3 ? kTcBlockQV3 : kTcBlockQ;
+}
 // Below this many query rows a 64-row tile is mostly empty; the generic kernel with split-KV wins.
 inline constexpr std::int64_t kTcMinRows = 16;
 
@@ -115,7 +117,7 @@ struct LaunchCounts {
   std::uint64_t generic = 0;
   std::uint64_t decode = 0;    // tensor-core decode launches (each followed by a combine)
   std::uint64_t split_kv = 0;  // generic or decode launches with num_splits > 1
-  std::uint64_t wgmma = 0;     // tensor-core launches that ran a Hopper kernel (v6, v7)
+  std::uint64_t wgmma = 0;     // tensor-core launches that ran a Hopper kernel (v6-v9)
 };
 LaunchCounts launch_counts() noexcept;
 // The facts of the device cuda-flash runs on; nullptr when there is none. Defined beside the backend.

@@ -1,4 +1,4 @@
-// Hopper's warpgroup MMA (wgmma.mma_async, sm_90a) for the tensor-core kernels v6 and v7
+// Hopper's warpgroup MMA (wgmma.mma_async, sm_90a) for the tensor-core kernels v6-v9
 // (flash_tc_v6.cu): the shared-memory descriptor of the 128-byte-swizzle layout they store tiles in,
 // and the three instruction shapes they issue. A warpgroup (4 warps, 128 threads) multiplies a
 // 64-row A by a 16-deep slice of B per instruction; the accumulator fragment is mma.m16n8's,
