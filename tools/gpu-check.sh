@@ -16,7 +16,7 @@
 #   KALLPA_GPU_TC_VERSIONS    the numbered prefill kernels benchmarked side by side (default 3-9)
 #   KALLPA_GPU_HOPPER_VERSIONS the non-default Hopper kernels run on the whole matrix (default 6 7 8)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT_DIR=${OUT:-./gpu-check-out}
 mkdir -p "$OUT_DIR"
 # Each step's output, as files. The device tool brings back at most 8 files from $OUT: there they
@@ -37,6 +37,17 @@ step "nvidia-smi"
 timeout 30 nvidia-smi 2>&1 | tee "$DETAILS/nvidia-smi.txt"
 record nvidia-smi "${PIPESTATUS[0]}"
 
+# The Hopper kernels (v6-v9) run only on compute capability 9.0; elsewhere asking for them runs v5,
+# so their columns and matrix runs would repeat v5 under another name: they are left out there.
+COMPUTE_CAP=$(timeout 30 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -1 | tr -d ' ')
+hopper_only() {  # hopper_only VERSION...: the versions that run as themselves on this GPU
+  local v
+  for v in "$@"; do
+    if [[ $v -lt 6 || "$COMPUTE_CAP" == "9.0" ]]; then printf '%s ' "$v"; fi
+  done
+}
+[[ "$COMPUTE_CAP" == "9.0" ]] || echo "compute capability ${COMPUTE_CAP:-unknown}: the Hopper kernels (v6-v9) are left out"
+
 STEPS=" ${KALLPA_GPU_STEPS:-tests bench torch engine} "
 wants() { [[ "$STEPS" == *" $1 "* ]]; }
 PREBUILT=${KALLPA_GPU_PREBUILT:-}
@@ -52,7 +63,8 @@ for lib in libcublas.so.13 libcudnn.so.9; do
     found=$(find /usr/local/cuda/lib64 /usr/local/cuda/targets $python_sites -name "$lib" -print -quit 2>/dev/null)
     if [[ -n "$found" ]]; then
       echo "$lib: $found"
-      export LD_LIBRARY_PATH="$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      LD_LIBRARY_PATH="$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      export LD_LIBRARY_PATH
     else
       echo "$lib: not found (the backends that need it will say so)"
     fi
@@ -113,7 +125,7 @@ if wants tests; then
   if [[ -x "$PROBE" ]]; then
     timeout 60 "$PROBE" 2>&1 | tee "$DETAILS/wgmma-probe.txt"
     rc=${PIPESTATUS[0]}; [[ $rc -eq 2 ]] && rc=77  # 2: not a compute capability 9.0 device
-    record wgmma-probe $rc
+    record wgmma-probe "$rc"
   else
     echo "skipped: no kallpa_wgmma_probe in this build"; record wgmma-probe 77
   fi
@@ -124,7 +136,8 @@ if wants tests; then
   rc=$?; record tests $rc
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|cuda_flash|cudnn: |Failure|skipped [0-9]+ case" "$DETAILS/tests.txt" | head -60
   # The Hopper kernels other than the default (which the matrix above ran) on the whole matrix too.
-  read -r -a HOPPER_VERSIONS <<< "${KALLPA_GPU_HOPPER_VERSIONS-6 7 8}"
+  # shellcheck disable=SC2086  # a list of versions on purpose
+  read -r -a HOPPER_VERSIONS <<< "$(hopper_only ${KALLPA_GPU_HOPPER_VERSIONS-6 7 8})"
   for ver in "${HOPPER_VERSIONS[@]}"; do
     KALLPA_CUDA_FLASH_TC=$ver timeout 120 "$TESTS" --gtest_filter='Conformance/ConformanceBackend.PassesFullMatrix/cuda_flash' \
       > "$DETAILS/tests-v$ver.txt" 2>&1
@@ -138,7 +151,8 @@ fi
 # 8 sequences over 32k keys (1 GiB of K/V per call: HBM-bound).
 # cuda-flash's numbered tensor-core kernels (KALLPA_CUDA_FLASH_TC), benchmarked side by side.
 # (v1 and v2, 49-89 TFLOP/s on an H200, are left out to save device time: bench/results/.)
-read -r -a TC_VERSIONS <<< "${KALLPA_GPU_TC_VERSIONS-3 4 5 6 7 8 9}"
+# shellcheck disable=SC2086  # a list of versions on purpose
+read -r -a TC_VERSIONS <<< "$(hopper_only ${KALLPA_GPU_TC_VERSIONS-3 4 5 6 7 8 9})"
 PREFILL=()
 for n in 4096 8192 16384; do
   PREFILL+=("b=1,sq=$n,skv=$n,hq=32,hkv=8,d=128,dtype=bf16,causal" "b=1,sq=$n,skv=$n,hq=32,hkv=8,d=128,dtype=bf16")
@@ -167,7 +181,9 @@ fi
 if wants ncu; then
   step "ncu: v8 and v9 on one 8k prefill launch"
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2> /dev/null || true)
-  if [[ -n "$NCU" ]]; then
+  if [[ "$COMPUTE_CAP" != "9.0" ]]; then
+    echo "skipped: not a compute capability 9.0 GPU"; record ncu 77
+  elif [[ -n "$NCU" ]]; then
     for ver in 8 9; do
       # Past the start-up self-check's small launches, one of the benchmark's.
       KALLPA_CUDA_FLASH_TC=$ver timeout 120 "$NCU" --clock-control none -k regex:flash_tensor_core_wgmma --launch-skip 4 -c 1 \

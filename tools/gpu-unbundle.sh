@@ -13,7 +13,7 @@
 # Environment: KALLPA_GPU_STASH (default /root/kg) where the bundle is kept between the calls; what
 # else gpu-check.sh reads (KALLPA_GPU_STEPS, OUT).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 stash=${KALLPA_GPU_STASH:-/root/kg}
 model_name=SmolLM2-135M-Instruct.Q4_1.gguf
 
