@@ -164,6 +164,36 @@ TEST(CudaFlashPlan, WgmmaKernelsRunOnlyOnComputeCapability90WithTheLeanSoftmax) 
   }
 }
 
+// The Hopper kernels' shared-memory layout (what wgmma's 128-byte-swizzle descriptors read; the
+// device-side check of the same contract is tools/wgmma_probe.cu).
+TEST(CudaFlashPlan, SwizzledTilesHoldEveryChunkOnceAsTheHardwareReadsThem) {
+  for (int rows : {64, 128}) {
+    for (int d : {64, 128}) {
+      const int chunks = d / 8;
+      std::vector<bool> used(static_cast<std::size_t>(rows * d * 2 / 16), false);
+      for (int r = 0; r < rows; ++r) {
+        for (int c = 0; c < chunks; ++c) {
+          const std::uint32_t off = cuda::swizzled_chunk(rows, r, c);
+          ASSERT_EQ(off % 16, 0u);
+          ASSERT_LT(off, static_cast<std::uint32_t>(rows * d * 2)) << rows << " rows, D " << d;
+          EXPECT_FALSE(used[off / 16]) << "row " << r << " chunk " << c << " overlaps another";
+          used[off / 16] = true;
+          // Panel c / 8 holds rows of 128 bytes, rows after rows; within a row the hardware finds
+          // chunk c at position (c mod 8) xor (r mod 8).
+          EXPECT_EQ(off / 128, static_cast<std::uint32_t>((c / 8) * rows + r));
+          EXPECT_EQ(off % 128 / 16, static_cast<std::uint32_t>((c % 8) ^ (r % 8)));
+        }
+      }
+      // A column of chunks over an 8-row atom covers all eight 16-byte positions: all 32 banks.
+      for (int c = 0; c < chunks; ++c) {
+        unsigned positions = 0;
+        for (int r = 0; r < 8; ++r) positions |= 1u << (cuda::swizzled_chunk(rows, r, c) % 128 / 16);
+        EXPECT_EQ(positions, 0xffu) << "chunk column " << c;
+      }
+    }
+  }
+}
+
 TEST(CudaFlashPlan, LaunchShapesCoverEveryRowHeadAndSequence) {
   cuda::FlashParams p = tc_params();
   p.max_sq = 4097;

@@ -27,6 +27,14 @@ inline constexpr int kWgmmaThreads = 256;
 inline constexpr int kWgmmaBlockQ = 128;
 inline constexpr int kWgmmaBlockK = 128;
 inline constexpr int kTcFirstWgmmaVersion = 6;
+// The Hopper kernels' tiles in shared memory: wgmma's canonical 128-byte-swizzle layout, the head
+// dim cut into 64-element panels (128-byte rows), a panel's rows consecutive, and within each
+// 8-row, 1024-byte atom the 16-byte chunk c of row r stored at chunk position c ^ (r % 8) -- the
+// XOR the hardware applies on reading, which also spreads a column of chunks over all banks. Byte
+// offset of chunk c8 (elements 8 c8 .. 8 c8 + 7) of row r, in a tile of `rows` rows.
+constexpr std::uint32_t swizzled_chunk(int rows, int r, int c8) noexcept {
+  return static_cast<std::uint32_t>((c8 / 8) * rows * 128 + r * 128 + (((c8 % 8) ^ (r % 8)) * 16));
+}
 // Query rows per block of tensor-core kernel `version`.
 constexpr int tensor_core_block_q(int version) noexcept {
   return version >= kTcFirstWgmmaVersion ? kWgmmaBlockQ : version >= 3 ? kTcBlockQV3 : kTcBlockQ;

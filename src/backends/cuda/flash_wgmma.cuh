@@ -14,16 +14,11 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backends/cuda/flash_plan.h"
+
 namespace kallpa::cuda {
 
-// Tiles live in shared memory as wgmma's canonical 128-byte-swizzle layout: the head dim cut into
-// 64-element panels (128-byte rows), a panel's rows consecutive, and within each 8-row, 1024-byte
-// atom the 16-byte chunk c of row r stored at chunk position c ^ (r % 8) -- the XOR the hardware
-// applies on reading, which also spreads a column of chunks over all banks. Byte offset of chunk
-// c8 (elements 8 c8 .. 8 c8 + 7) of row r, in a tile of `rows` rows.
-__host__ __device__ constexpr std::uint32_t swizzled_chunk(int rows, int r, int c8) {
-  return static_cast<std::uint32_t>((c8 / 8) * rows * 128 + r * 128 + (((c8 % 8) ^ (r % 8)) * 16));
-}
+// Tiles live in shared memory in the layout swizzled_chunk() (flash_plan.h) describes.
 
 // The 64-bit matrix descriptor: start address, leading and stride byte offsets (all >> 4, 14 bits
 // each), 128-byte swizzle (mode 1 in bits 62-63); the base-offset field stays 0 because every atom
