@@ -421,7 +421,9 @@ BENCHMARK(BM_F16ConvertFma1Core)->Unit(benchmark::kMillisecond);
 // On this Xeon (2026-12-04, one thread, --benchmark_min_time=0.5): key-major 8.7-9.1 GB/s from
 // DRAM, steps of 2 7.5, of 4-16 6.3-6.6; every order 11.7-12.2 in L2; plain read 14.7. The same
 // work and prefetches, but only the key-major walk keeps DRAM streaming while it computes (75% of
-// its L2 rate against 56%): a lead for decode, which reaches 57% of a plain read.
+// its L2 rate against 56%). It did not carry over to decode: a model with V's P·V added (head
+// passes over 16-key steps, as the kernels do; tried 2026-12-04, not kept) streamed 10.0-10.5 GB/s
+// of K and V with either K walk, against a 15.3 GB/s plain read.
 constexpr int kWalkHeads = 8, kWalkDim = 64, kWalkRows = 4;
 
 // The sum of v's lanes by halves, through the masked extracts (GCC 12 warns that the plain ones and
