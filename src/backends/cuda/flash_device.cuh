@@ -61,6 +61,19 @@ __device__ __forceinline__ KeyRange visible_keys(const FlashParams& p, std::int6
   return {first, last};
 }
 
+// The first query row of this tensor-core block (block_q rows per block, x over a sequence's
+// row tiles): blocks are numbered from the last tile, so the rows that see the most keys (causal)
+// start first and the short ones fill the tail.
+__device__ __forceinline__ std::int64_t block_first_row(int block_q) {
+  return static_cast<std::int64_t>(gridDim.x - 1 - blockIdx.x) * block_q;
+}
+// The keys that any of rows q0 .. q0 + block_q - 1 of sequence m sees: both bounds of
+// visible_keys() grow with the row, so the first row gives the first key and the last the last.
+__device__ __forceinline__ KeyRange block_keys(const FlashParams& p, const SeqMeta& m, std::int64_t q0, int block_q) {
+  const std::int64_t q_last = min(q0 + block_q, std::int64_t{m.sq}) - 1;
+  return {visible_keys(p, q0, m.sq, m.skv).first, visible_keys(p, q_last, m.sq, m.skv).last};
+}
+
 // Element offset of K (is_v false) or V row j of sequence b at KV head 0, dim 0.
 __device__ __forceinline__ std::int64_t kv_row(const FlashParams& p, const SeqMeta& m, int b, std::int64_t j,
                                                bool is_v) {

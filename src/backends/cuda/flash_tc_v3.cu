@@ -40,16 +40,15 @@ __global__ void __launch_bounds__(kTcThreads) flash_tensor_core_v3(FlashParams p
   const int g = lane / 4, t4 = lane % 4;
   const int b = static_cast<int>(blockIdx.z), h = static_cast<int>(blockIdx.y);
   const SeqMeta m = p.meta[b];
-  const std::int64_t q0 = static_cast<std::int64_t>(gridDim.x - 1 - blockIdx.x) * BQ;  // longest rows first
+  const std::int64_t q0 = block_first_row(BQ);
   if (q0 >= m.sq) return;  // uniform over the block
   const int hk = h / p.group;
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
 
-  const std::int64_t q_last = min(q0 + BQ, std::int64_t{m.sq}) - 1;
-  const auto k_first = static_cast<std::int32_t>(visible_keys(p, q0, m.sq, m.skv).first);
-  const auto k_last = static_cast<std::int32_t>(visible_keys(p, q_last, m.sq, m.skv).last);
+  const KeyRange block = block_keys(p, m, q0, BQ);
+  const auto k_first = static_cast<std::int32_t>(block.first), k_last = static_cast<std::int32_t>(block.last);
   for (int idx = tid; idx < BQ * CH; idx += kTcThreads) {
     const int r = idx / CH, c = idx % CH;
     const bool valid = q0 + r < m.sq;

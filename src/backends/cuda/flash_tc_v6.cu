@@ -45,8 +45,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(Flas
   const std::uint32_t raw = smem_addr(wg_smem);
   const std::uint32_t pad = (1024u - raw % 1024u) % 1024u;
   unsigned char* const q_tile = wg_smem + pad;
-  unsigned char* const k_tiles = q_tile + kQBytes;  // stages 0 and 1
-  unsigned char* const v_tiles = k_tiles + 2 * kTileBytes;
+  unsigned char* const k_tiles = q_tile + kQBytes;  // K stages 0 and 1, then V stages 0 and 1
   const std::uint32_t q_addr = raw + pad, k_addr = q_addr + kQBytes, v_addr = k_addr + 2 * kTileBytes;
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
@@ -54,16 +53,15 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(Flas
   const int g = lane / 4, t4 = lane % 4;
   const int b = static_cast<int>(blockIdx.z), h = static_cast<int>(blockIdx.y);
   const SeqMeta m = p.meta[b];
-  const std::int64_t q0 = static_cast<std::int64_t>(gridDim.x - 1 - blockIdx.x) * BQ;  // longest rows first
+  const std::int64_t q0 = block_first_row(BQ);
   if (q0 >= m.sq) return;  // uniform over the block
   const int hk = h / p.group;
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
 
-  const std::int64_t q_last = min(q0 + BQ, std::int64_t{m.sq}) - 1;
-  const auto k_first = static_cast<std::int32_t>(visible_keys(p, q0, m.sq, m.skv).first);
-  const auto k_last = static_cast<std::int32_t>(visible_keys(p, q_last, m.sq, m.skv).last);
+  const KeyRange block = block_keys(p, m, q0, BQ);
+  const auto k_first = static_cast<std::int32_t>(block.first), k_last = static_cast<std::int32_t>(block.last);
   for (int idx = tid; idx < BQ * CH; idx += kWgmmaThreads) {
     const int r = idx / CH, c = idx % CH;
     const bool valid = q0 + r < m.sq;
@@ -99,22 +97,21 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(Flas
     }
   };
   auto fast_tile = [&](std::int32_t k0) { return FastLoads && !p.paged && k0 >= k_first && k0 + BK - 1 <= k_last; };
-  auto load_k = [&](int stage, std::int32_t k0) {
+  // The K (is_v false) or V tile of keys k0 .. k0 + BK - 1 into `stage`.
+  auto load_tile = [&](bool is_v, int stage, std::int32_t k0) {
+    const std::uint32_t tile = (is_v ? 2 + stage : stage) * kTileBytes;  // from the first K stage
+    const T* src = is_v ? v : k;
+    const std::int64_t head_stride = is_v ? p.v_hs : p.k_hs;
     if (fast_tile(k0)) {
-      load_fast(k_addr + stage * kTileBytes + lane_offset, k + m.k + hk * p.k_hs + lchunk * 8 + (lrow + k0) * p.k_rs,
-                p.k_rs);
+      const std::int64_t row_stride = is_v ? p.v_rs : p.k_rs;
+      load_fast(k_addr + tile + lane_offset,
+                src + (is_v ? m.v : m.k) + hk * head_stride + lchunk * 8 + (lrow + k0) * row_stride, row_stride);
     } else {
-      load_rows(k_tiles + stage * kTileBytes, k, false, p.k_hs, k0);
+      load_rows(k_tiles + tile, src, is_v, head_stride, k0);
     }
   };
-  auto load_v = [&](int stage, std::int32_t k0) {
-    if (fast_tile(k0)) {
-      load_fast(v_addr + stage * kTileBytes + lane_offset, v + m.v + hk * p.v_hs + lchunk * 8 + (lrow + k0) * p.v_rs,
-                p.v_rs);
-    } else {
-      load_rows(v_tiles + stage * kTileBytes, v, true, p.v_hs, k0);
-    }
-  };
+  auto load_k = [&](int stage, std::int32_t k0) { load_tile(false, stage, k0); };
+  auto load_v = [&](int stage, std::int32_t k0) { load_tile(true, stage, k0); };
 
   const std::int32_t k_begin = k_first / BK * BK;
   const int tiles = k_begin <= k_last ? (k_last - k_begin) / BK + 1 : 0;
