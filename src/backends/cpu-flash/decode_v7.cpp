@@ -198,7 +198,7 @@ void GroupedBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* 
 
 void RunDecodeTaskV7Impl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
                          std::byte* slots, std::int32_t* counters) {
-  const std::int64_t ahead = PrefetchKeys(kDecodeGroupedPrefetchKeys);
+  const std::int64_t ahead = PrefetchKeys(grouped_prefetch_keys());
   RunGroupedTask(vp, plan, t, scratch, slots, counters, kB7,
                  [&](auto type, Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
                      const std::int64_t* e_i, StreamPrefetcher& kpf, StreamPrefetcher& vpf) {

@@ -122,7 +122,7 @@ HWY_INLINE void PvStep(const T* const* v, const float* p, std::int64_t n, float*
 
 void RunDecodeTaskV8Impl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
                          std::byte* slots, std::int32_t* counters) {
-  const std::int64_t ahead = PrefetchKeys(kDecodeGroupedPrefetchKeys);  // v7's
+  const std::int64_t ahead = PrefetchKeys(grouped_prefetch_keys());  // v7's
   RunStepWalkTask<kStep8>(
       vp, plan, t, scratch, slots, counters, ahead,
       [](auto rb, auto... a) { DotsStep<decltype(rb)::value>(a...); },

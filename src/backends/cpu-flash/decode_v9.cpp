@@ -214,7 +214,7 @@ void RunDecodeTaskV9Impl(const ValidatedProblem& vp, const DecodePlan& plan, con
   // v7's distance; none for a call whose K/V fits in cache, where the prefetches were ~8% of the
   // time and fetched nothing (8/8 heads D64 f16, 512 keys, one thread).
   const std::int64_t ahead =
-      plan.kv_bytes <= kDecodeDirectMaxBytes ? -1 : PrefetchKeys(kDecodeGroupedPrefetchKeys);
+      plan.kv_bytes <= kDecodeDirectMaxBytes ? -1 : PrefetchKeys(grouped_prefetch_keys());
   RunStepWalkTask<kLanes>(
       vp, plan, t, scratch, slots, counters, ahead,
       [](auto rb, auto... a) { DotsStep<decltype(rb)::value>(a...); },
