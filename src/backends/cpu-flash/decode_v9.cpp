@@ -211,8 +211,9 @@ HWY_INLINE void PvStep(const T* const* v, const float* p, std::int64_t n, float*
 
 void RunDecodeTaskV9Impl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
                          std::byte* slots, std::int32_t* counters) {
-  // v7's distance; none for a call whose K/V fits in cache, where the prefetches were ~8% of the
-  // time and fetched nothing (8/8 heads D64 f16, 512 keys, one thread).
+  // The grouped kernels' distance (grouped_prefetch_keys); none for a call whose K/V fits in
+  // cache, where the prefetches were ~8% of the time and fetched nothing (8/8 heads D64 f16, 512
+  // keys, one thread).
   const std::int64_t ahead =
       plan.kv_bytes <= kDecodeDirectMaxBytes ? -1 : PrefetchKeys(grouped_prefetch_keys());
   RunStepWalkTask<kLanes>(
