@@ -160,10 +160,11 @@ inline constexpr std::int64_t kDecodeFusedStep = 4;
 inline constexpr std::int64_t kDecodeGroupedBlock = 64;
 inline constexpr std::int64_t kDecodeGroupedPrefetchKeys = 8;
 // v7-v9 on AMD: eight keys are too few there. On a 2-core Zen 4 (EPYC, session 21, kallpa bench
-// attention -t 2 with KALLPA_CPU_FLASH_PREFETCH, side by side): 32/8 D64 f16 at 524288 keys took
-// 54 ms at 8 keys, 37-38 ms anywhere from 16 to 64 (80-85% of a plain read of the same bytes);
-// 8/8 D128 at 262144 keys 38-44 ms at 8, 34-35 at 24, 52 at 64; SmolLM2's paged 9/3 shape 1.2-1.4x
-// faster at 24 for 16384 keys and beyond. The Xeon's eight stays for every other CPU.
+// attention -b cpu-flash -t 2 --spec ..., KALLPA_CPU_FLASH_PREFETCH=N): 32/8 D64 f16 at 524288
+// keys took 54 ms at 8 keys, 37-38 ms anywhere from 16 to 64 (78-85% of a plain read of the same
+// bytes while the host's DRAM gave 33-35 GB/s, 45-48% while it gave 58-60); 8/8 D128 at 262144
+// keys 38.6-43.9 ms at 8 against 34.4-35.5 at 24 (alternated), 52 at 64; SmolLM2's paged 9/3 shape
+// 1.15-1.4x faster at 24 for 16384 and 1048576 keys. The Xeon's eight stays for every other CPU.
 inline constexpr std::int64_t kDecodeGroupedPrefetchKeysAmd = 24;
 
 // The grouped kernels' prefetch distance in keys for the CPU this runs on (before
