@@ -280,6 +280,7 @@ void check_all_paths(const Spec& s) {
   CpuFlashBackend grouped_v7(Options{0, Path::fast, DecodeKernel::grouped});
   CpuFlashBackend grouped_v8(Options{0, Path::fast, DecodeKernel::grouped8});
   CpuFlashBackend lanes_v9(Options{0, Path::fast, DecodeKernel::lanes});
+  CpuFlashBackend half_dots_v10(Options{0, Path::fast, DecodeKernel::half_dots});
   CpuFlashBackend generic(Options{0, Path::generic});
   const auto want = ref(s);
   expect_close(run(fast, s), want, s, "fast");
@@ -289,6 +290,7 @@ void check_all_paths(const Spec& s) {
   expect_close(run(grouped_v7, s), want, s, "fast, decode v7");
   expect_close(run(grouped_v8, s), want, s, "fast, decode v8");
   expect_close(run(lanes_v9, s), want, s, "fast, decode v9");
+  expect_close(run(half_dots_v10, s), want, s, "fast, decode v10");
   expect_close(run(generic, s), want, s, "generic");
 }
 
@@ -429,7 +431,8 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
   }
   expect_decode_kernels_match(specs, {DecodeKernel::tiled, DecodeKernel::staged, DecodeKernel::direct,
                                       DecodeKernel::stream, DecodeKernel::fused, DecodeKernel::grouped,
-                                      DecodeKernel::grouped8, DecodeKernel::lanes});
+                                      DecodeKernel::grouped8, DecodeKernel::lanes,
+                                      DecodeKernel::half_dots});
 }
 
 // Decode v7, v8 and v9 (the grouped kernels) against the reference over the contract their
@@ -455,7 +458,8 @@ TEST(CpuFlash, DecodeV8MatchesReference) {
       specs.push_back(s);
     }
   specs.push_back(long_dense_decode(5003));
-  expect_decode_kernels_match(specs, {DecodeKernel::grouped, DecodeKernel::grouped8, DecodeKernel::lanes});
+  expect_decode_kernels_match(specs, {DecodeKernel::grouped, DecodeKernel::grouped8, DecodeKernel::lanes,
+                                      DecodeKernel::half_dots});
 }
 
 // Scores that rise along the keys (Spec::key_ramp), so that the grouped kernels' lazy rescaling
@@ -472,7 +476,8 @@ TEST(CpuFlash, DecodeRisingScoresMatchReference) {
   specs.push_back({.dt = DType::f16, .sq = {2, 2}, .skv = {2700, 2700}, .hq = 12, .hkv = 3, .d = 128, .dv = 128,
                    .causal = true, .lse = true, .key_ramp = 1.0f / 300.0f});
   expect_decode_kernels_match(specs, {DecodeKernel::automatic, DecodeKernel::fused, DecodeKernel::grouped,
-                                      DecodeKernel::grouped8, DecodeKernel::lanes});
+                                      DecodeKernel::grouped8, DecodeKernel::lanes,
+                                      DecodeKernel::half_dots});
 }
 
 // Builds s into b with a NaN at element `at` of its f32 buffer `buf` and runs `opts` on it in place.
@@ -507,7 +512,8 @@ TEST(CpuFlash, DecodeF16OutputIsRoundedF32Output) {
          .ql = QLayout::packed, .kvl = KvLayout::packed, .causal = true, .lse = true};
   for (const std::string& target : CpuFlashBackend::simd_targets()) {
     ASSERT_TRUE(CpuFlashBackend::force_simd_target(target));
-    for (DecodeKernel k : {DecodeKernel::automatic, DecodeKernel::direct, DecodeKernel::grouped8, DecodeKernel::lanes}) {
+    for (DecodeKernel k : {DecodeKernel::automatic, DecodeKernel::direct, DecodeKernel::grouped8, DecodeKernel::lanes,
+                           DecodeKernel::half_dots}) {
       SCOPED_TRACE(target + " decode v" + std::to_string(static_cast<int>(k)));
       Built b;
       build(s, b);
@@ -534,7 +540,8 @@ TEST(CpuFlash, DecodeF16OutputIsRoundedF32Output) {
 TEST(CpuFlash, DecodeNanOnlyWhereVisible) {
   using cpu_flash::DecodeKernel;
   for (DecodeKernel k : {DecodeKernel::staged, DecodeKernel::direct, DecodeKernel::stream, DecodeKernel::fused,
-                        DecodeKernel::grouped, DecodeKernel::grouped8, DecodeKernel::lanes}) {
+                        DecodeKernel::grouped, DecodeKernel::grouped8, DecodeKernel::lanes,
+                                      DecodeKernel::half_dots}) {
     Spec s = shaped({2}, {600}, 4, 1, 16);
     s.causal = true;
     Built b;
@@ -740,6 +747,10 @@ TEST(CpuFlash, EverySimdTarget) {
       expect_close(run(lanes, s), ref(s), s, "decode v9, D 64");
       s.d = s.dv = 128;
       expect_close(run(lanes, s), ref(s), s, "decode v9, D 128");
+      CpuFlashBackend half_dots(Options{0, Path::fast, cpu_flash::DecodeKernel::half_dots});
+      expect_close(run(half_dots, s), ref(s), s, "decode v10, D 128");
+      s.d = s.dv = 64;
+      expect_close(run(half_dots, s), ref(s), s, "decode v10, D 64");
     }
   }
   ASSERT_TRUE(cpu_flash::CpuFlashBackend::force_simd_target(""));

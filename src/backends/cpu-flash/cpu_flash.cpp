@@ -342,7 +342,7 @@ Options options_from_env() {
     return end != env + 1 && *end == '\0' ? static_cast<int>(v) : 0;
   };
   const int decode = version("KALLPA_CPU_FLASH_DECODE");
-  if (decode >= 2 && decode <= 9) o.decode = static_cast<DecodeKernel>(decode);
+  if (decode >= 2 && decode <= 10) o.decode = static_cast<DecodeKernel>(decode);
   const int prefill = version("KALLPA_CPU_FLASH_PREFILL");
   if (prefill >= 2 && prefill <= 3) o.prefill = static_cast<PrefillKernel>(prefill);
   return o;
@@ -438,6 +438,7 @@ Status CpuFlashBackend::run_decode(const ValidatedProblem& vp, Workspace workspa
         if (kernel == DecodeKernel::grouped) run_decode_task_v7(vp, plan, task, mine, slots, counters);
         else if (kernel == DecodeKernel::grouped8) run_decode_task_v8(vp, plan, task, mine, slots, counters);
         else if (kernel == DecodeKernel::lanes) run_decode_task_v9(vp, plan, task, mine, slots, counters);
+        else if (kernel == DecodeKernel::half_dots) run_decode_task_v10(vp, plan, task, mine, slots, counters);
         else run_decode_task(vp, plan, task, mine, slots, counters, kernel);
       },
       threads);

@@ -39,6 +39,8 @@ enum class DecodeKernel : int {
                   //     unrolled and the row groups planned once per task (fewer instructions per key)
   lanes = 9,      // v9: v8 with a step of one key per vector lane (16 on AVX-512): a step's dots
                   //     reduce in one tree at any width, P·V slices sized for the target's registers
+  half_dots = 10, // v10: v9 with its dots on 256-bit halves on AVX-512 (a cheaper tree where 512-bit
+                  //     operations run as two halves: AMD Zen 4); v9 elsewhere
 };
 
 // Kernel generation of the tiled (prefill) path; the older one stays selectable for benchmarks.
@@ -57,7 +59,7 @@ struct Options {
 };
 
 // The registered backend's options: the defaults, with the kernel generations taken from
-// KALLPA_CPU_FLASH_DECODE (v2..v9) and KALLPA_CPU_FLASH_PREFILL (v2, v3) when set, so that
+// KALLPA_CPU_FLASH_DECODE (v2..v10) and KALLPA_CPU_FLASH_PREFILL (v2, v3) when set, so that
 // `kallpa bench attention` can time one generation against another.
 Options options_from_env();
 

@@ -107,12 +107,14 @@ HWY_INLINE void FoldStore4(D d, hn::Vec<D> u, float* out) {
 
 #if HWY_TARGET != HWY_SCALAR
 // Lanes 4b..4b+3 = the sums of a0..a3 over 128-bit block b: the transposing half of Sum4, which
-// decode v8 folds across blocks itself.
-HWY_INLINE VF Sum4Blocks(VF a0, VF a1, VF a2, VF a3) {
-  const DF d;
-  const hn::Repartition<std::uint64_t, DF> du;
-  const VF t0 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
-  const VF t1 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
+// decode v8 folds across blocks itself. Any width of 128-bit blocks (decode v10 reduces 256-bit
+// vectors on AVX-512).
+template <class V>
+HWY_INLINE V Sum4Blocks(V a0, V a1, V a2, V a3) {
+  const hn::DFromV<V> d;
+  const hn::Repartition<std::uint64_t, decltype(d)> du;
+  const V t0 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
+  const V t1 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
   const auto u0 = hn::BitCast(du, t0), u1 = hn::BitCast(du, t1);
   return hn::Add(hn::BitCast(d, hn::InterleaveLower(du, u0, u1)), hn::BitCast(d, hn::InterleaveUpper(du, u0, u1)));
 }
@@ -134,15 +136,19 @@ HWY_INLINE void Sum4(VF a0, VF a1, VF a2, VF a3, float* out) {
 
 // One vector of a K/V row as f32: straight from the cache (f16 through F16C, bf16 through a
 // shift) or from a converted f32 block.
-template <typename T>
-HWY_INLINE VF LoadAsF32(const T* HWY_RESTRICT p) {
-  const DF d;
+// Any vector width d (decode v10's dots load 256-bit vectors on AVX-512).
+template <class D, typename T>
+HWY_INLINE hn::Vec<D> LoadAsF32(D d, const T* HWY_RESTRICT p) {
   if constexpr (std::is_same_v<T, float>) {
     return hn::LoadU(d, p);
   } else {
-    const hn::Rebind<T, DF> dh;
+    const hn::Rebind<T, D> dh;
     return hn::PromoteTo(d, hn::LoadU(dh, p));
   }
+}
+template <typename T>
+HWY_INLINE VF LoadAsF32(const T* HWY_RESTRICT p) {
+  return LoadAsF32(DF(), p);
 }
 
 // Whether the in-place decode kernels can read the problem's K/V where they lie: unit element

@@ -40,39 +40,69 @@ constexpr int kVectorRegisters = 16;
 // Rows of a dot pass as the accumulators count them (three rows take the place of four).
 template <int RB>
 inline constexpr int kPaddedRows = RB == 3 ? 4 : RB;
-// Keys per dot pass: RB x KU = one accumulator per lane. Zero where a vector has fewer lanes
-// than rows (the scalar target): the step then runs one key at a time.
-template <int RB>
-inline constexpr int kPassKeys9 = kLanes >= kPaddedRows<RB> ? kLanes / kPaddedRows<RB> : 0;
+// Keys per dot pass on vectors of L lanes: RB x KU = one accumulator per lane. Zero where a
+// vector has fewer lanes than rows (the scalar target): the step then runs one key at a time.
+// With S sets of L accumulators (v10: two), RB x KU = S x L.
+template <int RB, int L, int S = 1>
+inline constexpr int kPassKeys9 = L >= kPaddedRows<RB> ? S * L / kPaddedRows<RB> : 0;
+
+// The dots' vectors: full width (v9), or for v10 256-bit halves where vectors have 16 lanes. On a
+// core that runs 512-bit operations as two 256-bit halves (AMD Zen 4) the FMAs cost the same
+// either way, but the 16-way transposing tree of a full-width pass shares pipes with the FMAs and
+// the 8-way tree of a half-width pass mostly does not (one pass of 4 rows x 4 keys, D64 f16, keys
+// in L1, 2-core EPYC, session 22: 63.7 TSC cycles full width, 49.6 in halves, 45.9 for the FMAs
+// with a plain sum instead of the tree).
+template <bool kHalf>
+using DotsTag = std::conditional_t<kHalf && kLanes >= 16, hn::CappedTag<float, 8>, DF>;
+// Accumulator sets of a half-width pass: two trees of eight, so that a pass covers as many keys
+// as a full-width one and each query vector loaded serves as many FMAs.
+template <bool kHalf>
+inline constexpr int kDotsSets = kHalf && kLanes >= 16 ? 2 : 1;
+
+// Pins a query vector in a register: without it GCC folds the load into every FMA that uses it
+// (a memory operand per FMA), and the pass is bound by loads (half-width pass of 4 rows x 4 keys,
+// D64 f16, keys in L1, session 22: 60.1 TSC cycles folded, 51.6 pinned, 49.6 with every query
+// vector held across passes).
+template <class V>
+HWY_INLINE void KeepInRegister(V& v) {
+#if HWY_ARCH_X86 && (defined(__GNUC__) || defined(__clang__)) && HWY_TARGET != HWY_SCALAR
+  asm("" : "+v"(v.raw));
+#else
+  (void)v;
+#endif
+}
 
 // Head-dim vectors per P·V slice for RB rows: RB x C accumulators and C value vectors in the
 // target's registers.
 template <int RB>
 inline constexpr int kSlice9 = kVectorRegisters == 32 ? (RB <= 2 ? 8 : 4) : (RB == 1 ? 8 : RB == 2 ? 4 : RB == 3 ? 3 : 2);
 
-// Lane t of the result = the sum of the lanes of acc[t], for kLanes accumulators: one
+// Lane t of the result = the sum of the lanes of acc[t], for as many accumulators as lanes: one
 // transposing tree (within 128-bit blocks, then across them).
-HWY_INLINE VF ReduceEachToLane(const VF* acc) {
+template <class DD>
+HWY_INLINE hn::Vec<DD> ReduceEachToLane(DD d, const hn::Vec<DD>* acc) {
 #if HWY_TARGET == HWY_SCALAR
+  (void)d;
   return acc[0];
 #else
-  static_assert(kLanes == 4 || kLanes == 8 || kLanes == 16, "4, 8 or 16 lanes");
-  const DF d;
-  if constexpr (kLanes == 4) {
+  using V = hn::Vec<DD>;
+  constexpr int L = static_cast<int>(hn::MaxLanes(DD()));
+  static_assert(L == 4 || L == 8 || L == 16, "4, 8 or 16 lanes");
+  if constexpr (L == 4) {
     return Sum4Blocks(acc[0], acc[1], acc[2], acc[3]);
-  } else if constexpr (kLanes == 8) {
-    const VF u03 = Sum4Blocks(acc[0], acc[1], acc[2], acc[3]);
-    const VF u47 = Sum4Blocks(acc[4], acc[5], acc[6], acc[7]);
+  } else if constexpr (L == 8) {
+    const V u03 = Sum4Blocks(acc[0], acc[1], acc[2], acc[3]);
+    const V u47 = Sum4Blocks(acc[4], acc[5], acc[6], acc[7]);
     return hn::Add(hn::ConcatLowerLower(d, u47, u03), hn::ConcatUpperUpper(d, u47, u03));
   } else {
     // w[j] lane 4b + t: block b's sum of acc[4j + t].
-    VF w[4];
+    V w[4];
     for (int j = 0; j < 4; ++j) w[j] = Sum4Blocks(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
     // Pairs of blocks: t01 = [w0 b0+b1, w1 b0+b1, w0 b2+b3, w1 b2+b3], t23 likewise.
-    auto pair = [](VF a, VF b) {
+    auto pair = [](V a, V b) {
       return hn::Add(hn::OddEvenBlocks(b, a), hn::OddEvenBlocks(hn::SwapAdjacentBlocks(b), hn::SwapAdjacentBlocks(a)));
     };
-    const VF t01 = pair(w[0], w[1]), t23 = pair(w[2], w[3]);
+    const V t01 = pair(w[0], w[1]), t23 = pair(w[2], w[3]);
     return hn::Add(hn::ConcatLowerLower(d, t23, t01), hn::ConcatUpperUpper(d, t23, t01));
   }
 #endif
@@ -85,21 +115,24 @@ template <int RB>
 inline constexpr int kQuerySlice9 = kVectorRegisters == 32 ? (RB == 1 ? 8 : RB == 2 ? 4 : 2)
                                                            : (RB == 1 ? 4 : RB == 2 ? 2 : 1);
 
-// acc[rb * KU + u] += <q[rb][x0, x0 + XC N), k[u][x0, x0 + XC N)>.
-template <int RB, int KU, int XC, typename T>
-HWY_INLINE void DotsSlice(const float* HWY_RESTRICT q, std::int64_t qs, const T* const* k, std::int64_t x0,
-                          VF* acc) {
-  const DF d;
-  VF qv[RB][XC];
+// acc[rb * KU + u] += <q[rb][x0, x0 + XC N), k[u][x0, x0 + XC N)> on vectors of N lanes (DD).
+template <int RB, int KU, int XC, class DD, typename T>
+HWY_INLINE void DotsSlice(DD d, const float* HWY_RESTRICT q, std::int64_t qs, const T* const* k, std::int64_t x0,
+                          hn::Vec<DD>* acc) {
+  constexpr int N = static_cast<int>(hn::MaxLanes(DD()));
+  hn::Vec<DD> qv[RB][XC];
   for (int rb = 0; rb < RB; ++rb)
-    for (int c = 0; c < XC; ++c) qv[rb][c] = hn::Load(d, q + rb * qs + x0 + c * kLanes);
+    for (int c = 0; c < XC; ++c) {
+      qv[rb][c] = hn::Load(d, q + rb * qs + x0 + c * N);
+      if constexpr (N < kLanes) KeepInRegister(qv[rb][c]);  // v10 only: v9 stays as measured
+    }
   // Fully unrolled, or GCC keeps the accumulators in memory (one store per key and slice).
   HWY_UNROLL(16)
   for (int u = 0; u < KU; ++u) {
     const T* kr = k[u] + x0;
     HWY_UNROLL(8)
     for (int c = 0; c < XC; ++c) {
-      const VF kv = LoadAsF32(kr + c * kLanes);
+      const hn::Vec<DD> kv = LoadAsF32(d, kr + c * N);
       for (int rb = 0; rb < RB; ++rb) acc[rb * KU + u] = hn::MulAdd(qv[rb][c], kv, acc[rb * KU + u]);
     }
   }
@@ -124,29 +157,39 @@ HWY_INLINE void StoreRowPieces(D d, hn::Vec<D> v, float* HWY_RESTRICT out, int f
 }
 
 // s[rb * kB9 + u] = <q[rb], k[u]> for the RB rows (q rows qs floats apart) and the kLanes keys of
-// a step, in passes of KU keys whose RB x KU dots reduce in one tree.
-template <int RB, typename T>
+// a step, in passes of KU keys whose RB x KU dots (one per lane of S vectors of DD) reduce in S
+// trees: set j holds the dots rb * KU + u in [j N, j N + N).
+template <int RB, class DD, int S, typename T>
 HWY_INLINE void DotsStep(const float* HWY_RESTRICT q, std::int64_t qs, const T* const* k, std::int64_t len,
                          float* HWY_RESTRICT s) {
-  constexpr int KU = kPassKeys9<RB>;
+  constexpr int N = static_cast<int>(hn::MaxLanes(DD()));
+  constexpr int KU = kPassKeys9<RB, N, S>;
   if constexpr (KU == 0) {
     DotsPart<RB>(q, qs, k, kLanes, len, s);
   } else {
-    const DF d;
+    static_assert(KU <= kLanes, "a pass stays within a step");
+    const DD d;
     constexpr int XC = kQuerySlice9<RB>;
     for (int k0 = 0; k0 < kLanes; k0 += KU) {
-      VF acc[kLanes];
-      for (int t = 0; t < kLanes; ++t) acc[t] = hn::Zero(d);
+      hn::Vec<DD> acc[S * N];
+      for (int t = 0; t < S * N; ++t) acc[t] = hn::Zero(d);
       std::int64_t x = 0;
-      for (; x + XC * kLanes <= len; x += XC * kLanes) DotsSlice<RB, KU, XC>(q, qs, k + k0, x, acc);
+      for (; x + XC * N <= len; x += XC * N) DotsSlice<RB, KU, XC>(d, q, qs, k + k0, x, acc);
       if constexpr (XC > 4) {
-        for (; x + 4 * kLanes <= len; x += 4 * kLanes) DotsSlice<RB, KU, 4>(q, qs, k + k0, x, acc);
+        for (; x + 4 * N <= len; x += 4 * N) DotsSlice<RB, KU, 4>(d, q, qs, k + k0, x, acc);
       }
       if constexpr (XC > 2) {
-        for (; x + 2 * kLanes <= len; x += 2 * kLanes) DotsSlice<RB, KU, 2>(q, qs, k + k0, x, acc);
+        for (; x + 2 * N <= len; x += 2 * N) DotsSlice<RB, KU, 2>(d, q, qs, k + k0, x, acc);
       }
-      for (; x < len; x += kLanes) DotsSlice<RB, KU, 1>(q, qs, k + k0, x, acc);
-      StoreRowPieces<RB, KU>(d, ReduceEachToLane(acc), s + k0, 0);
+      for (; x < len; x += N) DotsSlice<RB, KU, 1>(d, q, qs, k + k0, x, acc);
+      for (int j = 0; j < S; ++j) {
+        const hn::Vec<DD> dots = ReduceEachToLane(d, acc + j * N);
+        if constexpr (KU >= N) {  // one row's keys [(j N) % KU, + N)
+          hn::StoreU(dots, d, s + (j * N / KU) * kB9 + k0 + (j * N) % KU);
+        } else {
+          StoreRowPieces<RB, KU>(d, dots, s + k0, j * N / KU);
+        }
+      }
     }
   }
 }
@@ -207,10 +250,11 @@ HWY_INLINE void PvStep(const T* const* v, const float* p, std::int64_t n, float*
   for (; x < len; x += kLanes) PvSlice9<RB, 1, KN>(v, p, n, o, os, x);
 }
 
-}  // namespace
 
-void RunDecodeTaskV9Impl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
-                         std::byte* slots, std::int32_t* counters) {
+// v9 (kHalf false) or v10 (kHalf true: the dots on 256-bit halves, DotsTag).
+template <bool kHalf>
+HWY_INLINE void RunLanesTask(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
+                             std::byte* slots, std::int32_t* counters) {
   // The grouped kernels' distance (grouped_prefetch_keys); none for a call whose K/V fits in
   // cache, where the prefetches were ~8% of the time and fetched nothing (8/8 heads D64 f16, 512
   // keys, one thread).
@@ -218,8 +262,20 @@ void RunDecodeTaskV9Impl(const ValidatedProblem& vp, const DecodePlan& plan, con
       plan.kv_bytes <= kDecodeDirectMaxBytes ? -1 : PrefetchKeys(grouped_prefetch_keys());
   RunStepWalkTask<kLanes>(
       vp, plan, t, scratch, slots, counters, ahead,
-      [](auto rb, auto... a) { DotsStep<decltype(rb)::value>(a...); },
+      [](auto rb, auto... a) { DotsStep<decltype(rb)::value, DotsTag<kHalf>, kDotsSets<kHalf>>(a...); },
       [](auto rb, auto kn, auto... a) { PvStep<decltype(rb)::value, decltype(kn)::value>(a...); });
+}
+
+}  // namespace
+
+void RunDecodeTaskV9Impl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
+                         std::byte* slots, std::int32_t* counters) {
+  RunLanesTask<false>(vp, plan, t, scratch, slots, counters);
+}
+
+void RunDecodeTaskV10Impl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
+                          std::byte* slots, std::int32_t* counters) {
+  RunLanesTask<true>(vp, plan, t, scratch, slots, counters);
 }
 
 int DecodeV9LanesImpl() { return kLanes; }
@@ -230,6 +286,7 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 KALLPA_CPU_FLASH_DECODE_ENTRY(run_decode_task_v9, RunDecodeTaskV9Impl)
+KALLPA_CPU_FLASH_DECODE_ENTRY(run_decode_task_v10, RunDecodeTaskV10Impl)
 namespace kallpa::cpu_flash {
 HWY_EXPORT(DecodeV9LanesImpl);
 int decode_v9_step_keys() { return HWY_DYNAMIC_DISPATCH(DecodeV9LanesImpl)(); }

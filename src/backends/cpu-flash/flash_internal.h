@@ -262,6 +262,9 @@ void run_decode_task_v8(const ValidatedProblem& problem, const DecodePlan& plan,
 // The same for decode v9 (decode_v9.cpp); layouts it cannot read in place run v6.
 void run_decode_task_v9(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
                         void* scratch, std::byte* slots, std::int32_t* counters);
+// The same for decode v10 (decode_v9.cpp: v9 with its dots on 256-bit halves on AVX-512).
+void run_decode_task_v10(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
+                         void* scratch, std::byte* slots, std::int32_t* counters);
 // Keys per step of decode v9 on the SIMD target in use (its float lanes: 16 on AVX-512).
 int decode_v9_step_keys();
 
