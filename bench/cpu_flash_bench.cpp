@@ -37,6 +37,10 @@
 //               reduce in one 16-way tree, query slices held in registers, P·V slices sized for 32
 //               registers with enough FMA chains, no prefetch in cache (AVX2: v8's walk). The
 //               default on AVX-512 since session 15.
+//   v10 half_dots: v9 with its dots on 256-bit halves on AVX-512: two 8-way trees per pass of
+//               4 rows x 4 keys, query vectors pinned in registers. Zen 4 runs 512-bit operations
+//               as two halves, where v9's 16-way tree competed with the FMAs; the default on AMD
+//               since session 22 (v9 elsewhere, where the FMAs are 512 bits wide).
 //   Since session 17, v8 and v9 rescale lazily (decode_grouped-inl.h, SoftmaxBelowRunningMax): a
 //   block whose scores stay within ln 256 of a row's running max skips that row's horizontal max
 //   and rescale (`kallpa bench attention -b cpu-flash --spec
@@ -46,7 +50,7 @@
 //   decode_gqa/f16/d64/h32_8/sq1_skv512/v9_lanes_t1, even with the keys' conversion left out; a
 //   throwaway loop (not kept) put 16 FMAs + 16 zmm vbroadcastf32x4 loads at about twice the time
 //   of the 16 FMAs alone, so the broadcasts cost what the tree saved.
-//   decode_dram/*: K/V of 256 MiB (far beyond L3) on huge pages, v5, v6, v7, v8 and v9 side by side with
+//   decode_dram/*: K/V of 256 MiB (far beyond L3) on huge pages, v5 to v10 side by side with
 //               stream_read, a plain sum of the same bytes on the same threads: the practical ceiling.
 //               Compare with --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true;
 //               KALLPA_BENCH_HUGE_PAGES=0 puts the buffers on 4 KiB pages.
@@ -228,10 +232,12 @@ void register_decode_versions(const std::string& name, const Shape& s) {
   static cpu_flash::CpuFlashBackend v8_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::grouped8});
   static cpu_flash::CpuFlashBackend v9(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::lanes});
   static cpu_flash::CpuFlashBackend v9_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::lanes});
+  static cpu_flash::CpuFlashBackend v10(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::half_dots});
+  static cpu_flash::CpuFlashBackend v10_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::half_dots});
   if (name.rfind("decode_dram", 0) == 0) {  // only the DRAM contenders and the ceiling
     for (const auto& [suffix, be] :
          {std::pair{"/v5_stream", &v5}, std::pair{"/v6_fused", &v6}, std::pair{"/v7_grouped", &v7},
-          std::pair{"/v8_grouped8", &v8}, std::pair{"/v9_lanes", &v9}})
+          std::pair{"/v8_grouped8", &v8}, std::pair{"/v9_lanes", &v9}, std::pair{"/v10_half_dots", &v10}})
       benchmark::RegisterBenchmark((name + suffix).c_str(), [s, be = be](benchmark::State& st) { run_backend(st, *be, s); })
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
@@ -247,11 +253,12 @@ void register_decode_versions(const std::string& name, const Shape& s) {
                                                                      {"/v6_fused_t1", &v6_1},
                                                                      {"/v7_grouped_t1", &v7_1},
                                                                      {"/v8_grouped8_t1", &v8_1},
-                                                                     {"/v9_lanes_t1", &v9_1}};
+                                                                     {"/v9_lanes_t1", &v9_1},
+                                                                     {"/v10_half_dots_t1", &v10_1}};
   const std::pair<const char*, cpu_flash::CpuFlashBackend*> all[] = {
       {"/v2_tiled", &v2}, {"/v3_staged", &v3}, {"/v4_direct", &v4},
       {"/v5_stream", &v5}, {"/v6_fused", &v6}, {"/v7_grouped", &v7}, {"/v8_grouped8", &v8},
-      {"/v9_lanes", &v9}};
+      {"/v9_lanes", &v9}, {"/v10_half_dots", &v10}};
   for (const auto& [suffix, be] : one)
     benchmark::RegisterBenchmark((name + suffix).c_str(), [s, be = be](benchmark::State& st) { run_backend(st, *be, s); })
         ->Unit(benchmark::kMillisecond);

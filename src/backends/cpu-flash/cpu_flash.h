@@ -24,8 +24,8 @@ enum class Path : int {
 // Kernel generation for decode-shaped problems (Sq * group <= 16 rows per KV head); the older ones
 // stay selectable so that benchmarks compare them side by side.
 enum class DecodeKernel : int {
-  automatic = 0,  // lanes on AVX-512; elsewhere direct while the K/V of the call fit in cache, else
-                  // grouped8 (automatic_decode_kernel in flash_internal.h)
+  automatic = 0,  // lanes on AVX-512 (half_dots on AMD); elsewhere direct while the K/V of the
+                  // call fit in cache, else grouped8 (automatic_decode_kernel in flash_internal.h)
   tiled = 2,      // v2: the general tiled path (per-head tasks, split-KV)
   staged = 3,     // v3: key-chunk tasks over all heads, each block converted to f32 scratch first
   direct = 4,     // v4: like staged, but K/V rows read in place (F16C / bf16 promote in registers)

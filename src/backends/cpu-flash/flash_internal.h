@@ -167,15 +167,20 @@ inline constexpr std::int64_t kDecodeGroupedPrefetchKeys = 8;
 // 1.15-1.4x faster at 24 for 16384 and 1048576 keys. The Xeon's eight stays for every other CPU.
 inline constexpr std::int64_t kDecodeGroupedPrefetchKeysAmd = 24;
 
+// Whether this runs on an AMD CPU (read once), for the defaults measured there.
+inline bool cpu_is_amd() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool amd = __builtin_cpu_is("amd");
+  return amd;
+#else
+  return false;
+#endif
+}
+
 // The grouped kernels' prefetch distance in keys for the CPU this runs on (before
 // KALLPA_CPU_FLASH_PREFETCH overrides it).
 inline std::int64_t grouped_prefetch_keys() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool amd = __builtin_cpu_is("amd");
-  return amd ? kDecodeGroupedPrefetchKeysAmd : kDecodeGroupedPrefetchKeys;
-#else
-  return kDecodeGroupedPrefetchKeys;
-#endif
+  return cpu_is_amd() ? kDecodeGroupedPrefetchKeysAmd : kDecodeGroupedPrefetchKeys;
 }
 
 struct DecodeTask {
@@ -277,8 +282,13 @@ int decode_v9_step_keys();
 // 38.5 vs 34.1 / 26.6; all threads, 32/8 heads 60-71 vs 46-66 on f16/bf16 D64/D128; 4096 keys
 // (in L3) and 256 MiB from DRAM it is even with v8 within the noise (8/8 D128 11.1 vs 11.3 GB/s,
 // 32/8 D64 7.4 vs 6.9). AVX2 keeps its measured choices: v9 there is v8's walk, unmeasured.
+// On AMD, v10 instead of v9 (its dots on 256-bit halves: Zen 4 runs 512-bit operations as two
+// halves, where the full-width tree competes with the FMAs). 2-core Zen 4 EPYC, session 22,
+// KALLPA_CPU_FLASH_DECODE=v9|v10 kallpa bench attention -b cpu-flash -t 2, alternated, ms:
+// 32/8 D64 f16 32768 keys 2.29-2.63 vs 2.58-2.67; 8/8 D128 f16 5.45-6.28 vs 5.97-6.59; paged 9/3
+// D64 0.70-0.72 vs 0.74; 32/8 D128 bf16 6.78-7.68 vs 7.12-7.35; 8/8 D64 2048 keys 0.059 vs 0.062.
 inline DecodeKernel automatic_decode_kernel(double kv_bytes) {
-  if (decode_v9_step_keys() >= 16) return DecodeKernel::lanes;
+  if (decode_v9_step_keys() >= 16) return cpu_is_amd() ? DecodeKernel::half_dots : DecodeKernel::lanes;
   return kv_bytes <= kDecodeDirectMaxBytes ? kDecodeAutoInCache : kDecodeAutoStreamed;
 }
 
