@@ -80,6 +80,9 @@ struct Shape {
   std::int64_t b, sq, skv, hq, hkv, d;
   bool causal;
   DType dt;
+  // Every key the same K/V row (key stride 0): K/V stay in L1 whatever skv, so a decode kernel
+  // runs at its compute ceiling (decode_l1/*).
+  bool one_key_row = false;
 };
 
 template <typename T>
@@ -95,9 +98,11 @@ std::unique_ptr<Problem> make(const Shape& s) {
   auto pr = std::make_unique<Problem>();
   std::mt19937 rng(42);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  auto mk = [&](HugeVec<std::uint16_t>& b16, HugeVec<float>& b32, std::initializer_list<std::int64_t> shape) {
+  auto mk = [&](HugeVec<std::uint16_t>& b16, HugeVec<float>& b32, std::initializer_list<std::int64_t> shape,
+                bool one_row = false) {
     std::int64_t n = 1;
     for (auto x : shape) n *= x;
+    if (one_row) n /= shape.begin()[1];
     void* data;
     if (s.dt == DType::f32) {
       b32.resize(static_cast<std::size_t>(n));
@@ -108,11 +113,13 @@ std::unique_ptr<Problem> make(const Shape& s) {
       for (auto& e : b16) e = s.dt == DType::f16 ? f32_to_f16(dist(rng)) : f32_to_bf16(dist(rng));
       data = b16.data();
     }
-    return make_contiguous_view(data, s.dt, shape);
+    TensorView view = make_contiguous_view(data, s.dt, shape);
+    if (one_row) view.stride[1] = 0;
+    return view;
   };
   pr->p.q = mk(pr->q16, pr->q32, {s.b, s.sq, s.hq, s.d});
-  pr->p.k = mk(pr->k16, pr->k32, {s.b, s.skv, s.hkv, s.d});
-  pr->p.v = mk(pr->v16, pr->v32, {s.b, s.skv, s.hkv, s.d});
+  pr->p.k = mk(pr->k16, pr->k32, {s.b, s.skv, s.hkv, s.d}, s.one_key_row);
+  pr->p.v = mk(pr->v16, pr->v32, {s.b, s.skv, s.hkv, s.d}, s.one_key_row);
   pr->p.o = mk(pr->o16, pr->o32, {s.b, s.sq, s.hq, s.d});
   pr->p.causal = s.causal;
   return pr;
@@ -120,10 +127,10 @@ std::unique_ptr<Problem> make(const Shape& s) {
 
 // One problem per shape, built on first use: the 256 MiB decode_dram shapes take seconds to fill.
 const Problem& problem_for(const Shape& s) {
-  static std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, int>,
+  static std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, int, bool>,
                   std::unique_ptr<Problem>>
       cache;
-  auto& slot = cache[{s.b, s.sq, s.skv, s.hq, s.hkv, s.d, s.causal, static_cast<int>(s.dt)}];
+  auto& slot = cache[{s.b, s.sq, s.skv, s.hq, s.hkv, s.d, s.causal, static_cast<int>(s.dt), s.one_key_row}];
   if (!slot) slot = make(s);
   return *slot;
 }
@@ -234,6 +241,13 @@ void register_decode_versions(const std::string& name, const Shape& s) {
   static cpu_flash::CpuFlashBackend v9_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::lanes});
   static cpu_flash::CpuFlashBackend v10(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::half_dots});
   static cpu_flash::CpuFlashBackend v10_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::half_dots});
+  if (name.rfind("decode_l1", 0) == 0) {  // the grouped kernels' compute ceilings, one thread
+    for (const auto& [suffix, be] :
+         {std::pair{"/v8_grouped8_t1", &v8_1}, std::pair{"/v9_lanes_t1", &v9_1}, std::pair{"/v10_half_dots_t1", &v10_1}})
+      benchmark::RegisterBenchmark((name + suffix).c_str(), [s, be = be](benchmark::State& st) { run_backend(st, *be, s); })
+          ->Unit(benchmark::kMillisecond);
+    return;
+  }
   if (name.rfind("decode_dram", 0) == 0) {  // only the DRAM contenders and the ceiling
     for (const auto& [suffix, be] :
          {std::pair{"/v5_stream", &v5}, std::pair{"/v6_fused", &v6}, std::pair{"/v7_grouped", &v7},
@@ -330,6 +344,11 @@ int register_all() {
         register_shape("decode", {1, 1, skv, 8, 8, d, false, dt}, skv <= 4096);
         register_shape("decode_gqa", {1, 1, skv, 32, 8, d, false, dt}, false);
       }
+  // K/V in L1 (one key row for every key): what the kernels' arithmetic and walk cost alone.
+  for (std::int64_t d : {64, 128}) {
+    register_shape("decode_l1_gqa", {1, 1, 4096, 32, 8, d, false, DType::f16, true}, false);
+    register_shape("decode_l1", {1, 1, 4096, 8, 8, d, false, DType::f16, true}, false);
+  }
   // From DRAM: 256 MiB of K/V, the "far larger than the caches" case.
   for (DType dt : {DType::f16, DType::bf16}) {
     register_shape("decode_dram", {1, 1, 131072, 8, 8, 128, false, dt}, false);
