@@ -345,10 +345,11 @@ int register_all() {
         register_shape("decode_gqa", {1, 1, skv, 32, 8, d, false, dt}, false);
       }
   // K/V in L1 (one key row for every key): what the kernels' arithmetic and walk cost alone.
-  for (std::int64_t d : {64, 128}) {
-    register_shape("decode_l1_gqa", {1, 1, 4096, 32, 8, d, false, DType::f16, true}, false);
-    register_shape("decode_l1", {1, 1, 4096, 8, 8, d, false, DType::f16, true}, false);
-  }
+  for (std::int64_t d : {64, 128})
+    for (std::int64_t skv : {4096, 65536}) {
+      register_shape("decode_l1_gqa", {1, 1, skv, 32, 8, d, false, DType::f16, true}, false);
+      register_shape("decode_l1", {1, 1, skv, 8, 8, d, false, DType::f16, true}, false);
+    }
   // From DRAM: 256 MiB of K/V, the "far larger than the caches" case.
   for (DType dt : {DType::f16, DType::bf16}) {
     register_shape("decode_dram", {1, 1, 131072, 8, 8, 128, false, dt}, false);
