@@ -451,6 +451,14 @@ BENCHMARK(BM_F16ConvertFma1Core)->Unit(benchmark::kMillisecond);
 // its L2 rate against 56%). It did not carry over to decode: a model with V's P·V added (head
 // passes over 16-key steps, as the kernels do; tried 2026-12-04, not kept) streamed 10.0-10.5 GB/s
 // of K and V with either K walk, against a 15.3 GB/s plain read.
+// range(2) = 0 drops the software prefetch. On the 2-core Zen 4 EPYC (session 22, DRAM in its
+// 33-35 GB/s phase, --benchmark_min_time=0.5), from DRAM: key-major 9.7 GB/s with the prefetch,
+// 12.6 without (91% of its 13.8 in L2: the hardware prefetcher streams a strictly sequential walk);
+// steps of 1 key walked through the step loop 10.3, of 2 or 4 6.2-6.4, of 16 8.0 either way; plain
+// read 24.7. The kernels' steps of 16 with the prefetch are therefore bounded near 8 GB/s of K per
+// core by this walk alone; only a strictly key-major walk (no multi-key passes) leaves the
+// streaming to the hardware. Staging each step's rows with memcpy, or sequential demand loads
+// ahead of the walk instead of prefetches, made decode 2-3x slower (tried in session 22, not kept).
 constexpr int kWalkHeads = 8, kWalkDim = 64, kWalkRows = 4;
 
 // The sum of v's lanes by halves, through the masked extracts (GCC 12 warns that the plain ones and
@@ -479,11 +487,13 @@ __attribute__((target("avx512f"))) inline void walk_dots(const std::uint16_t* kh
   for (int r = 0; r < kWalkRows; ++r) sink[r] += walk_sum(acc[r]);
 }
 
-__attribute__((target("avx512f"))) float walk_keys(const std::uint16_t* k, long keys, int step, const float* q) {
+__attribute__((target("avx512f"))) float walk_keys(const std::uint16_t* k, long keys, int step, const float* q,
+                                                   bool prefetch) {
   constexpr long kRow = kWalkHeads * kWalkDim;  // elements per key
   constexpr long kAhead = 8;
   float sink[kWalkRows] = {};
   auto prefetch_row = [&](long j) {
+    if (!prefetch) return;
     const char* row = reinterpret_cast<const char*>(k + j * kRow);
     for (long b = 0; b < kRow * 2; b += 64) __builtin_prefetch(row + b, 0, 2);
   };
@@ -509,20 +519,21 @@ void BM_DecodeWalkOrder1Core(benchmark::State& state) {
   }
   const int step = static_cast<int>(state.range(0));
   const bool in_l2 = state.range(1) != 0;
+  const bool prefetch = state.range(2) != 0;
   const long keys = in_l2 ? 1024 : 512 * 1024;
   const int repeats = in_l2 ? 128 : 1;
   constexpr long kSlack = 64;  // the prefetches past the last key stay inside the buffer
   std::vector<std::uint16_t> k(static_cast<std::size_t>((keys + kSlack) * kWalkHeads * kWalkDim), 0x3c00);
   std::vector<float> q(kWalkHeads * kWalkRows * kWalkDim, 0.01f);
   for (auto _ : state) {
-    for (int r = 0; r < repeats; ++r) benchmark::DoNotOptimize(walk_keys(k.data(), keys, step, q.data()));
+    for (int r = 0; r < repeats; ++r) benchmark::DoNotOptimize(walk_keys(k.data(), keys, step, q.data(), prefetch));
   }
   state.counters["K_GB/s"] = benchmark::Counter(2e-9 * static_cast<double>(keys * kWalkHeads * kWalkDim * repeats),
                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_DecodeWalkOrder1Core)
-    ->ArgsProduct({{0, 1, 2, 4, 16}, {0, 1}})
-    ->ArgNames({"step", "in_l2"})
+    ->ArgsProduct({{0, 1, 2, 4, 16}, {0, 1}, {1, 0}})
+    ->ArgNames({"step", "in_l2", "prefetch"})
     ->Unit(benchmark::kMillisecond);
 
 __attribute__((target("avx512f"))) long plain_read_avx512(const std::uint16_t* buf, long bytes) {

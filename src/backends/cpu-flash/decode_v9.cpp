@@ -16,6 +16,9 @@
 // On this Xeon the conversions bound it: vcvtph2ps + FMA sustain 48-54 GB/s of f16 per core
 // (build/bench/cpu_flash_bench --benchmark_filter=BM_F16ConvertFma1Core), and MHA decode reads
 // each K/V byte for one flop.
+// Decode v10 ("half_dots", the default on AMD) is this file's second entry: v9 with its dots on
+// 256-bit halves on AVX-512 (DotsTag, kDotsSets, KeepInRegister), for cores that run 512-bit
+// operations as two halves (Zen 4); everything else is v9's.
 // Layouts that the kernels cannot read in place run v6, as for v7 and v8.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backends/cpu-flash/decode_v9.cpp"
