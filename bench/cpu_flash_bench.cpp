@@ -459,6 +459,11 @@ BENCHMARK(BM_F16ConvertFma1Core)->Unit(benchmark::kMillisecond);
 // core by this walk alone; only a strictly key-major walk (no multi-key passes) leaves the
 // streaming to the hardware. Staging each step's rows with memcpy, or sequential demand loads
 // ahead of the walk instead of prefetches, made decode 2-3x slower (tried in session 22, not kept).
+// Nor did a key-major walk of v10's dots pay (one key per pass, four rows, a 4-way tree; K not
+// prefetched; tried in session 22, not kept): one thread from DRAM 90.9 ms against 70.0 for 1 GiB
+// (32/8 D64 f16), because its dots cost 29% more with K/V in L1 (decode_l1_gqa 65536 keys: 10.3
+// against 7.97 ms), while both walks reach ~91% of their own in-L1 rate from DRAM: decode is bound
+// by its arithmetic and its overheads, not by the streaming.
 constexpr int kWalkHeads = 8, kWalkDim = 64, kWalkRows = 4;
 
 // The sum of v's lanes by halves, through the masked extracts (GCC 12 warns that the plain ones and
