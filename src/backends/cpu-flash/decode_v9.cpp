@@ -51,10 +51,11 @@ inline constexpr int kPassKeys9 = L >= kPaddedRows<RB> ? S * L / kPaddedRows<RB>
 
 // The dots' vectors: full width (v9), or for v10 256-bit halves where vectors have 16 lanes. On a
 // core that runs 512-bit operations as two 256-bit halves (AMD Zen 4) the FMAs cost the same
-// either way, but the 16-way transposing tree of a full-width pass shares pipes with the FMAs and
-// the 8-way tree of a half-width pass mostly does not (one pass of 4 rows x 4 keys, D64 f16, keys
-// in L1, 2-core EPYC, session 22: 63.7 TSC cycles full width, 49.6 in halves, 45.9 for the FMAs
-// with a plain sum instead of the tree).
+// either way, and the two 8-way trees of a half-width pass cost far less than the 16-way tree of
+// a full-width one (one pass of 4 rows x 4 keys, D64 f16, keys in L1, 2-core EPYC, session 22:
+// 63.7 TSC cycles full width, 49.6 in halves, 45.9 for the FMAs with a plain sum instead of the
+// tree). Why, without performance counters, is not known: in a throwaway probe every 256-bit
+// shuffle, add and conversion overlapped with 256-bit FMAs.
 template <bool kHalf>
 using DotsTag = std::conditional_t<kHalf && kLanes >= 16, hn::CappedTag<float, 8>, DF>;
 // Accumulator sets of a half-width pass: two trees of eight, so that a pass covers as many keys
@@ -252,7 +253,6 @@ HWY_INLINE void PvStep(const T* const* v, const float* p, std::int64_t n, float*
   }
   for (; x < len; x += kLanes) PvSlice9<RB, 1, KN>(v, p, n, o, os, x);
 }
-
 
 // v9 (kHalf false) or v10 (kHalf true: the dots on 256-bit halves, DotsTag).
 template <bool kHalf>
