@@ -39,8 +39,8 @@
 //               default on AVX-512 since session 15.
 //   v10 half_dots: v9 with its dots on 256-bit halves on AVX-512: two 8-way trees per pass of
 //               4 rows x 4 keys, query vectors pinned in registers. Zen 4 runs 512-bit operations
-//               as two halves, where v9's 16-way tree competed with the FMAs; the default on AMD
-//               since session 22 (v9 elsewhere, where the FMAs are 512 bits wide).
+//               as two halves, and there v9's 16-way tree cost more than two 8-way ones (measured;
+//               the cause is not known); the default on AMD since session 22 (v9 elsewhere).
 //   Since session 17, v8 and v9 rescale lazily (decode_grouped-inl.h, SoftmaxBelowRunningMax): a
 //   block whose scores stay within ln 256 of a row's running max skips that row's horizontal max
 //   and rescale (`kallpa bench attention -b cpu-flash --spec
@@ -455,9 +455,9 @@ BENCHMARK(BM_F16ConvertFma1Core)->Unit(benchmark::kMillisecond);
 // 33-35 GB/s phase, --benchmark_min_time=0.5), from DRAM: key-major 9.7 GB/s with the prefetch,
 // 12.6 without (91% of its 13.8 in L2: the hardware prefetcher streams a strictly sequential walk);
 // steps of 1 key walked through the step loop 10.3, of 2 or 4 6.2-6.4, of 16 8.0 either way; plain
-// read 24.7. The kernels' steps of 16 with the prefetch are therefore bounded near 8 GB/s of K per
-// core by this walk alone; only a strictly key-major walk (no multi-key passes) leaves the
-// streaming to the hardware. Staging each step's rows with memcpy, or sequential demand loads
+// read 24.7: only a strictly key-major walk (no multi-key passes) leaves the streaming to the
+// hardware. In this model steps of 16 reach 59% of their L2 rate from DRAM; the kernels
+// themselves do better (below). Staging each step's rows with memcpy, or sequential demand loads
 // ahead of the walk instead of prefetches, made decode 2-3x slower (tried in session 22, not kept).
 // Nor did a key-major walk of v10's dots pay (one key per pass, four rows, a 4-way tree; K not
 // prefetched; tried in session 22, not kept): one thread from DRAM 90.9 ms against 70.0 for 1 GiB
