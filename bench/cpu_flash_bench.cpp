@@ -317,6 +317,7 @@ void register_shape(const std::string& kind, const Shape& s, bool with_generic) 
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   if (kind.rfind("decode_dram", 0) == 0) return;  // cpu-gemm takes seconds per call there
+  if (s.one_key_row) return;                       // decode_l1: the grouped kernels' ceilings only
   if (AttentionBackend* gemm = BackendRegistry::global().find("cpu-gemm"))
     benchmark::RegisterBenchmark((name + "/cpu-gemm").c_str(), [s, gemm](benchmark::State& st) { run_backend(st, *gemm, s); })
         ->UseRealTime()
@@ -461,8 +462,10 @@ BENCHMARK(BM_F16ConvertFma1Core)->Unit(benchmark::kMillisecond);
 // ahead of the walk instead of prefetches, made decode 2-3x slower (tried in session 22, not kept).
 // Nor did a key-major walk of v10's dots pay (one key per pass, four rows, a 4-way tree; K not
 // prefetched; tried in session 22, not kept): one thread from DRAM 90.9 ms against 70.0 for 1 GiB
-// (32/8 D64 f16), because its dots cost 29% more with K/V in L1 (decode_l1_gqa 65536 keys: 10.3
-// against 7.97 ms), while both walks reach ~91% of their own in-L1 rate from DRAM: decode is bound
+// (`kallpa bench attention -b cpu-flash -t 1 --spec b=1,sq=1,skv=524288,hq=32,hkv=8,d=64,
+// dtype=f16`), because its dots cost 29% more with K/V in L1 (--benchmark_filter=
+// 'decode_l1_gqa/f16/d64/h32_8/sq1_skv65536/v10_half_dots_t1$': 10.3 against 7.97 ms), while both
+// walks reach ~91% of their own in-L1 rate from DRAM (70.0 ms against 8 x 7.97): decode is bound
 // by its arithmetic and its overheads, not by the streaming.
 constexpr int kWalkHeads = 8, kWalkDim = 64, kWalkRows = 4;
 

@@ -435,7 +435,7 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
                                       DecodeKernel::half_dots});
 }
 
-// Decode v7, v8 and v9 (the grouped kernels) against the reference over the contract their
+// Decode v7 to v10 (the grouped kernels) against the reference over the contract their
 // in-place kernels take: K/V dtypes f16/bf16/f32, GQA groups of 1, 3, 4 and 8 (one and two row
 // groups of four), paged caches with odd page sizes, ragged lengths that end within a step (eight
 // keys; v9: one per lane), several queries per sequence, causal, windows, softcap, ALiBi and lse,
@@ -541,7 +541,7 @@ TEST(CpuFlash, DecodeNanOnlyWhereVisible) {
   using cpu_flash::DecodeKernel;
   for (DecodeKernel k : {DecodeKernel::staged, DecodeKernel::direct, DecodeKernel::stream, DecodeKernel::fused,
                         DecodeKernel::grouped, DecodeKernel::grouped8, DecodeKernel::lanes,
-                                      DecodeKernel::half_dots}) {
+                        DecodeKernel::half_dots}) {
     Spec s = shaped({2}, {600}, 4, 1, 16);
     s.causal = true;
     Built b;

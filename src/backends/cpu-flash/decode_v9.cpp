@@ -52,10 +52,12 @@ inline constexpr int kPassKeys9 = L >= kPaddedRows<RB> ? S * L / kPaddedRows<RB>
 // The dots' vectors: full width (v9), or for v10 256-bit halves where vectors have 16 lanes. On a
 // core that runs 512-bit operations as two 256-bit halves (AMD Zen 4) the FMAs cost the same
 // either way, and the two 8-way trees of a half-width pass cost far less than the 16-way tree of
-// a full-width one (one pass of 4 rows x 4 keys, D64 f16, keys in L1, 2-core EPYC, session 22:
-// 63.7 TSC cycles full width, 49.6 in halves, 45.9 for the FMAs with a plain sum instead of the
-// tree). Why, without performance counters, is not known: in a throwaway probe every 256-bit
-// shuffle, add and conversion overlapped with 256-bit FMAs.
+// a full-width one. In the kernels (2-core EPYC, session 22, build/bench/cpu_flash_bench
+// --benchmark_filter='decode_l1_gqa/f16/d64/h32_8/sq1_skv4096/v(9_lanes|10_half_dots)_t1$'):
+// 15.6 GB/s v9, 17.8 v10 with K/V in L1. In a throwaway probe (not kept) of one pass of 4 rows x
+// 4 keys, D64 f16, keys in L1: 63.7 TSC cycles full width, 49.6 in halves, 45.9 for the FMAs with a
+// plain sum instead of the tree. Why, without performance counters, is not known: in another
+// throwaway probe every 256-bit shuffle, add and conversion overlapped with 256-bit FMAs.
 template <bool kHalf>
 using DotsTag = std::conditional_t<kHalf && kLanes >= 16, hn::CappedTag<float, 8>, DF>;
 // Accumulator sets of a half-width pass: two trees of eight, so that a pass covers as many keys
@@ -64,9 +66,12 @@ template <bool kHalf>
 inline constexpr int kDotsSets = kHalf && kLanes >= 16 ? 2 : 1;
 
 // Pins a query vector in a register: without it GCC folds the load into every FMA that uses it
-// (a memory operand per FMA), and the pass is bound by loads (half-width pass of 4 rows x 4 keys,
-// D64 f16, keys in L1, session 22: 60.1 TSC cycles folded, 51.6 pinned, 49.6 with every query
-// vector held across passes).
+// (a memory operand per FMA, seen in objdump -d of decode_v9.cpp.o), and the pass is bound by
+// loads (throwaway probe, not kept: half-width pass of 4 rows x 4 keys, D64 f16, keys in L1,
+// session 22: 60.1 TSC cycles folded, 51.6 pinned, 49.6 with every query vector held across
+// passes). In the kernel, half-width dots without the pin gave 0.522 ms against v9's 0.540-0.553
+// (`kallpa bench attention -b cpu-flash -t 1 --spec b=1,sq=1,skv=4096,hq=32,hkv=8,d=64,dtype=f16`,
+// KALLPA_CPU_FLASH_DECODE=v9|v10), with it 0.493-0.500.
 template <class V>
 HWY_INLINE void KeepInRegister(V& v) {
 #if HWY_ARCH_X86 && (defined(__GNUC__) || defined(__clang__)) && HWY_TARGET != HWY_SCALAR

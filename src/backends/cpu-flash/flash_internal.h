@@ -284,7 +284,9 @@ int decode_v9_step_keys();
 // 32/8 D64 7.4 vs 6.9). AVX2 keeps its measured choices: v9 there is v8's walk, unmeasured.
 // On AMD, v10 instead of v9 (its dots on 256-bit halves: Zen 4 runs 512-bit operations as two
 // halves, where the full-width tree competes with the FMAs). 2-core Zen 4 EPYC, session 22,
-// KALLPA_CPU_FLASH_DECODE=v9|v10 kallpa bench attention -b cpu-flash -t 2, alternated, ms:
+// KALLPA_CPU_FLASH_DECODE=v9|v10 kallpa bench attention -b cpu-flash -t 2 --spec
+// b=1,sq=1,skv=32768,hq=32,hkv=8,d=64,dtype=f16 (and the heads, d, dtype, skv and kv=paged,page=16
+// below), alternated, ms:
 // 32/8 D64 f16 32768 keys 2.29-2.63 vs 2.58-2.67; 8/8 D128 f16 5.45-6.28 vs 5.97-6.59; paged 9/3
 // D64 0.70-0.72 vs 0.74; 32/8 D128 bf16 6.78-7.68 vs 7.12-7.35; 8/8 D64 2048 keys 0.059 vs 0.062.
 inline DecodeKernel automatic_decode_kernel(double kv_bytes) {
