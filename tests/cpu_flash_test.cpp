@@ -281,6 +281,9 @@ void check_all_paths(const Spec& s) {
   CpuFlashBackend grouped_v8(Options{0, Path::fast, DecodeKernel::grouped8});
   CpuFlashBackend lanes_v9(Options{0, Path::fast, DecodeKernel::lanes});
   CpuFlashBackend half_dots_v10(Options{0, Path::fast, DecodeKernel::half_dots});
+  Options short_steps{0, Path::fast, DecodeKernel::half_dots};
+  short_steps.decode_step = 8;
+  CpuFlashBackend half_dots_v10_step8(short_steps);
   CpuFlashBackend generic(Options{0, Path::generic});
   const auto want = ref(s);
   expect_close(run(fast, s), want, s, "fast");
@@ -291,6 +294,7 @@ void check_all_paths(const Spec& s) {
   expect_close(run(grouped_v8, s), want, s, "fast, decode v8");
   expect_close(run(lanes_v9, s), want, s, "fast, decode v9");
   expect_close(run(half_dots_v10, s), want, s, "fast, decode v10");
+  expect_close(run(half_dots_v10_step8, s), want, s, "fast, decode v10, steps of 8");
   expect_close(run(generic, s), want, s, "generic");
 }
 
@@ -382,15 +386,24 @@ TEST(CpuFlash, DecodeSplitKv) {
 
 // Each decode kernel generation in `kernels`, forced, against the reference on every spec; stops at
 // the first fatal failure.
+// v9 and v10 (lanes, half_dots) run with each step size: the one their geometry chooses, and 8
+// and 16 keys fixed (Options::decode_step).
 void expect_decode_kernels_match(const std::vector<Spec>& specs, std::initializer_list<cpu_flash::DecodeKernel> kernels) {
+  using cpu_flash::DecodeKernel;
   for (const Spec& s : specs) {
     SCOPED_TRACE(describe(s));
     const auto want = ref(s);
-    for (cpu_flash::DecodeKernel k : kernels) {
-      SCOPED_TRACE(static_cast<int>(k));
-      CpuFlashBackend be(Options{0, Path::fast, k});
-      expect_close(run(be, s), want, s, "decode kernel");
-      if (::testing::Test::HasFatalFailure()) return;
+    for (DecodeKernel k : kernels) {
+      const bool stepped = k == DecodeKernel::lanes || k == DecodeKernel::half_dots;
+      for (int step : {0, 8, 16}) {
+        if (step != 0 && !stepped) continue;
+        SCOPED_TRACE("decode v" + std::to_string(static_cast<int>(k)) + " step " + std::to_string(step));
+        Options o{0, Path::fast, k};
+        o.decode_step = step;
+        CpuFlashBackend be(o);
+        expect_close(run(be, s), want, s, "decode kernel");
+        if (::testing::Test::HasFatalFailure()) return;
+      }
     }
   }
 }
@@ -655,6 +668,36 @@ TEST(CpuFlash, FastExpMatchesStdExp) {
   CpuFlashBackend::force_simd_target("");
 }
 
+// Decode v9 / v10 take steps of 8 keys where one head's rows of a 16-key step crowd an L1 set
+// (more than two lines of 64 bytes in one of 64 sets; four for MHA): rows 1 KiB apart put 4 lines in a set,
+// 2 KiB 8, 4 KiB all 16 rows' first lines; 384 bytes (3 KV heads of D64 f16) spread them out.
+TEST(CpuFlash, ShortDecodeStepsWhereRowsCrowdL1Sets) {
+  EXPECT_EQ(cpu_flash::step_lines_per_set(1024, 128, 16), 4);
+  EXPECT_EQ(cpu_flash::step_lines_per_set(2048, 256, 16), 8);
+  EXPECT_EQ(cpu_flash::step_lines_per_set(4096, 128, 16), 16);
+  EXPECT_EQ(cpu_flash::step_lines_per_set(384, 128, 16), 1);
+  EXPECT_EQ(cpu_flash::step_lines_per_set(-1024, 128, 16), 4);
+  EXPECT_EQ(cpu_flash::step_lines_per_set(1024, 128, 8), 2);
+  EXPECT_EQ(cpu_flash::step_lines_per_set(0, 128, 16), 1);     // one row read 16 times
+  EXPECT_EQ(cpu_flash::step_lines_per_set(64, 128, 16), 1);    // overlapping rows: 17 lines in a row
+  auto short_steps = [](Spec s) {
+    Built b;
+    build(s, b);
+    auto vp = validate(b.p);
+    EXPECT_TRUE(vp.is_ok()) << vp.status().to_string();
+    return vp.is_ok() && cpu_flash::decode_short_steps(*vp);
+  };
+  EXPECT_TRUE(short_steps({.dt = DType::f16, .sq = {1}, .skv = {64}, .hq = 32, .hkv = 8, .d = 64, .dv = 64}));
+  EXPECT_TRUE(short_steps({.dt = DType::bf16, .sq = {1}, .skv = {64}, .hq = 32, .hkv = 8, .d = 128, .dv = 128}));
+  EXPECT_TRUE(short_steps({.dt = DType::f32, .sq = {1}, .skv = {64}, .hq = 8, .hkv = 8, .d = 64, .dv = 64}));
+  EXPECT_TRUE(short_steps({.dt = DType::f16, .sq = {1}, .skv = {64}, .hq = 8, .hkv = 8, .d = 128, .dv = 128}));
+  // MHA needs more than four lines in a set (its short steps run narrower passes).
+  EXPECT_FALSE(short_steps({.dt = DType::f16, .sq = {1}, .skv = {64}, .hq = 8, .hkv = 8, .d = 64, .dv = 64}));
+  EXPECT_FALSE(short_steps({.dt = DType::f16, .sq = {1}, .skv = {64}, .hq = 9, .hkv = 3, .d = 64, .dv = 64,
+                            .kvl = KvLayout::paged, .page = 16}));
+  EXPECT_FALSE(short_steps({.dt = DType::f16, .sq = {1}, .skv = {64}, .hq = 8, .hkv = 2, .d = 64, .dv = 64}));
+}
+
 TEST(CpuFlash, ConcurrentRuns) {
   Spec s;
   s.dt = DType::f16;
@@ -751,6 +794,16 @@ TEST(CpuFlash, EverySimdTarget) {
       expect_close(run(half_dots, s), ref(s), s, "decode v10, D 128");
       s.d = s.dv = 64;
       expect_close(run(half_dots, s), ref(s), s, "decode v10, D 64");
+      // Steps of 8 keys (AVX-512 only; elsewhere a step is the target's lanes either way).
+      for (auto k : {cpu_flash::DecodeKernel::lanes, cpu_flash::DecodeKernel::half_dots}) {
+        Options o{0, Path::fast, k};
+        o.decode_step = 8;
+        CpuFlashBackend stepped(o);
+        s.d = s.dv = 64;
+        expect_close(run(stepped, s), ref(s), s, "decode v9/v10 in steps of 8, D 64");
+        s.d = s.dv = 128;
+        expect_close(run(stepped, s), ref(s), s, "decode v9/v10 in steps of 8, D 128");
+      }
     }
   }
   ASSERT_TRUE(cpu_flash::CpuFlashBackend::force_simd_target(""));

@@ -19,6 +19,9 @@
 // Decode v10 ("half_dots", the default on AMD) is this file's second entry: v9 with its dots on
 // 256-bit halves on AVX-512 (DotsTag, kDotsSets, KeepInRegister), for cores that run 512-bit
 // operations as two halves (Zen 4); everything else is v9's.
+// On AVX-512 either kernel walks in steps of 8 keys instead of 16 where a 16-key step's rows would
+// crowd the L1 sets they map to (decode_short_steps, DecodePlan::short_steps; DotsShape narrows a
+// pass that would hold more keys than a step).
 // Layouts that the kernels cannot read in place run v6, as for v7 and v8.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backends/cpu-flash/decode_v9.cpp"
@@ -33,6 +36,9 @@ namespace {
 
 constexpr std::int64_t kB9 = kDecodeGroupedBlock;
 constexpr int kLanes = static_cast<int>(hn::MaxLanes(DF()));
+// Keys per step where a step of kLanes keys would crowd the L1 sets its rows map to
+// (decode_short_steps).
+constexpr int kShortStep = 8;
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 constexpr int kVectorRegisters = 32;
@@ -165,21 +171,21 @@ HWY_INLINE void StoreRowPieces(D d, hn::Vec<D> v, float* HWY_RESTRICT out, int f
   }
 }
 
-// s[rb * kB9 + u] = <q[rb], k[u]> for the RB rows (q rows qs floats apart) and the kLanes keys of
+// s[rb * kB9 + u] = <q[rb], k[u]> for the RB rows (q rows qs floats apart) and the kStep keys of
 // a step, in passes of KU keys whose RB x KU dots (one per lane of S vectors of DD) reduce in S
 // trees: set j holds the dots rb * KU + u in [j N, j N + N).
-template <int RB, class DD, int S, typename T>
+template <int RB, class DD, int S, int kStep, typename T>
 HWY_INLINE void DotsStep(const float* HWY_RESTRICT q, std::int64_t qs, const T* const* k, std::int64_t len,
                          float* HWY_RESTRICT s) {
   constexpr int N = static_cast<int>(hn::MaxLanes(DD()));
   constexpr int KU = kPassKeys9<RB, N, S>;
   if constexpr (KU == 0) {
-    DotsPart<RB>(q, qs, k, kLanes, len, s);
+    DotsPart<RB>(q, qs, k, kStep, len, s);
   } else {
-    static_assert(KU <= kLanes, "a pass stays within a step");
+    static_assert(KU <= kStep && kStep % KU == 0, "a step is whole passes");
     const DD d;
     constexpr int XC = kQuerySlice9<RB>;
-    for (int k0 = 0; k0 < kLanes; k0 += KU) {
+    for (int k0 = 0; k0 < kStep; k0 += KU) {
       hn::Vec<DD> acc[S * N];
       for (int t = 0; t < S * N; ++t) acc[t] = hn::Zero(d);
       std::int64_t x = 0;
@@ -259,7 +265,32 @@ HWY_INLINE void PvStep(const T* const* v, const float* p, std::int64_t n, float*
   for (; x < len; x += kLanes) PvSlice9<RB, 1, KN>(v, p, n, o, os, x);
 }
 
-// v9 (kHalf false) or v10 (kHalf true: the dots on 256-bit halves, DotsTag).
+// The dots' vectors (Tag) and accumulator sets (S) of a pass of RB rows within steps of kStep
+// keys: v9's or v10's (DotsTag, kDotsSets), narrowed while a pass would hold more keys than a step
+// (one set, then 256-bit vectors: one row in steps of 8 on AVX-512).
+template <bool kHalf, int RB, int kStep>
+struct DotsShape {
+  static constexpr int kWide = static_cast<int>(hn::MaxLanes(DotsTag<kHalf>()));
+  static constexpr bool kOneSet = kPassKeys9<RB, kWide, kDotsSets<kHalf>> > kStep;
+  static constexpr int S = kOneSet ? 1 : kDotsSets<kHalf>;
+  static constexpr bool kNarrow = kPassKeys9<RB, kWide, S> > kStep;
+  using Tag = std::conditional_t<kNarrow, hn::CappedTag<float, (kNarrow ? kWide / 2 : kWide)>, DotsTag<kHalf>>;
+};
+
+// v9 (kHalf false) or v10 (kHalf true: the dots on 256-bit halves, DotsTag), in steps of kStep
+// keys.
+template <bool kHalf, int kStep>
+HWY_INLINE void RunLanesSteps(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t,
+                              void* scratch, std::byte* slots, std::int32_t* counters, std::int64_t ahead) {
+  RunStepWalkTask<kStep>(
+      vp, plan, t, scratch, slots, counters, ahead,
+      [](auto rb, auto... a) {
+        using Shape = DotsShape<kHalf, decltype(rb)::value, kStep>;
+        DotsStep<decltype(rb)::value, typename Shape::Tag, Shape::S, kStep>(a...);
+      },
+      [](auto rb, auto kn, auto... a) { PvStep<decltype(rb)::value, decltype(kn)::value>(a...); });
+}
+
 template <bool kHalf>
 HWY_INLINE void RunLanesTask(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
                              std::byte* slots, std::int32_t* counters) {
@@ -268,10 +299,13 @@ HWY_INLINE void RunLanesTask(const ValidatedProblem& vp, const DecodePlan& plan,
   // keys, one thread).
   const std::int64_t ahead =
       plan.kv_bytes <= kDecodeDirectMaxBytes ? -1 : PrefetchKeys(grouped_prefetch_keys());
-  RunStepWalkTask<kLanes>(
-      vp, plan, t, scratch, slots, counters, ahead,
-      [](auto rb, auto... a) { DotsStep<decltype(rb)::value, DotsTag<kHalf>, kDotsSets<kHalf>>(a...); },
-      [](auto rb, auto kn, auto... a) { PvStep<decltype(rb)::value, decltype(kn)::value>(a...); });
+  if constexpr (kLanes > kShortStep) {
+    if (plan.short_steps) {
+      RunLanesSteps<kHalf, kShortStep>(vp, plan, t, scratch, slots, counters, ahead);
+      return;
+    }
+  }
+  RunLanesSteps<kHalf, kLanes>(vp, plan, t, scratch, slots, counters, ahead);
 }
 
 }  // namespace

@@ -200,6 +200,7 @@ struct DecodePlan {
   std::size_t worker_bytes = 0;
   std::size_t slot_bytes = 0;     // m[rows_max], l[rows_max], o[rows_max][Dv]
   double kv_bytes = 0.0;          // K/V bytes the call reads
+  bool short_steps = false;       // decode v9 / v10 on AVX-512: steps of 8 keys (set by the caller)
 
   std::size_t workspace_bytes(int threads) const {
     return static_cast<std::size_t>(threads) * worker_bytes + static_cast<std::size_t>(n_slots) * slot_bytes +
@@ -272,6 +273,41 @@ void run_decode_task_v10(const ValidatedProblem& problem, const DecodePlan& plan
                          void* scratch, std::byte* slots, std::int32_t* counters);
 // Keys per step of decode v9 on the SIMD target in use (its float lanes: 16 on AVX-512).
 int decode_v9_step_keys();
+
+// The L1 data cache that decode_short_steps assumes: 64 sets of 64-byte lines (32 KiB 8-way on
+// Zen 4 and Skylake, 48 KiB 12-way on Golden Cove).
+inline constexpr std::int64_t kL1Sets = 64;
+inline constexpr std::int64_t kL1LineBytes = 64;
+// Most distinct lines in one L1 set among `keys` rows of `bytes` bytes, `stride` bytes apart (rows
+// that overlap, as with stride 0, share their lines).
+inline int step_lines_per_set(std::int64_t stride, std::int64_t bytes, std::int64_t keys) {
+  int count[kL1Sets] = {};
+  int most = 0;
+  stride = stride < 0 ? -stride : stride;
+  std::int64_t seen = -1;  // the highest line counted: rows go up, so a shared line is never above it
+  for (std::int64_t j = 0; j < keys; ++j) {
+    const std::int64_t first = j * stride / kL1LineBytes, last = (j * stride + bytes - 1) / kL1LineBytes;
+    for (std::int64_t line = std::max(first, seen + 1); line <= last; ++line)
+      most = std::max(most, ++count[line % kL1Sets]);
+    seen = std::max(seen, last);
+  }
+  return most;
+}
+
+// Whether decode v9 / v10 on AVX-512 walk K/V in steps of 8 keys instead of 16: when one head's
+// rows of a 16-key step put more than two lines into one L1 set (a quarter of its ways; four for
+// MHA, whose short steps run narrower passes), as K/V rows 1 or 2 KiB apart do (8 KV heads of D64
+// or D128 f16). A step's rows are read head by head, so they must stay in L1 until every head is
+// done; crowded sets evict them. 2-core Zen 4 EPYC, session 23, kallpa bench attention -b
+// cpu-flash -t 2 --spec b=1,sq=1,skv=N,hq=H,hkv=8,d=D,dtype=T with KALLPA_CPU_FLASH_STEP=16|8,
+// alternated, ms: 32/8 D128 bf16, 262144 keys (1 GiB) 47.2-52.4 vs 36.3-38.5; 32/8 D64 f16,
+// 524288 keys 36.4-37.4 vs 34.3-36.0; 8/8 D128 f16, 262144 keys 30.3-32.4 vs 25.3 (and 42.5 vs
+// 36.5 while the host's DRAM was in its slow phase); 8/8 D64 f16, 524288 keys (4 lines a set)
+// 22.1-23.8 vs 23.4-24.9, so MHA keeps 16 there. Rows 384 bytes apart (SmolLM2's 3 KV heads of
+// D64 f16, paged, one line a set) were even (33.5-34.5 vs 32.6-34.0). Steps of 32 or 64 keys
+// were 1.4x and 1.9x slower for 32/8 D64; 4 keys 1.1x for 32/8 D128. Options::decode_step
+// (KALLPA_CPU_FLASH_STEP) overrides the choice.
+bool decode_short_steps(const ValidatedProblem& problem);
 
 // The automatic decode kernel for a call that reads kv_bytes of K/V: on 16-lane targets v9, in
 // cache and streamed alike; elsewhere v4 up to kDecodeDirectMaxBytes, v8 beyond. On the AVX-512
