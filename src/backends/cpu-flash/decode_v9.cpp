@@ -22,6 +22,16 @@
 // On AVX-512 either kernel walks in steps of 8 keys instead of 16 where a 16-key step's rows would
 // crowd the L1 sets they map to (decode_short_steps, DecodePlan::short_steps; DotsShape narrows a
 // pass that would hold more keys than a step).
+// Tried on the 2-core Zen 4 in session 23 and not kept (32/8 D64 f16; decode_l1 = build/bench/
+// cpu_flash_bench --benchmark_filter='decode_l1_gqa/f16/d64/h32_8/sq1_skv65536/v10_half_dots_t1$',
+// DRAM = kallpa bench attention -b cpu-flash --spec b=1,sq=1,skv=524288,hq=32,hkv=8,d=64,dtype=f16):
+//   - the exp on each pass's dots (256-bit, before they are stored): decode_l1 7.97 ms against 7.35;
+//   - each step's softmax and P·V right after its dots (a step-wise lazy softmax with per-lane
+//     sums): decode_l1 7.12 against 6.85, one thread from DRAM 66.9-67.7 against 64.7-67.0 ms;
+//   - P·V in steps of 16 behind dots in steps of 8: even (decode_l1 7.05 against 7.0, DRAM
+//     34.5-35.6 against 34.3-35.6 ms);
+//   - prefetching every other line (for the adjacent-line prefetcher): DRAM 3.6x slower;
+//   - the prefetch distance in steps of 8 (16 to 64 keys): even, 34.0-35.7 ms.
 // Layouts that the kernels cannot read in place run v6, as for v7 and v8.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backends/cpu-flash/decode_v9.cpp"
