@@ -304,11 +304,11 @@ inline int step_lines_per_set(std::int64_t stride, std::int64_t bytes, std::int6
 // 524288 keys 36.4-37.4 vs 34.3-36.0; 8/8 D128 f16, 262144 keys 30.3-32.4 vs 25.3 (and 42.5 vs
 // 36.5 while the host's DRAM was in its slow phase); 8/8 D64 f16, 524288 keys (4 lines a set)
 // 22.1-23.8 vs 23.4-24.9, so MHA keeps 16 there. Rows 384 bytes apart (SmolLM2's 3 KV heads of
-// D64 f16, paged, one line a set) were even (33.5-34.5 vs 32.6-34.0). In cache the step
+// D64 f16, paged page=16, 1048576 keys, one line a set) were even (34.1-38.5 vs 34.4-36.3). In cache the step
 // matters less and can go the other way: 32/8 D64 f16 with 4096 keys (8 MiB) 0.293 vs 0.300-0.303
-// ms, 32/8 D128 bf16 with 4096 keys 0.479-0.506 vs 0.471-0.473. Steps of 32 or 64 keys
-// were 1.4x and 1.9x slower for 32/8 D64; 4 keys 1.1x for 32/8 D128. Options::decode_step
-// (KALLPA_CPU_FLASH_STEP) overrides the choice.
+// ms, 32/8 D128 bf16 with 4096 keys 0.479-0.506 vs 0.471-0.473. In throwaway builds (not kept),
+// steps of 32 or 64 keys were 1.4x and 1.9x slower for 32/8 D64, 4 keys 1.1x for 32/8 D128.
+// Options::decode_step (KALLPA_CPU_FLASH_STEP) overrides the choice.
 bool decode_short_steps(const ValidatedProblem& problem);
 
 // The automatic decode kernel for a call that reads kv_bytes of K/V: on 16-lane targets v9, in
