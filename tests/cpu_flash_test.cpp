@@ -385,9 +385,8 @@ TEST(CpuFlash, DecodeSplitKv) {
 }
 
 // Each decode kernel generation in `kernels`, forced, against the reference on every spec; stops at
-// the first fatal failure.
-// v9 and v10 (lanes, half_dots) run with each step size: the one their geometry chooses, and 8
-// and 16 keys fixed (Options::decode_step).
+// the first fatal failure. v9 and v10 (lanes, half_dots) run with each step: the one their geometry
+// chooses, and 8 and 16 keys fixed (Options::decode_step).
 void expect_decode_kernels_match(const std::vector<Spec>& specs, std::initializer_list<cpu_flash::DecodeKernel> kernels) {
   using cpu_flash::DecodeKernel;
   for (const Spec& s : specs) {
@@ -669,8 +668,9 @@ TEST(CpuFlash, FastExpMatchesStdExp) {
 }
 
 // Decode v9 / v10 take steps of 8 keys where one head's rows of a 16-key step crowd an L1 set
-// (more than two lines of 64 bytes in one of 64 sets; four for MHA): rows 1 KiB apart put 4 lines in a set,
-// 2 KiB 8, 4 KiB all 16 rows' first lines; 384 bytes (3 KV heads of D64 f16) spread them out.
+// (more than two lines of 64 bytes in one of 64 sets; four for MHA): rows 1 KiB apart put 4 lines
+// in a set, 2 KiB 8, 4 KiB all 16 rows' first lines; 384 bytes (3 KV heads of D64 f16) spread
+// them out.
 TEST(CpuFlash, ShortDecodeStepsWhereRowsCrowdL1Sets) {
   EXPECT_EQ(cpu_flash::step_lines_per_set(1024, 128, 16), 4);
   EXPECT_EQ(cpu_flash::step_lines_per_set(2048, 256, 16), 8);
@@ -679,7 +679,7 @@ TEST(CpuFlash, ShortDecodeStepsWhereRowsCrowdL1Sets) {
   EXPECT_EQ(cpu_flash::step_lines_per_set(-1024, 128, 16), 4);
   EXPECT_EQ(cpu_flash::step_lines_per_set(1024, 128, 8), 2);
   EXPECT_EQ(cpu_flash::step_lines_per_set(0, 128, 16), 1);     // one row read 16 times
-  EXPECT_EQ(cpu_flash::step_lines_per_set(64, 128, 16), 1);    // overlapping rows: 17 lines in a row
+  EXPECT_EQ(cpu_flash::step_lines_per_set(64, 128, 16), 1);    // overlapping rows: 17 consecutive lines
   auto short_steps = [](Spec s) {
     Built b;
     build(s, b);
