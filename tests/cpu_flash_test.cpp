@@ -670,7 +670,7 @@ TEST(CpuFlash, FastExpMatchesStdExp) {
 // Decode v9 / v10 take steps of 8 keys where one head's rows of a 16-key step crowd an L1 set
 // (more than two lines of 64 bytes in one of 64 sets; four for MHA): rows 1 KiB apart put 4 lines
 // in a set, 2 KiB 8, 4 KiB all 16 rows' first lines; 384 bytes (3 KV heads of D64 f16) spread
-// them out.
+// them out. Only calls that read more than kDecodeShortStepsMinBytes of K/V.
 TEST(CpuFlash, ShortDecodeStepsWhereRowsCrowdL1Sets) {
   EXPECT_EQ(cpu_flash::step_lines_per_set(1024, 128, 16), 4);
   EXPECT_EQ(cpu_flash::step_lines_per_set(2048, 256, 16), 8);
@@ -685,7 +685,7 @@ TEST(CpuFlash, ShortDecodeStepsWhereRowsCrowdL1Sets) {
     build(s, b);
     auto vp = validate(b.p);
     EXPECT_TRUE(vp.is_ok()) << vp.status().to_string();
-    return vp.is_ok() && cpu_flash::decode_short_steps(*vp);
+    return vp.is_ok() && cpu_flash::decode_short_steps(*vp, 1e9);
   };
   EXPECT_TRUE(short_steps({.dt = DType::f16, .sq = {1}, .skv = {64}, .hq = 32, .hkv = 8, .d = 64, .dv = 64}));
   EXPECT_TRUE(short_steps({.dt = DType::bf16, .sq = {1}, .skv = {64}, .hq = 32, .hkv = 8, .d = 128, .dv = 128}));
@@ -696,6 +696,13 @@ TEST(CpuFlash, ShortDecodeStepsWhereRowsCrowdL1Sets) {
   EXPECT_FALSE(short_steps({.dt = DType::f16, .sq = {1}, .skv = {64}, .hq = 9, .hkv = 3, .d = 64, .dv = 64,
                             .kvl = KvLayout::paged, .page = 16}));
   EXPECT_FALSE(short_steps({.dt = DType::f16, .sq = {1}, .skv = {64}, .hq = 8, .hkv = 2, .d = 64, .dv = 64}));
+  // A call whose K/V stays in cache keeps 16 whatever its geometry.
+  Built b;
+  build({.dt = DType::f16, .sq = {1}, .skv = {64}, .hq = 32, .hkv = 8, .d = 64, .dv = 64}, b);
+  auto vp = validate(b.p);
+  ASSERT_TRUE(vp.is_ok()) << vp.status().to_string();
+  EXPECT_FALSE(cpu_flash::decode_short_steps(*vp, cpu_flash::kDecodeShortStepsMinBytes));
+  EXPECT_TRUE(cpu_flash::decode_short_steps(*vp, 2 * cpu_flash::kDecodeShortStepsMinBytes));
 }
 
 TEST(CpuFlash, ConcurrentRuns) {

@@ -333,7 +333,8 @@ DecodePlan make_decode_plan(const ValidatedProblem& vp) {
   return plan;
 }
 
-bool decode_short_steps(const ValidatedProblem& vp) {
+bool decode_short_steps(const ValidatedProblem& vp, double kv_bytes) {
+  if (kv_bytes <= kDecodeShortStepsMinBytes) return false;
   const AttentionProblem& p = vp.problem();
   const std::size_t row_axis = p.kv_layout == KvLayout::packed ? 0 : 1;
   // One query row per KV head (MHA) takes its short steps in narrower passes, 4% slower with K/V
@@ -440,7 +441,7 @@ Status scratch_out_of_memory() {
 
 Status CpuFlashBackend::run_decode(const ValidatedProblem& vp, Workspace workspace) const {
   DecodePlan plan = make_decode_plan(vp);
-  plan.short_steps = options_.decode_step == 8 || (options_.decode_step == 0 && decode_short_steps(vp));
+  plan.short_steps = options_.decode_step == 8 || (options_.decode_step == 0 && decode_short_steps(vp, plan.kv_bytes));
   auto& pool = parallel::ThreadPool::global();
   const CallScratch mem = call_scratch(plan, workspace, options_.threads);
   if (mem.base == nullptr) return scratch_out_of_memory();

@@ -294,22 +294,26 @@ inline int step_lines_per_set(std::int64_t stride, std::int64_t bytes, std::int6
   return most;
 }
 
-// Whether decode v9 / v10 on AVX-512 walk K/V in steps of 8 keys instead of 16: when one head's
-// rows of a 16-key step put more than two lines into one L1 set (a quarter of its ways; four for
-// MHA, whose short steps run narrower passes), as K/V rows 1 or 2 KiB apart do (8 KV heads of D64
-// or D128 f16). A step's rows are read head by head, so they must stay in L1 until every head is
-// done; crowded sets evict them. 2-core Zen 4 EPYC, session 23, kallpa bench attention -b
-// cpu-flash -t 2 --spec b=1,sq=1,skv=N,hq=H,hkv=8,d=D,dtype=T with KALLPA_CPU_FLASH_STEP=16|8,
-// alternated, ms: 32/8 D128 bf16, 262144 keys (1 GiB) 47.2-52.4 vs 36.3-38.5; 32/8 D64 f16,
-// 524288 keys 36.4-37.4 vs 34.3-36.0; 8/8 D128 f16, 262144 keys 30.3-32.4 vs 25.3 (and 42.5 vs
-// 36.5 while the host's DRAM was in its slow phase); 8/8 D64 f16, 524288 keys (4 lines a set)
-// 22.1-23.8 vs 23.4-24.9, so MHA keeps 16 there. Rows 384 bytes apart (SmolLM2's 3 KV heads of
-// D64 f16, paged page=16, 1048576 keys, one line a set) were even (34.1-38.5 vs 34.4-36.3). In cache the step
-// matters less and can go the other way: 32/8 D64 f16 with 4096 keys (8 MiB) 0.293 vs 0.300-0.303
-// ms, 32/8 D128 bf16 with 4096 keys 0.479-0.506 vs 0.471-0.473. In throwaway builds (not kept),
-// steps of 32 or 64 keys were 1.4x and 1.9x slower for 32/8 D64, 4 keys 1.1x for 32/8 D128.
-// Options::decode_step (KALLPA_CPU_FLASH_STEP) overrides the choice.
-bool decode_short_steps(const ValidatedProblem& problem);
+// Whether decode v9 / v10 on AVX-512 walk K/V in steps of 8 keys instead of 16: when the call
+// reads more than kDecodeShortStepsMinBytes of K/V (kv_bytes) and one head's rows of a 16-key step
+// put more than two lines into one L1 set (a quarter of its ways; four for MHA, whose short steps
+// run narrower passes), as K/V rows 1 or 2 KiB apart do (8 KV heads of D64 or D128 f16). A step's
+// rows are read head by head, so they must stay in L1 until every head is done; crowded sets
+// evict them. 2-core Zen 4 EPYC, session 23, kallpa bench attention -b cpu-flash -t 2 --spec
+// b=1,sq=1,skv=N,hq=H,hkv=8,d=D,dtype=T with KALLPA_CPU_FLASH_STEP=16|8, alternated, ms:
+//   from DRAM: 32/8 D128 bf16, 262144 keys (1 GiB) 47.2-52.4 vs 36.3-38.5; 32/8 D64 f16, 524288
+//   keys 36.4-37.4 vs 34.3-36.0; 8/8 D128 f16, 262144 keys 30.3-32.4 vs 25.3 (42.5 vs 36.5 while
+//   the host's DRAM was in its slow phase); 8/8 D64 f16, 524288 keys (4 lines a set) 22.1-23.8
+//   vs 23.4-24.9, so MHA keeps 16 there; rows 384 bytes apart (SmolLM2's 3 KV heads of D64 f16,
+//   paged page=16, 1048576 keys, one line a set) even, 34.1-38.5 vs 34.4-36.3.
+//   in cache, 32/8 D64 f16: 1024 keys (2 MiB) 0.063 vs 0.066-0.067, 4096 (8 MiB) 0.249-0.293 vs
+//   0.260-0.303, 8192 and 16384 mixed (0.504-0.540 vs 0.510-0.516; 1.05-1.17 vs 1.09-1.24),
+//   32768 (64 MiB, a throwaway build) 2.25-2.31 vs 2.15-2.21; 32/8 D128 bf16, 4096 keys (16 MiB)
+//   0.479-0.506 vs 0.471-0.473. Hence the 8 MiB floor.
+// In throwaway builds (not kept), steps of 32 or 64 keys were 1.4x and 1.9x slower for 32/8 D64,
+// 4 keys 1.1x for 32/8 D128. Options::decode_step (KALLPA_CPU_FLASH_STEP) overrides the choice.
+inline constexpr double kDecodeShortStepsMinBytes = 8.0 * 1024 * 1024;
+bool decode_short_steps(const ValidatedProblem& problem, double kv_bytes);
 
 // The automatic decode kernel for a call that reads kv_bytes of K/V: on 16-lane targets v9, in
 // cache and streamed alike; elsewhere v4 up to kDecodeDirectMaxBytes, v8 beyond. On the AVX-512
