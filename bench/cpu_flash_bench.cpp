@@ -351,13 +351,14 @@ int register_all() {
       register_shape("decode_l1_gqa", {1, 1, skv, 32, 8, d, false, DType::f16, true}, false);
       register_shape("decode_l1", {1, 1, skv, 8, 8, d, false, DType::f16, true}, false);
     }
-  // SmolLM2's 9/3 heads: 2-core Zen 4, session 23: v8 18.2, v9 20.3, v10 21.4 GB/s per core, so
-  // two cores could take 42 GB/s; from DRAM (kallpa bench attention -b cpu-flash --spec b=1,sq=1,
-  // skv=1048576,hq=9,hkv=3,d=64,dtype=f16[,kv=paged,page=P]) a dense cache gave 24.8-25.4 ms
-  // while the host's DRAM was slow (95-97% of a plain read), 22.5 while it was fast (66%); pages of
-  // 256 keys 24.1, 64 28.1, 16 33.5-35.7 (fast phase) in a shuffled block table (the prefetch distance, 12 to 96 keys, changed nothing; in
-  // the last-level cache pages cost little: 65536 keys 1.45 dense, 1.45-1.67 paged). The engine's
-  // cache hands a fresh sequence ascending blocks, so its pages lie mostly in order.
+  // SmolLM2's 9/3 heads: 2-core Zen 4, session 23 (--benchmark_filter='decode_l1_gqa3'): v8 18.2,
+  // v9 20.3, v10 21.4 GB/s per core, so two cores could take 42 GB/s. From DRAM (kallpa bench
+  // attention -b cpu-flash --spec b=1,sq=1,skv=1048576,hq=9,hkv=3,d=64,dtype=f16[,kv=paged,page=P])
+  // a dense cache gave 24.8-25.4 ms while the host's DRAM was slow (95-97% of a plain read), 22.5
+  // while it was fast (66%); in a shuffled block table, pages of 256 keys 24.1 and 64 28.1 (fast
+  // phase), 16 33.5-35.7 (either phase; prefetch distances of 12 to 96 keys changed nothing). In
+  // the last-level cache pages cost little (65536 keys: 1.45 ms dense, 1.45-1.67 paged). The
+  // engine's cache hands a fresh sequence ascending blocks, so its pages lie mostly in order.
   register_shape("decode_l1_gqa3", {1, 1, 65536, 9, 3, 64, false, DType::f16, true}, false);
   // From DRAM: 256 MiB of K/V, the "far larger than the caches" case.
   for (DType dt : {DType::f16, DType::bf16}) {

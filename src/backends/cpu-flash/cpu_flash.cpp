@@ -340,11 +340,11 @@ bool decode_short_steps(const ValidatedProblem& vp, double kv_bytes) {
   // One query row per KV head (MHA) takes its short steps in narrower passes, 4% slower with K/V
   // in L1 (KALLPA_CPU_FLASH_STEP=16|8 build/bench/cpu_flash_bench --benchmark_filter=
   // 'decode_l1/f16/d64/h8_8/sq1_skv65536/v10_half_dots_t1$': 3.13 vs 3.26 ms): worth it only
-  // where the sets are fuller (decode_short_steps' measurements).
+  // where the sets are fuller (the measurements at decode_short_steps' declaration).
   const int most = vp.group_size() >= 2 ? 2 : 4;
   auto crowded = [&](const TensorView& t, std::int64_t dim) {
     const auto es = static_cast<std::int64_t>(dtype_size(t.dtype));
-    return step_lines_per_set(t.stride[row_axis] * es, dim * es, 16) > most;
+    return step_lines_per_set(t.stride[row_axis] * es, dim * es, kDecodeLongStepKeys) > most;
   };
   return crowded(p.k, vp.head_dim()) || crowded(p.v, vp.head_dim_v());
 }

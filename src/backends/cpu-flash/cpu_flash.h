@@ -56,15 +56,14 @@ struct Options {
   Path path = Path::automatic;
   DecodeKernel decode = DecodeKernel::automatic;
   PrefillKernel prefill = PrefillKernel::automatic;
-  // Keys per step of decode v9 / v10 on AVX-512: 0 chooses by the K/V geometry
-  // (decode_short_steps), 8 or 16 fix it (KALLPA_CPU_FLASH_STEP).
+  // Keys per step of decode v9 / v10 on AVX-512: 0 chooses by the K/V geometry and size
+  // (decode_short_steps), 8 fixes 8, anything else 16 (KALLPA_CPU_FLASH_STEP).
   int decode_step = 0;
 };
 
 // The registered backend's options: the defaults, with the kernel generations taken from
 // KALLPA_CPU_FLASH_DECODE (v2..v10), KALLPA_CPU_FLASH_PREFILL (v2, v3) and KALLPA_CPU_FLASH_STEP
-// (8, 16) when set, so that
-// `kallpa bench attention` can time one generation against another.
+// (8, 16) when set, so that `kallpa bench attention` can time one generation against another.
 Options options_from_env();
 
 class CpuFlashBackend final : public AttentionBackend {

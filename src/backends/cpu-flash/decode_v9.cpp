@@ -49,6 +49,7 @@ constexpr int kLanes = static_cast<int>(hn::MaxLanes(DF()));
 // Keys per step where a step of kLanes keys would crowd the L1 sets its rows map to
 // (decode_short_steps).
 constexpr int kShortStep = 8;
+static_assert(kLanes <= kShortStep || kLanes == kDecodeLongStepKeys, "decode_short_steps judges this step");
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 constexpr int kVectorRegisters = 32;

@@ -313,6 +313,7 @@ inline int step_lines_per_set(std::int64_t stride, std::int64_t bytes, std::int6
 // In throwaway builds (not kept), steps of 32 or 64 keys were 1.4x and 1.9x slower for 32/8 D64,
 // 4 keys 1.1x for 32/8 D128. Options::decode_step (KALLPA_CPU_FLASH_STEP) overrides the choice.
 inline constexpr double kDecodeShortStepsMinBytes = 8.0 * 1024 * 1024;
+inline constexpr std::int64_t kDecodeLongStepKeys = 16;  // v9 / v10's step on AVX-512 (its lanes)
 bool decode_short_steps(const ValidatedProblem& problem, double kv_bytes);
 
 // The automatic decode kernel for a call that reads kv_bytes of K/V: on 16-lane targets v9, in
