@@ -32,14 +32,16 @@
 //     34.5-35.6 against 34.3-35.6 ms);
 //   - prefetching every other line (for the adjacent-line prefetcher): DRAM 3.6x slower;
 //   - the prefetch distance in steps of 8 (16 to 64 keys): even, 34.0-35.7 ms.
-// Where decode_l1's 7.0 ms go (session 25, throwaway builds that skip one part each, alternated
-// with the shipped one, medians of 3): without the dots 4.28, without P·V 4.35-4.45, without the
-// softmax 6.25-6.33, without dots and P·V 1.65-1.86 ms. So dots ~2.7 and P·V ~2.65 ms against an
-// FMA floor of 2.33 each (one 512-bit FMA per cycle at ~3.6 GHz), softmax ~0.7, and the rest, the
-// walk (prefetch, row pointers, loop), ~0.9. Even a walk and softmax that cost nothing would leave
-// the kernel at ~87% of the FMA peak in L1 and, at the ~81% of its in-L1 rate that two threads
-// keep from DRAM, ~71% from DRAM, where 70% of a 57-62 GB/s read asks 69-75% of two cores doing 4
-// flops per K/V byte (their FMA peak, ~232 GFLOP/s, streams at most ~58 GB/s). Today: 66% in L1.
+// Where decode_l1's 7.0 ms go (session 25: throwaway builds with StepWalk's call to the dots, to
+// P·V or to GroupedSoftmax removed, run through LD_LIBRARY_PATH alternately with the shipped
+// library, medians of 3): without the dots 4.28, without P·V 4.35-4.45, without the softmax
+// 6.25-6.33, without dots and P·V 1.65-1.86 ms. So dots ~2.7 and P·V ~2.65 ms against an FMA
+// floor of 2.33 each (one 512-bit FMA per cycle at ~3.6 GHz), softmax ~0.7, and the rest, the walk
+// (prefetch, row pointers, loop), ~0.9. Even a walk and softmax that cost nothing would leave the
+// kernel at ~87% of the FMA peak in L1 (it is at 66%) and, at the ~81% of its decode_l1 rate that
+// two threads keep in DRAM (session 23), ~71% from DRAM, where 70% of a 57-62 GB/s read asks 69-75%
+// of two cores doing 4 flops per K/V byte (their FMA peak, ~232 GFLOP/s by `kallpa bench peak`,
+// streams at most ~58 GB/s).
 // Layouts that the kernels cannot read in place run v6, as for v7 and v8.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backends/cpu-flash/decode_v9.cpp"
