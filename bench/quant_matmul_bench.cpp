@@ -1,13 +1,14 @@
 // kallpa::model::matmul on SmolLM2-135M's matrix shapes (rows x cols = outputs x inputs: Q4_1
 // 576x576 q/o, 192x576 k/v, 1536x576 gate/up, 576x1536 down; Q8_0 49152x576 output head), exact f32
 // activations (the default) vs Q8- and Q16-quantised activations (act 0/1/2), batch 1 (decode), 4
-// and 16 (a server's batch of decode streams) and 512 (prefill), kernel versions side by side. threads:0
-// uses the whole pool, threads:1 one thread (the kernels without scheduling). Counters: GFLOP/s (2 * rows * cols * batch per call) and weight GB/s
-// (quantised bytes read per call). The head (30 MB) does not fit in the caches; the Q4_1 shapes do.
+// and 16 (a server's batch of decode streams) and 512 (prefill). threads:0 uses the whole pool,
+// threads:1 one thread (the kernels without scheduling). Counters: GFLOP/s (2 * rows * cols * batch
+// per call) and weight GB/s (quantised bytes read per call). The head (30 MB) does not fit in the
+// caches; the Q4_1 shapes do. Figures: bench/results/quant-matmul.md.
 //
 //   build/bench/quant_matmul_bench --benchmark_filter='b:1/'
 //
-// Versions (v):
+// Weight layouts (v):
 //   1: ggml's layout (rows of 20/34-byte blocks, as in the file). f32: fused in-register
 //      dequantisation, 4 rows x 1-2 columns per tile (decode); dequantised rows + 3 x 4 f32
 //      micro-kernel (prefill). q8: the integer (maddubs) kernels, 4 x 1 / 2 x 4 tiles.
@@ -15,15 +16,8 @@
 //      blocks interleaved, their scales side by side (one f16->f32 convert per 4-row tile and block,
 //      aligned 16-byte quant loads). Bit-identical results.
 // avx2:1 caps the kernels at AVX2, beside the default (the widest ISA): batched Q16 products have
-// an AVX-512 VNNI kernel (16 weight rows per vector), bit-identical too. kv picks the AVX2 batched
-// Q16 kernel version (0: the default, the latest; 1: a 4-row fold per register; 2: 8 weight rows
-// per vector, tiles of 16 rows x 4 activation rows), all bit-identical. On Zen 3, one thread,
-//   KALLPA_THREADS=1 build/bench/quant_matmul_bench --benchmark_filter='b:16/act:2/threads:1/v:2/q8_0:./avx2:1'
-//     --benchmark_repetitions=3 --benchmark_enable_random_interleaving=true
-// (KALLPA_THREADS=1: a quiet second core) gave kv:2 1.1-1.3x kv:1 on every shape. Batch 4 shows
-// what the rows-as-lanes widening costs when only one tile of activation rows shares it: 1536x576,
-// whole pool, Zen 3: b:1 25 us, b:4 70 us (kv:1 78), b:16 166 us, i.e. ~8 us per activation row
-// beyond the first four and ~38 us for the widening itself, more than the whole b:1 product.
+// an AVX-512 VNNI kernel (16 weight rows per vector), bit-identical too. The AVX2 batched Q16
+// tiles (4-row fold against rows as lanes) are compared in bench/lab/quant.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -45,7 +39,6 @@ void BM_QuantMatmul(benchmark::State& state) {
   const int version = static_cast<int>(state.range(5));
   const GgmlType t = state.range(6) == 0 ? GgmlType::q4_1 : GgmlType::q8_0;
   const bool avx2_only = state.range(7) == 1;
-  const int kernel_version = static_cast<int>(state.range(8));
   const auto wf = synthetic_values(1, static_cast<std::size_t>(rows * cols), 0.05f);
   std::vector<std::byte> w(static_cast<std::size_t>(row_size(t, cols) * static_cast<std::uint64_t>(rows)));
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -71,7 +64,6 @@ void BM_QuantMatmul(benchmark::State& state) {
   o.max_threads = threads;
   o.activations = act;
   if (avx2_only) o.max_isa = MatmulOptions::Isa::avx2;
-  o.kernel_version = kernel_version;
   for (auto _ : state) {
     if (!matmul(wm, x.data(), batch, cols, y.data(), rows, o)) {
       state.SkipWithError("matmul failed");
@@ -87,12 +79,11 @@ void BM_QuantMatmul(benchmark::State& state) {
                                                benchmark::Counter::kIs1000);
   const char* act_name = act == MatmulOptions::Activations::q8 ? " q8" : act == MatmulOptions::Activations::q16 ? " q16" : " f32";
   state.SetLabel(std::string(ggml_type_name(t)) + act_name + " v" + std::to_string(version) +
-                 (avx2_only ? " avx2" : std::string(" ") + std::string(quant_kernel_isa())) +
-                 (kernel_version != 0 ? " k" + std::to_string(kernel_version) : std::string()));
+                 (avx2_only ? " avx2" : std::string(" ") + std::string(quant_kernel_isa())));
 }
 
 void shapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"rows", "cols", "b", "act", "threads", "v", "q8_0", "avx2", "kv"});
+  b->ArgNames({"rows", "cols", "b", "act", "threads", "v", "q8_0", "avx2"});
   const std::tuple<std::int64_t, std::int64_t, std::int64_t> kShapes[] = {
       {576, 576, 0}, {192, 576, 0}, {1536, 576, 0}, {576, 1536, 0}, {49152, 576, 1}};
   for (std::int64_t threads : {0, 1}) {  // 0: the whole pool; 1: the kernels alone, no scheduling
@@ -101,12 +92,9 @@ void shapes(benchmark::internal::Benchmark* b) {
         if (head != 0 && batch == 512) continue;  // the head runs on one row per sequence
         for (std::int64_t act : {0, 1, 2}) {
           for (std::int64_t v : {1, 2}) {
-            b->Args({rows, cols, batch, act, threads, v, head, 0, 0});
-            // Batched Q16 decode: the AVX-512 VNNI kernel (where the machine has it) beside AVX2,
-            // and AVX2's kernel versions side by side (kv: 1 = 4-row fold, 2 = rows as lanes).
-            if (act == 2 && (batch == 4 || batch == 16)) {
-              for (std::int64_t kv : {1, 2}) b->Args({rows, cols, batch, act, threads, v, head, 1, kv});
-            }
+            b->Args({rows, cols, batch, act, threads, v, head, 0});
+            // Batched Q16 decode: the AVX-512 VNNI kernel (where the machine has it) beside AVX2.
+            if (act == 2 && (batch == 4 || batch == 16)) b->Args({rows, cols, batch, act, threads, v, head, 1});
           }
         }
       }

@@ -206,10 +206,12 @@ Problem make_problem(GgmlType t, std::int64_t rows, std::int64_t cols, std::int6
   return p;
 }
 
-// Q16 activations: the AVX2 kernels (one-row tiles of 1..4 weight rows; for batches, version 1's
-// tiles of 1..4 activation rows against widened 4-row groups, version 2's rows-as-lanes tiles on
-// 16-row groups with padded and single-row tails, and version 1 past them) and the scalar
-// reference agree bit for bit, in both weight layouts.
+// Q16 activations: the AVX2 kernels and the scalar reference agree bit for bit, in both weight
+// layouts, on every path of gemm_q16_avx2's shape rule (quant_kernels.h): batch 1 takes one-row
+// tiles of 1..4 weight rows; batches 2 and 3 fold widened 4-row groups (tiles of 1..4 activation
+// rows); from batch 4 (kQ16LanesMinBatch), 16-row groups run rows as lanes (padded tails of 2 or 3
+// activation rows, single-row tails through the one-row tiles: batches 5, 6, 7, 9, 17) and the
+// 4-row groups past them fold (rows 20, 24, 28, 40); rows % 4 go to the one-row tiles.
 TEST(QuantKernels, Q16ActivationsAvx2MatchesScalarBitwise) {
   if (!kernels::avx2_available()) GTEST_SKIP() << "no AVX2 on this machine: only the scalar kernels run";
   for (GgmlType t : {GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1}) {
@@ -230,18 +232,49 @@ TEST(QuantKernels, Q16ActivationsAvx2MatchesScalarBitwise) {
             scalar.max_isa = MatmulOptions::Isa::scalar;
             scalar.activations = MatmulOptions::Activations::q16;
             ASSERT_TRUE(matmul(wm, p.x.data(), batch, cols, ys.data(), rows, scalar).is_ok());
-            for (int version : {0, 1, 2}) {
-              std::vector<float> yv(ys.size());
-              MatmulOptions simd;
-              simd.max_isa = MatmulOptions::Isa::avx2;
-              simd.activations = MatmulOptions::Activations::q16;
-              simd.kernel_version = version;
-              ASSERT_TRUE(matmul(wm, p.x.data(), batch, cols, yv.data(), rows, simd).is_ok());
-              ASSERT_EQ(std::memcmp(ys.data(), yv.data(), ys.size() * sizeof(float)), 0)
-                  << ggml_type_name(t) << " rows " << rows << " cols " << cols << " batch " << batch << " version "
-                  << version << (wm.layout == WeightLayout::rows4 ? " rows4" : " rows");
-            }
+            std::vector<float> yv(ys.size());
+            MatmulOptions simd;
+            simd.max_isa = MatmulOptions::Isa::avx2;
+            simd.activations = MatmulOptions::Activations::q16;
+            ASSERT_TRUE(matmul(wm, p.x.data(), batch, cols, yv.data(), rows, simd).is_ok());
+            ASSERT_EQ(std::memcmp(ys.data(), yv.data(), ys.size() * sizeof(float)), 0)
+                << ggml_type_name(t) << " rows " << rows << " cols " << cols << " batch " << batch
+                << (wm.layout == WeightLayout::rows4 ? " rows4" : " rows");
           }
+        }
+      }
+    }
+  }
+}
+
+// The shape rule of gemm_q16_avx2 called directly, without matmul's task split: a whole matrix of
+// 1..3 groups of 16 rows plus 4-row groups and a tail, so that one call takes the fold alone
+// (batches 2, 3) or the lanes followed by the fold and the one-row tiles (batches 4 and up), each
+// against the scalar reference, bit for bit.
+TEST(QuantKernels, Q16Avx2ShapeRuleMatchesScalarBitwise) {
+  if (!kernels::avx2_available()) GTEST_SKIP() << "no AVX2 on this machine: only the scalar kernels run";
+  constexpr std::int64_t cols = 160;
+  const std::int64_t batches[] = {2, 3, kernels::kQ16LanesMinBatch, 5, 8, 11};
+  for (GgmlType t : {GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1}) {
+    for (std::int64_t rows : {4, 12, 16, 24, 36, 52}) {
+      for (std::int64_t batch : batches) {
+        Problem p = make_problem(t, rows, cols, batch, static_cast<std::uint64_t>(rows * 31 + batch));
+        std::vector<BlockQ16x> xq(static_cast<std::size_t>(batch * cols / 32));
+        for (std::int64_t b = 0; b < batch; ++b) {
+          kernels::quantize_row_q16x_scalar(p.x.data() + b * cols, xq.data() + b * cols / 32, cols);
+        }
+        std::vector<std::byte> packed(p.w.size());
+        auto r4 = repack_rows4(p.wm, packed.data());
+        ASSERT_TRUE(r4.is_ok());
+        for (const WeightMatrix& wm : {p.wm, *r4}) {
+          const auto* w = static_cast<const std::byte*>(wm.data);
+          const std::int64_t ldy = rows + 3;  // outputs of one activation row are not contiguous
+          std::vector<float> ys(static_cast<std::size_t>(batch * ldy), -1.0f), yv(ys);
+          kernels::gemm_q16_scalar(t, wm.layout, w, wm.row_bytes, rows, xq.data(), batch, cols, ys.data(), ldy);
+          kernels::gemm_q16_avx2(t, wm.layout, w, wm.row_bytes, rows, xq.data(), batch, cols, yv.data(), ldy);
+          ASSERT_EQ(std::memcmp(ys.data(), yv.data(), ys.size() * sizeof(float)), 0)
+              << ggml_type_name(t) << " rows " << rows << " batch " << batch
+              << (wm.layout == WeightLayout::rows4 ? " rows4" : " rows");
         }
       }
     }
@@ -527,13 +560,6 @@ TEST(QuantKernels, MatmulRejectsBadArguments) {
   bad.row_bytes = 41;
   EXPECT_EQ(matmul(bad, p.x.data(), 1, 64, y.data(), 4).code(), ErrorCode::invalid_argument);
   EXPECT_TRUE(matmul(p.wm, p.x.data(), 0, 64, y.data(), 4).is_ok());
-  for (int version : {-1, 3}) {
-    MatmulOptions o;
-    o.kernel_version = version;
-    const kallpa::Status s = matmul(p.wm, p.x.data(), 1, 64, y.data(), 4, o);
-    EXPECT_EQ(s.code(), ErrorCode::invalid_argument) << version;
-    EXPECT_EQ(s.field(), "options.kernel_version");
-  }
   EXPECT_TRUE(quant_kernel_isa() == "avx512-vnni" || quant_kernel_isa() == "avx2" || quant_kernel_isa() == "scalar");
   EXPECT_EQ(dequantize_rows(p.wm, 3, 2, y.data()).code(), ErrorCode::invalid_argument);
 }

@@ -19,7 +19,6 @@ namespace kallpa::model {
 namespace {
 
 constexpr std::int64_t kBatchChunk = 64;
-constexpr int kLatestKernelVersion = 2;  // MatmulOptions::kernel_version
 
 enum class KernelIsa { scalar, avx2, avx512 };
 
@@ -78,9 +77,9 @@ Status check_job(const WeightMatrix& w, std::int64_t batch, std::int64_t ldx, st
 // Output rows per task: enough work per task to amortise scheduling, a multiple of 4 (tasks start
 // at a rows4 group), of 16 for batches. Decode-sized batches use small tasks for balance, but at
 // most ~64 per matrix: each task costs a shared atomic and a call, and the output head alone has
-// 49k rows. A server's
-// batch of decode rows (up to one batch chunk) takes 32 rows per task: with 64, SmolLM2's 576-row
-// matrices made 9 tasks, so one of two threads idled a ninth of the time.
+// 49k rows. A server's batch of decode rows (up to one batch chunk) takes 32 rows per task: with
+// 64, SmolLM2's 576-row matrices would make 9 tasks, and one of two threads would idle a ninth of
+// the time.
 std::int64_t row_chunk_for(const WeightMatrix& w, std::int64_t batch) {
   std::int64_t chunk = std::max<std::int64_t>(4, (32 * 1024) / std::max<std::int64_t>(1, static_cast<std::int64_t>(w.row_bytes)));
   chunk = std::min<std::int64_t>(chunk, batch <= 4                 ? std::max<std::int64_t>(16, w.rows / 64)
@@ -88,9 +87,8 @@ std::int64_t row_chunk_for(const WeightMatrix& w, std::int64_t batch) {
                                                                : 64);
   // Batched Q16 kernels (AVX2 from 4 activation rows, AVX-512 from 2) work in 16-row groups and
   // fold a task's leftover rows 4 at a time, several times slower per row; tasks of whole groups
-  // leave none (SmolLM2's 1536-row matrices made 24-row tasks at batch 4): x4 generation 291 ->
-  // 319 tok/s, medians of 4 interleaved pairs of `kallpa bench model -p 16 -n 64 -d 0 -B 4 -r 3`
-  // on Zen 3 (all four pairs ahead).
+  // leave none (24-row tasks, as SmolLM2's 1536-row matrices would get at batch 4, leave 8;
+  // bench/results/quant-matmul.md).
   if (batch >= 2) return (chunk + 15) / 16 * 16;
   return (chunk + 3) / 4 * 4;
 }
@@ -99,10 +97,6 @@ std::int64_t row_chunk_for(const WeightMatrix& w, std::int64_t batch) {
 
 Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_t batch, std::int64_t ldx,
                     const MatmulOptions& options) {
-  if (options.kernel_version < 0 || options.kernel_version > kLatestKernelVersion) {
-    return Status::invalid("options.kernel_version", fmt::format("is {}; the kernels have versions 1..{} (0: the latest)",
-                                                                 options.kernel_version, kLatestKernelVersion));
-  }
   if (jobs.empty()) return {};
   const std::int64_t k = jobs[0].w->cols;
   bool any_quant = false;
@@ -190,7 +184,7 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
         const std::int32_t* pt = pairs ? pairs_data + b0 * nb * 16 : nullptr;
         kernels::gemm_q16_avx512(w.type, w.layout, wr, w.row_bytes, nr, xt, pt, nbt, k, yt, ldy);
       } else if (avx2) {
-        kernels::gemm_q16_avx2(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy, options.kernel_version);
+        kernels::gemm_q16_avx2(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
       } else {
         kernels::gemm_q16_scalar(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
       }

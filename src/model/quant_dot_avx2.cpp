@@ -270,9 +270,9 @@ void tile_q16_row(const std::byte* w, std::size_t row_bytes, std::int64_t r0, co
   for (std::int64_t b = 0; b < nb; ++b) {
     if constexpr (L == WeightLayout::rows4 && NW == 4) {
       // Decode streams every weight once per token from DRAM, in tasks of a few KiB that the
-      // hardware prefetcher barely ramps up on. Asking 16 KiB ahead in the group stream (into
-      // the next task, whichever core takes it: it lands in the shared L3 at least) took SmolLM2's
-      // tg128 from 82-102 to 91-122 tok/s in 7 interleaved pairs of runs (4, 8 and 32 KiB: less).
+      // hardware prefetcher barely ramps up on, so the group stream is asked for 16 KiB ahead (into
+      // the next task, whichever core takes it: it lands in the shared L3 at least). Nearer and
+      // farther distances gain less (bench/results/quant-matmul.md).
       _mm_prefetch(reinterpret_cast<const char*>(w + static_cast<std::size_t>(r0) * row_bytes +
                                                  static_cast<std::size_t>(b) * 4 * block_geom(T).bytes + kPrefetchBytes),
                    _MM_HINT_T0);
@@ -301,12 +301,13 @@ constexpr std::int64_t kWideBlockVectors = 8;
 constexpr std::int64_t kWideBlockFloats = 12;
 
 // NX activation rows against a widened 4-row group: per block, accumulate_block on the stored
-// vectors (tile_q16_row without its widening). Each activation row keeps one accumulator in a register (the folded
-// layout serves four weight rows with one, where a vector per row and activation row spilled at 3
-// activation rows), and each pair of rows one constant-term vector ([m * s_x0 | m * s_x1], the
-// same fma per lane as tile_q16_row's). The x loop is unrolled by hand: accumulators kept in an
-// array went through the stack, and that round trip bounded the loop. Not inlined: inlined into
-// gemm_q16_rows beside the widening, the same loop ran ~5% slower side by side.
+// vectors (tile_q16_row without its widening). Each activation row keeps one accumulator in a
+// register (the folded layout serves four weight rows with one; a vector per row and activation
+// row would spill from 3 activation rows), and each pair of rows one constant-term vector
+// ([m * s_x0 | m * s_x1], the same fma per lane as tile_q16_row's). The x loop is unrolled by
+// hand: accumulators kept in an array go through the stack, and that round trip bounds the loop.
+// Kept out of line: inlined into gemm_q16_rows beside the widening, the same loop is slower
+// (bench/results/quant-matmul.md).
 template <GgmlType T, int NX>
 __attribute__((noinline)) void tile_q16_wide(const __m256i* wide, const float* scales, const BlockQ16x* xq, std::int64_t nb,
                           __m256 (&acc_out)[4], __m128 (&macc_out)[4]) {
@@ -385,7 +386,7 @@ void gemm_q16_rows(const std::byte* w, std::size_t row_bytes, std::int64_t r0, c
   }
 }
 
-// --- Batched Q16, rows as lanes (v2 of the batched tile) ---
+// --- Batched Q16, rows as lanes ---
 //
 // gemm_q16_rows keeps a weight row's 32 products in one register and folds four rows' halves
 // with shuffles, per block and activation row: the fold, convert and multiply cost as much as the
@@ -568,7 +569,7 @@ void gemm_q16_lanes(const std::byte* w, std::size_t row_bytes, std::int64_t r0, 
   float* const mw = dw + nb * 16;
   // While one group is widened, the next group's bytes are asked for, a block's worth at a time
   // (in rows4 the 16 rows are one contiguous run): decode reads each weight once per step, from
-  // DRAM, and the widening otherwise waits on each load (see gemm_q16_typed for the measurement).
+  // DRAM, and the widening otherwise waits on each load (bench/results/quant-matmul.md).
   const std::byte* next = w + static_cast<std::size_t>(r0 + 16) * row_bytes;
   constexpr std::size_t kGroupBlockBytes = 16 * block_geom(T).bytes;
   for (std::int64_t b = 0; b < nb; ++b) {
@@ -592,18 +593,24 @@ void gemm_q16_lanes(const std::byte* w, std::size_t row_bytes, std::int64_t r0, 
   }
 }
 
+// Which batched tile runs is a rule on the shape alone, and every path gives the same bits:
+// - one activation row (decode): tile_q16_row, 4 weight rows at a time;
+// - 2 or 3 activation rows: gemm_q16_rows (each 4-row group widened once, 4 rows folded per
+//   register), since the rows-as-lanes widening is paid back only by a full tile of 4 activation
+//   rows;
+// - 4 or more: gemm_q16_lanes on each whole group of 16 weight rows, then gemm_q16_rows on the
+//   4-row groups left;
+// - and tile_q16_row for the last nw % 4 rows.
+// Tasks start at whole 16-row groups for batches (matmul.cpp), so lanes cover nearly every row.
 template <GgmlType T, WeightLayout L>
 void gemm_q16_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ16x* xq, std::int64_t nx,
-                    std::int64_t k, float* y, std::int64_t ldy, int version) {
+                    std::int64_t k, float* y, std::int64_t ldy) {
   const std::int64_t nb = k / kQK;
   std::int64_t r = 0;
   if (nx >= 2) {
-    // Rows as lanes pay off from a full tile of 4 activation rows; 2 or 3 fold.
-    if (version != 1 && nx >= 4) {
-      // A task's first group has no predecessor to ask for it; the whole group at once, into L2,
-      // lets its misses overlap. With the per-block prefetch in gemm_q16_lanes: SmolLM2 x16
-      // generation (`kallpa bench model -p 16 -n 64 -d 0 -B 16 -r 3`, AVX2 Zen 3) medians of 5
-      // interleaved runs 408 -> 451 tok/s (first group only 371, next groups only 421).
+    if (nx >= kQ16LanesMinBatch) {
+      // A task's first group has no predecessor to ask for it (gemm_q16_lanes asks for each next
+      // group while widening this one); the whole group at once, into L2, lets its misses overlap.
       if (L == WeightLayout::rows4 && nw >= 16) prefetch_lines<kPrefetchToL2>(w, 16 * row_bytes);
       for (; r + 16 <= nw; r += 16) gemm_q16_lanes<T, L>(w, row_bytes, r, xq, nx, nb, y + r, ldy);
     }
@@ -804,7 +811,9 @@ void gemm_qf_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, c
   constexpr BlockGeom g = block_geom(T);
   const std::int64_t nb = k / kQK;
   if (nx <= 2) {  // decode: fused, memory bound
-    std::int64_t r = 0;  // 4 rows per tile: measured faster than 8 (spills; v2: 8 is 2x slower on Q8_0)
+    // 4 rows per tile: with 8, the accumulators and expanded blocks spill
+    // (bench/results/quant-matmul.md).
+    std::int64_t r = 0;
     for (; r + 4 <= nw; r += 4) {
       if (nx == 1) {
         tile_qf<T, L, 4, 1>(w, row_bytes, r, x, ldx, nb, y + r, ldy);
@@ -951,8 +960,8 @@ void gemm_q_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::si
 }
 
 void gemm_q16_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
-                   const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy, int version) {
-  by_type_and_layout<GemmQ16>(type, layout, w, row_bytes, nw, xq, nx, k, y, ldy, version);
+                   const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  by_type_and_layout<GemmQ16>(type, layout, w, row_bytes, nw, xq, nx, k, y, ldy);
 }
 
 void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
@@ -986,7 +995,7 @@ void gemm_q_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::si
 }
 void quantize_row_q16x_avx2(const float* x, BlockQ16x* out, std::int64_t k) { quantize_row_q16x_scalar(x, out, k); }
 void gemm_q16_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
-                   const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy, int) {
+                   const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
   gemm_q16_scalar(type, layout, w, row_bytes, nw, xq, nx, k, y, ldy);
 }
 void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,

@@ -1,10 +1,10 @@
 // AVX-512 VNNI kernel for batched Q16 products (gemm_q16 with several activation rows: a server's
 // batch of decode streams), run-time selected above the AVX2 kernels (see quant_kernels.h).
 //
-// The first AVX2 tile (version 1) keeps a weight row's 32 products in the lanes of one register and
-// folds them to the block's two halves E and O with shuffles, per block and activation row; that
-// fold and the separate multiply and add bound it. Here the lanes are weight rows instead (as in
-// AVX2's version 2, 8 rows per vector there, madd + add for vpdpwssd): 16 rows per vector,
+// AVX2's folding tile (gemm_q16_rows) keeps a weight row's 32 products in the lanes of one register
+// and folds them to the block's two halves E and O with shuffles, per block and activation row;
+// that fold and the separate multiply and add bound it. Here the lanes are weight rows instead (as
+// in AVX2's gemm_q16_lanes, 8 rows per vector there, madd + add for vpdpwssd): 16 rows per vector,
 // and vpdpwssd adds a pair of int16 products per lane straight into an int32 accumulator. Pairs
 // are (element j, element j + 16), both in the same half (j mod 4 == (j + 16) mod 4), which is the
 // low and the high nibble of one Q4 quant byte, and the activation side broadcasts the matching
@@ -17,7 +17,7 @@
 // Making rows the lanes takes a transpose: a 16-row group's blocks are widened once per call into
 // a per-thread buffer (byte permutes for the repacked rows4 layout, a 16 x 16 dword transpose for
 // ggml's) and swept by every activation row, so its cost is shared by the batch; one activation
-// row alone goes to the AVX2 kernel. Measured with bench/quant_matmul_bench (avx2:0 vs avx2:1).
+// row alone goes to the AVX2 kernel. bench/quant_matmul_bench compares the two (avx2:0 vs avx2:1).
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -344,10 +344,8 @@ void tile_group(const std::byte* wide, const std::int32_t* xp, const BlockQ16x* 
 // Rows longer than kChunkMaxBlocks blocks are widened and swept kChunkBlocks at a time, so that a
 // chunk's widened weights (16 x 1152 bytes) and every activation row's pairs for it (16 x 64 bytes
 // each) stay in L1 while the batch's tiles sweep them; whole rows of SmolLM2's down projection
-// (k = 1536: 55 KB widened + 49 KB of pairs for 16 rows) went to L2, and its tiles ran at ~75% of the
-// k = 576 rate. KALLPA_THREADS=1 build/bench/quant_matmul_bench
-// --benchmark_filter='rows:576/cols:1536/b:16/act:2/threads:1/v:2/q8_0:0/avx2:0/kv:0', before and
-// after, alternated: 248 -> 232 us (medians of 6); 8-block chunks gained nothing.
+// (k = 1536: 55 KB widened + 49 KB of pairs for 16 rows) would spill to L2 and slow its tiles
+// (bench/results/quant-matmul.md).
 constexpr std::int64_t kChunkBlocks = 16;
 constexpr std::int64_t kChunkMaxBlocks = 24;
 
@@ -367,11 +365,8 @@ void gemm_q16_groups(const std::byte* w, std::size_t row_bytes, std::int64_t n_g
   std::byte* const wide = reinterpret_cast<std::byte*>(wide_buf.data());
   RowAcc* const acc = acc_buf.data();
   // The rows4 widening asks for each next group while it widens one, but a task's first group has
-  // no predecessor and its blocks missed one after another (in SmolLM2's 16-stream profile the
-  // widening took half as long as the tiles, against a quarter with the weights warm). The whole
-  // group at once, into L2, lets the misses overlap: x16 generation 458 -> 498 tok/s, medians of 8
-  // interleaved pairs with and without of `kallpa bench model -p 16 -n 64 -d 0 -B 16 -r 3` on a
-  // Xeon with AVX-512 VNNI (single pairs ranged 0.95-1.33).
+  // no predecessor, and without a prefetch its blocks miss one after another. The whole group at
+  // once, into L2, lets the misses overlap (bench/results/quant-matmul.md).
   if (n_groups > 0) prefetch_lines<kPrefetchToL2>(w, kGroupRows * row_bytes);
   for (std::int64_t g = 0; g < n_groups; ++g) {
     float* yg = y + g * kGroupRows;

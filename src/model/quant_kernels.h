@@ -111,13 +111,14 @@ void quantize_row_q8x_avx2(const float* x, BlockQ8x* out, std::int64_t k);
 void gemm_q_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                  const BlockQ8x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 void quantize_row_q16x_avx2(const float* x, BlockQ16x* out, std::int64_t k);
-// Batches (nx >= 2) have numbered kernel versions, benchmarked side by side, all bit for bit the
-// same: 1 folds 4 weight rows' products per register (gemm_q16_rows); 2 puts 8 weight rows in the
-// lanes (gemm_q16_lanes: groups of 16 rows, from 4 activation rows; fewer activation rows, and
-// rows past the last group of 16, fold as in 1).
-// 0 is the default, the latest.
+// The tile is chosen by shape, all giving the same bits: one activation row runs 4 weight rows
+// per register; from kQ16LanesMinBatch activation rows, each whole group of 16 weight rows puts 8
+// rows in the lanes of a vector (a full tile of 4 activation rows pays for that widening); other
+// batches, and the 4-row groups past the last group of 16, fold 4 weight rows' products per
+// register.
+constexpr std::int64_t kQ16LanesMinBatch = 4;
 void gemm_q16_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
-                   const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy, int version = 0);
+                   const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                  const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 void gemm_qf_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,

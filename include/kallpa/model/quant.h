@@ -10,10 +10,10 @@
 //   - Activations::q8: each x row is first quantised to Q8 blocks of 32 (one scale per block,
 //     round-to-nearest-even) and the products run in integer arithmetic (llama.cpp does the same);
 //     the result differs from the exact product by at most sum_j |W[i][j]| * max|x_block| / 254
-//     (plus float rounding). Faster (decode GEMVs ~1.5-2x on AVX2), but the noise (~0.5% per dot)
-//     is enough to change a small model's greedy answers: SmolLM2-135M's first answer token to
-//     "What is the capital of France?" is "The" by a margin of 0.08 logits over "L", and Q8 noise
-//     flips it. Opt-in only (KALLPA_MATMUL_ACTIVATIONS=q8 for the CPU ops).
+//     (plus float rounding). Faster for decode GEMVs on AVX2 (bench/results/quant-matmul.md), but
+//     the noise (~0.5% per dot) is enough to change a small model's greedy answers: SmolLM2-135M's
+//     first answer token to "What is the capital of France?" is "The" by a margin of 0.08 logits
+//     over "L", and Q8 noise flips it. Opt-in only (KALLPA_MATMUL_ACTIVATIONS=q8 for the CPU ops).
 //   - Activations::q16: the same with 16-bit blocks (BlockQ16x: one f32 scale per 32, |q| <= 32767,
 //     round-to-nearest-even), so the activation error is max|x_block| / 65534 per element, 256x
 //     below q8's, and the products are exact int32 sums (two halves per block). About as fast as
@@ -88,10 +88,6 @@ struct MatmulOptions {
   enum class Isa { best, avx2, scalar };
   int max_threads = 0;  // 0: all of the pool's threads
   Isa max_isa = Isa::best;
-  // Where a kernel has numbered versions (the AVX2 batched Q16 product: 1, 2), which one; 0 is the
-  // default (the latest); anything else is invalid_argument. Every version gives the same bits;
-  // benchmarks put them side by side.
-  int kernel_version = 0;
   Activations activations = Activations::f32;  // ignored for F32/F16/BF16 weights
 };
 
