@@ -22,10 +22,9 @@ std::uint64_t splitmix64(std::uint64_t z) {
 }
 
 // Seeded values of unit variance, close to normal (a sum of four uniforms, |x| < 3.47): benchmarks
-// need realistic, reproducible inputs rather than exact normals, and std::normal_distribution made
-// the 1 GiB of K/V of a DRAM-sized decode slow to build (`time kallpa bench attention -b cpu-flash
-// --spec b=1,sq=1,skv=524288,hq=32,hkv=8,d=64,dtype=f16 --min-time 0.3`: 29 s with it, 9.6 s with
-// this, ~3 s of both the machine-peak measurement). Each chunk of elements has its own stream
+// need realistic, reproducible inputs rather than exact normals, and std::normal_distribution is
+// slow enough to dominate building the 1 GiB of K/V of a DRAM-sized decode
+// (bench/results/bench-harness.md). Each chunk of elements has its own stream
 // (splitmix64 of seed, tensor and index), and chunks run over the thread pool: the values depend
 // on neither the number of threads nor the order they run in.
 void fill_random(std::vector<std::byte, ThpAllocator<std::byte>>& bytes, DType dtype, std::int64_t count,

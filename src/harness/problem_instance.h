@@ -23,7 +23,7 @@ class ProblemInstance {
   const AttentionProblem& problem() const noexcept { return problem_; }
   // Bytes of K and V a single pass reads (each visible row once), for bandwidth figures.
   double kv_bytes() const noexcept;
-  // 4 * Sq * Skv * D * Hq * B, halved for causal when Sq == Skv (the convention).
+  // 4 * Sq * Skv * D * Hq * B, halved for causal when Sq == Skv (FlashAttention's benchmark convention).
   double flops() const noexcept;
   // The K and V buffers as allocated (paged: every block of the pool), host memory.
   std::vector<std::span<const std::byte>> kv_buffers() const { return {{k_.data(), k_.size()}, {v_.data(), v_.size()}}; }

@@ -1,7 +1,7 @@
 // f32 rows to F16 / BF16 eight at a time (quantize_row's F16/BF16 path when avx2_available()),
 // bit for bit f32_to_f16 / f32_to_bf16. The KV cache converts one row per sequence and layer on
-// every decode step; done one element at a time in software that was 2.3% of a 16-stream server's
-// time (perf on `kallpa serve` under bench/serve_load.py --concurrency 16, SmolLM2), 0.2% after.
+// every decode step, enough that a software conversion one element at a time shows in a busy
+// server's profile (bench/results/kv-cache.md).
 #include <cstdint>
 
 #include "kallpa/half.h"

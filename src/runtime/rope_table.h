@@ -1,5 +1,5 @@
 // RoPE's cos and sin by position, computed once per position and kept: every layer, and Q and K,
-// rotate by the same angles, so computing them in each rope call repeated ~60 double-precision
+// rotate by the same angles, so computing them in each rope call would repeat ~60 double-precision
 // sin/cos pairs per position and frequency per forward pass (a few percent of a prompt's or a
 // batched decode step's time). Entries are exactly what a direct computation gives, so results do
 // not change.
