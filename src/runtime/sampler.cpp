@@ -51,7 +51,7 @@ double Sampler::uniform_below(double total) {
 std::int32_t Sampler::draw_unfiltered(std::span<const float> logits) {
   // With every token a candidate, no order by probability is needed: the draw walks the
   // vocabulary in id order, first over block sums and then within one block, so a step costs a
-  // few linear passes over the logits and no sort (which dominated at a 49k vocabulary).
+  // few linear passes over the logits and no sort (which would dominate at a 49k vocabulary).
   const std::size_t vocab = logits.size();
   const float max_logit = max_ignoring_nan(logits.data(), static_cast<std::int64_t>(vocab));
   // +inf dominates every finite logit, and all -inf (or all NaN) leaves nothing to weigh.

@@ -23,7 +23,7 @@
 // where an attention backend sums a sequence's keys in a batch-dependent order (cpu-flash sizes its
 // split-KV decode chunks from the whole batch, and picks its decode kernel by the batch's longest
 // query). In practice the texts are identical: tests/scheduler_test.cpp and tests/server check
-// equality, and SmolLM2 gave identical seeded texts for 6 mixed-length requests alone and batched.
+// equality.
 // The prefix cache keeps that rule: it holds only prompt positions, whose K/V are exact prompt
 // rows that depend only on the tokens before them, so attaching them gives the K/V the request
 // would have computed itself.
