@@ -1,27 +1,16 @@
-// cuda-flash tensor-core kernels for Hopper, versions 6 to 9 (KALLPA_CUDA_FLASH_TC=6..9): the
-// FlashAttention-2 algorithm on wgmma (flash_wgmma.cuh), compiled for sm_90a only.
-// Why: v5 (mma.sync) reached 0.73-0.77x PyTorch's FlashAttention-2 on an H200; ncu found it
-// latency-bound at 2 warps per scheduler (255 registers), each warp waiting on its own mma
-// results and fragment loads. wgmma multiplies a 64-row tile per warpgroup straight from shared
-// memory (no fragment loads for Q, K or V) and runs asynchronously, so the softmax can proceed
-// while the tensor cores work.
+// cuda-flash's prefill kernel for Hopper (compute capability 9.0): the FlashAttention-2 forward on
+// wgmma (flash_wgmma.cuh), compiled for sm_90a only. wgmma multiplies a 64-row tile per warpgroup
+// straight from shared memory (no fragment loads for Q, K or V) and runs asynchronously, so a
+// block's softmax proceeds while the tensor cores work.
 // - A block is two warpgroups, 128 query rows (64 each) against 128-key tiles of K and V, which
 //   stream through two shared-memory stages by cp.async (every thread loads; no producer warps).
-// - v6: per tile, S = Q K^T, softmax, O += P V, each waited for in turn.
-// - v7: the same with the products overlapped (FlashAttention-3's intra-warpgroup pipelining):
-//   S for tile j and O += P V for tile j - 1 are issued together, and tile j's softmax runs while
-//   the second product is still on the tensor cores; O's rescale for tile j waits for it.
-// - v8: v7 with cheap loads (load_fast below); v9: v6 with them.
-// tools/gpu-check.sh on an H200 (bf16, D 128, 32/8 heads, 4k-16k tokens, TFLOP/s;
-// bench/results/gpu-check-h200-2026-12-04-v3-v9.json): v5 195-267, v6 205-260, v7 210-266,
-// v8 338-461, v9 343-463; PyTorch's FlashAttention-2 265-348. ncu (8k, non-causal): v7 issued
-// ~1500 instructions per warp per tile at 2 warps per scheduler (tensor pipe 27% busy), a third of
-// them the loads' address arithmetic; v8 665 (tensor pipe 47%). v9 (no overlap, 198 registers)
-// runs as fast as v8 (255, a 24-byte spill), so v9 is the default: the overlap has not paid while
-// both warpgroups meet at the same two barriers per tile (decoupling them -- mbarriers per stage,
-// a producer warp, TMA -- is the next step, FlashAttention-3's).
-// Both take the lean softmax only (no softcap or ALiBi, a positive scale); anything else, and any
-// device other than compute capability 9.0, runs v5 instead (wgmma_refusal(), cuda_flash.cpp).
+// - Per tile: S = Q K^T, the online softmax, O += P V, each waited for in turn; the next tile's
+//   loads are issued while the scores are on the tensor cores.
+// - Whole, visible, unpaged tiles load with precomputed shared-memory offsets (load_fast); the
+//   others take the general per-row path.
+// It takes the lean softmax only (no softcap or ALiBi, a positive scale); anything else, and any
+// device other than compute capability 9.0, runs forward_tensor_core.cu instead (choose_kernel(),
+// flash_plan.h). docs/cuda-flash.md says why the kernel is shaped this way.
 #include "backends/cuda/flash_device.cuh"
 #include "backends/cuda/flash_kernels.h"
 #include "backends/cuda/flash_wgmma.cuh"
@@ -35,8 +24,8 @@
 namespace kallpa::cuda {
 namespace {
 
-template <typename T, int D, bool Overlap, bool FastLoads>
-__global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(FlashParams p) {
+template <typename T, int D>
+__global__ void __launch_bounds__(kWgmmaThreads, 1) flash_forward_wgmma(FlashParams p) {
 #if KALLPA_WGMMA_BODY
   constexpr int BQ = kWgmmaBlockQ, BK = kWgmmaBlockK, CH = D / 8;
   constexpr std::uint32_t kQBytes = BQ * D * 2, kTileBytes = BK * D * 2;
@@ -78,12 +67,11 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(Flas
                  valid);
     }
   };
-  // v8's and v9's loads: a thread copies the same 16-byte chunk of rows lrow, lrow + kRowsPerPass,
-  // ... of every tile, so its shared-memory offsets are constants (the swizzle depends on the row
-  // mod 8, and kRowsPerPass is a multiple of 8) and its global address moves by one stride per
-  // copy, where v6/v7 recompute row, validity, kv_row() and the swizzle for each (ncu, 8k tokens:
-  // 1490 instructions per warp per 128-key tile in v7, 665 in v8). Tiles that are whole, visible
-  // and unpaged only; the others load as before.
+  // Cheap loads: a thread copies the same 16-byte chunk of rows lrow, lrow + kRowsPerPass, ... of
+  // every tile, so its shared-memory offsets are constants (the swizzle depends on the row mod 8,
+  // and kRowsPerPass is a multiple of 8) and its global address moves by one stride per copy,
+  // where load_rows() recomputes row, validity, kv_row() and the swizzle for each. Tiles that are
+  // whole, visible and unpaged only; the others take load_rows().
   constexpr int kRowsPerPass = kWgmmaThreads / CH;
   static_assert(kRowsPerPass % 8 == 0 && BK % kRowsPerPass == 0);
   const int lrow = tid / CH, lchunk = tid % CH;
@@ -96,7 +84,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(Flas
       src += kRowsPerPass * row_stride;
     }
   };
-  auto fast_tile = [&](std::int32_t k0) { return FastLoads && !p.paged && k0 >= k_first && k0 + BK - 1 <= k_last; };
+  auto fast_tile = [&](std::int32_t k0) { return !p.paged && k0 >= k_first && k0 + BK - 1 <= k_last; };
   // The K (is_v false) or V tile of keys k0 .. k0 + BK - 1 into `stage`.
   auto load_tile = [&](bool is_v, int stage, std::int32_t k0) {
     const std::uint32_t tile = (is_v ? 2 + stage : stage) * kTileBytes;  // from the first K stage
@@ -160,8 +148,10 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(Flas
       wgmma_rs<T, D>(o, prob[kk], sw128_desc(v_base + kk * 16 * 128, BK * 128, 1024));
     }
   };
-  // The online softmax of tile k0's scores (v4's lean form): new row maxima, the factor alpha for
-  // what the rows summed so far, the probabilities rounded into `prob`.
+  // The online softmax of tile k0's scores, lean form (raw scores: the maximum is taken before
+  // scaling, which a positive scale allows, and the scale folds into the exponent's FFMA; four
+  // independent max and sum chains per row): new row maxima, the factor alpha for what the rows
+  // summed so far, the probabilities rounded into `prob`.
   auto softmax = [&](std::int32_t k0, std::uint32_t (&prob)[BK / 16][4], float (&alpha)[2]) {
     const bool whole = k0 >= whole_first && k0 + BK - 1 <= whole_last;
     if (!__all_sync(kFullMask, whole)) {
@@ -239,93 +229,35 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(Flas
   if (tiles > 0) load_v(0, k_begin);
   cp_async_commit();
   float alpha[2];
-  if constexpr (!Overlap) {
-    for (int t = 0; t < tiles; ++t) {
-      const int stage = t & 1;
-      const std::int32_t k0 = k_begin + t * BK;
-      cp_async_wait<1>();  // K tile t (and Q); V tile t may still be in flight
-      fence_async_shared();
-      __syncthreads();  // ... for every thread; and every warpgroup is done with tile t - 1
-      wgmma_fence();
-      issue_scores(stage);
-      wgmma_commit();
-      // The next tile's loads are issued while the tensor cores work.
-      if (t + 1 < tiles) load_k(stage ^ 1, k0 + BK);
-      cp_async_commit();
-      if (t + 1 < tiles) load_v(stage ^ 1, k0 + BK);
-      cp_async_commit();
-      wgmma_wait<0>();
-      pin_registers(s);
-      softmax(k0, pr, alpha);
-      rescale(alpha);
-
-      cp_async_wait<2>();  // V tile t
-      fence_async_shared();
-      __syncthreads();
-      wgmma_fence();
-      issue_values(stage, pr);
-      wgmma_commit();
-      wgmma_wait<0>();
-      pin_registers(o);
-    }
-  } else if (tiles > 0) {
-    cp_async_wait<1>();  // Q and K tile 0
+  for (int t = 0; t < tiles; ++t) {
+    const int stage = t & 1;
+    const std::int32_t k0 = k_begin + t * BK;
+    cp_async_wait<1>();  // K tile t (and Q); V tile t may still be in flight
     fence_async_shared();
-    __syncthreads();
-    if (tiles > 1) load_k(1, k_begin + BK);
-    cp_async_commit();
+    __syncthreads();  // ... for every thread; and every warpgroup is done with tile t - 1
     wgmma_fence();
-    issue_scores(0);
+    issue_scores(stage);
     wgmma_commit();
+    // The next tile's loads are issued while the tensor cores work.
+    if (t + 1 < tiles) load_k(stage ^ 1, k0 + BK);
+    cp_async_commit();
+    if (t + 1 < tiles) load_v(stage ^ 1, k0 + BK);
+    cp_async_commit();
     wgmma_wait<0>();
     pin_registers(s);
-    softmax(k_begin, pr, alpha);  // O is still 0: nothing to rescale
-    if (tiles > 1) load_v(1, k_begin + BK);
-    cp_async_commit();
-    std::uint32_t next[BK / 16][4];
-    // Tile t's probabilities go to `fresh` while tile t - 1's, in `prev`, feed the tensor cores; the
-    // loop is unrolled by two so that the buffers swap roles instead of being copied (ptxas
-    // serialises wgmma whose input registers other instructions write while it may run).
-    auto step = [&](int t, const std::uint32_t (&prev)[BK / 16][4], std::uint32_t (&fresh)[BK / 16][4]) {
-      const int stage = t & 1;
-      const std::int32_t k0 = k_begin + t * BK;
-      cp_async_wait<1>();  // K tile t and V tile t - 1; V tile t may still be in flight
-      fence_async_shared();
-      __syncthreads();  // every warpgroup is past tile t - 1's scores: K stage t + 1 is free
-      wgmma_fence();
-      issue_scores(stage);
-      wgmma_commit();
-      issue_values(stage ^ 1, prev);  // tile t - 1
-      wgmma_commit();
-      if (t + 1 < tiles) load_k(stage ^ 1, k0 + BK);
-      cp_async_commit();
-      wgmma_wait<1>();  // the scores; the values product keeps running
-      pin_registers(s);
-      softmax(k0, fresh, alpha);
-      wgmma_wait<0>();
-      pin_registers(o);
-      rescale(alpha);
-      __syncthreads();  // every warpgroup is done with V stage t - 1
-      if (t + 1 < tiles) load_v(stage ^ 1, k0 + BK);
-      cp_async_commit();
-    };
-    for (int t = 1; t < tiles; t += 2) {
-      step(t, pr, next);
-      if (t + 1 < tiles) step(t + 1, next, pr);
-    }
-    cp_async_wait<0>();  // the last V tile
+    softmax(k0, pr, alpha);
+    rescale(alpha);
+
+    cp_async_wait<2>();  // V tile t
     fence_async_shared();
     __syncthreads();
     wgmma_fence();
-    if ((tiles - 1) % 2 == 0) {
-      issue_values((tiles - 1) & 1, pr);
-    } else {
-      issue_values((tiles - 1) & 1, next);
-    }
+    issue_values(stage, pr);
     wgmma_commit();
     wgmma_wait<0>();
     pin_registers(o);
   }
+
   cp_async_wait<0>();  // a block whose rows see no key still has Q's copy in flight
 
   T* out = static_cast<T*>(p.o);
@@ -354,20 +286,12 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(Flas
 #endif
 }
 
-template <typename T, int D>
-auto* pick_wgmma(const FlashParams& p) {
-  return p.tc_version >= 9   ? flash_tensor_core_wgmma<T, D, false, true>
-         : p.tc_version == 8 ? flash_tensor_core_wgmma<T, D, true, true>
-         : p.tc_version == 7 ? flash_tensor_core_wgmma<T, D, true, false>
-                             : flash_tensor_core_wgmma<T, D, false, false>;
-}
-
 }  // namespace
 
-cudaError_t launch_tensor_core_wgmma(const FlashParams& p, cudaStream_t stream) {
+cudaError_t launch_forward_wgmma(const FlashParams& p, cudaStream_t stream) {
   const bool bf16 = p.q_dtype == kBF16;
-  auto* kernel = p.d == 64 ? (bf16 ? pick_wgmma<__nv_bfloat16, 64>(p) : pick_wgmma<__half, 64>(p))
-                           : (bf16 ? pick_wgmma<__nv_bfloat16, 128>(p) : pick_wgmma<__half, 128>(p));
+  auto* kernel = p.d == 64 ? (bf16 ? flash_forward_wgmma<__nv_bfloat16, 64> : flash_forward_wgmma<__half, 64>)
+                           : (bf16 ? flash_forward_wgmma<__nv_bfloat16, 128> : flash_forward_wgmma<__half, 128>);
   return launch_with_smem(kernel, tensor_core_launch(p), p, stream);
 }
 
