@@ -280,6 +280,9 @@ steps = open(os.path.join(out, "steps.txt")).read().split("\n")
 doc = {"steps": [s for s in steps if s], "kallpa_bench": kallpa, "torch_sdpa": torch_doc,
        "tests_tail": open(os.path.join(out, "tests.txt")).read()[-4000:] if os.path.exists(os.path.join(out, "tests.txt")) else "",
        "nvidia_smi": open(os.path.join(out, "nvidia-smi.txt")).read() if os.path.exists(os.path.join(out, "nvidia-smi.txt")) else ""}
+# The lab's output per generation (KALLPA_GPU_STEPS=lab): its checks and timings as printed.
+doc["lab"] = {name[:-4]: open(os.path.join(out, name)).read()[-4000:]
+              for name in sorted(os.listdir(out)) if name.startswith("lab-v") and name.endswith(".txt")}
 with open(os.path.join(out, "gpu-check.json"), "w") as f:
     json.dump(doc, f, indent=2)
 print(f"wrote {os.path.join(out, 'gpu-check.json')}")
