@@ -5,7 +5,6 @@
 // judge (the full matrix runs in conformance_test.cpp for every registered backend).
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -134,34 +133,99 @@ TEST(CudaFlashPlan, TensorCoreKernelTakesAlignedSixteenBitHeadDims64And128) {
   EXPECT_NE(refusal([](cuda::FlashParams& x, auto&) { x.max_sq = 1; }).find("split-KV"), std::string::npos);
 }
 
-TEST(CudaFlashPlan, WgmmaKernelsRunOnlyOnComputeCapability90WithTheLeanSoftmax) {
+TEST(CudaFlashPlan, WgmmaKernelRunsOnlyOnComputeCapability90WithTheLeanSoftmax) {
   cuda::FlashParams p = tc_params();
   cuda::DeviceFacts h200;
   h200.name = "H200";
   h200.cc_major = 9;
   h200.cc_minor = 0;
-  p.tc_version = 5;
-  EXPECT_NE(cuda::wgmma_refusal(p, h200), "");  // not asked for
-  for (int version : {6, 7, 8, 9}) {
-    p.tc_version = version;
+  if (cuda::wgmma_built()) {
     EXPECT_EQ(cuda::wgmma_refusal(p, h200), "");
-    cuda::DeviceFacts other = h200;
-    for (auto [major, minor] : {std::pair{8, 0}, std::pair{8, 9}, std::pair{10, 0}}) {
-      other.cc_major = major;
-      other.cc_minor = minor;
-      EXPECT_NE(cuda::wgmma_refusal(p, other).find("compute capability"), std::string::npos) << major << "." << minor;
-    }
-    cuda::FlashParams x = p;
-    x.softcap = 30.0f;
-    EXPECT_NE(cuda::wgmma_refusal(x, h200).find("softcap"), std::string::npos);
-    x = p;
-    const float slopes[1] = {0.5f};
-    x.alibi = slopes;
-    EXPECT_NE(cuda::wgmma_refusal(x, h200), "");
-    x = p;
-    x.scale = -0.1f;
-    EXPECT_NE(cuda::wgmma_refusal(x, h200), "");
+  } else {
+    EXPECT_NE(cuda::wgmma_refusal(p, h200).find("sm_90a"), std::string::npos);
   }
+  cuda::DeviceFacts other = h200;
+  for (auto [major, minor] : {std::pair{8, 0}, std::pair{8, 9}, std::pair{10, 0}}) {
+    other.cc_major = major;
+    other.cc_minor = minor;
+    EXPECT_NE(cuda::wgmma_refusal(p, other).find("compute capability"), std::string::npos) << major << "." << minor;
+  }
+  cuda::FlashParams x = p;
+  x.softcap = 30.0f;
+  EXPECT_NE(cuda::wgmma_refusal(x, h200).find("softcap"), std::string::npos);
+  x = p;
+  const float slopes[1] = {0.5f};
+  x.alibi = slopes;
+  EXPECT_NE(cuda::wgmma_refusal(x, h200), "");
+  x = p;
+  x.scale = -0.1f;
+  EXPECT_NE(cuda::wgmma_refusal(x, h200), "");
+}
+
+// choose_kernel()'s rule (flash_plan.h): tensor cores where the problem qualifies -- wgmma on a
+// compute capability 9.0 device with the lean softmax, mma.sync elsewhere -- then the split-KV
+// decode kernel, then the generic kernel.
+TEST(CudaFlashPlan, ChoosesOneKernelByDeviceAndProblem) {
+  std::vector<cuda::SeqMeta> meta(2);
+  meta[1].q = 4096 * 32 * 128;
+  meta[1].k = meta[1].v = 4096 * 8 * 128;
+  cuda::DeviceFacts h200;
+  h200.name = "H200";
+  h200.cc_major = 9;
+  cuda::DeviceFacts a100 = h200;
+  a100.name = "A100";
+  a100.cc_major = 8;
+  cuda::DeviceFacts blackwell = h200;
+  blackwell.name = "B200";
+  blackwell.cc_major = 10;
+  const cuda::FlashParams prefill = tc_params();
+  // A build without sm_90a code (CUDA 11) has no wgmma kernel to choose.
+  const cuda::FlashKernel hopper_prefill = cuda::wgmma_built() ? cuda::FlashKernel::wgmma : cuda::FlashKernel::tensor_core;
+  EXPECT_EQ(cuda::choose_kernel(prefill, meta, h200).kernel, hopper_prefill);
+  EXPECT_EQ(cuda::choose_kernel(prefill, meta, a100).kernel, cuda::FlashKernel::tensor_core);
+  EXPECT_NE(cuda::choose_kernel(prefill, meta, a100).why.find("compute capability 8.0"), std::string::npos);
+  EXPECT_EQ(cuda::choose_kernel(prefill, meta, blackwell).kernel, cuda::FlashKernel::tensor_core);
+  // The Hopper kernel has only the lean softmax: softcap, ALiBi or a negative scale take mma.sync.
+  cuda::FlashParams x = prefill;
+  x.softcap = 50.0f;
+  EXPECT_EQ(cuda::choose_kernel(x, meta, h200).kernel, cuda::FlashKernel::tensor_core);
+  x = prefill;
+  const float slopes[1] = {0.5f};
+  x.alibi = slopes;
+  EXPECT_EQ(cuda::choose_kernel(x, meta, h200).kernel, cuda::FlashKernel::tensor_core);
+  x = prefill;
+  x.scale = -1.0f;
+  EXPECT_EQ(cuda::choose_kernel(x, meta, h200).kernel, cuda::FlashKernel::tensor_core);
+  // Head dim 64 qualifies too; 96 does not, and a prefill there takes the generic kernel.
+  x = prefill;
+  x.d = x.dv = 64;
+  EXPECT_EQ(cuda::choose_kernel(x, meta, h200).kernel, hopper_prefill);
+  x.d = x.dv = 96;
+  EXPECT_EQ(cuda::choose_kernel(x, meta, h200).kernel, cuda::FlashKernel::generic);
+  EXPECT_NE(cuda::choose_kernel(x, meta, h200).why.find("head dims 96/96"), std::string::npos);
+  // f32 everywhere: generic on every device.
+  x = prefill;
+  x.q_dtype = x.kv_dtype = x.o_dtype = cuda::kF32;
+  EXPECT_EQ(cuda::choose_kernel(x, meta, h200).kernel, cuda::FlashKernel::generic);
+  EXPECT_EQ(cuda::choose_kernel(x, meta, a100).kernel, cuda::FlashKernel::generic);
+  // Decode (one query row, a group of 4 heads per KV head): the split-KV decode kernel on every
+  // device, with bf16 or f32 queries over bf16 K/V; generic with f32 K/V.
+  x = prefill;
+  x.max_sq = 1;
+  for (const cuda::DeviceFacts& dev : {h200, a100, blackwell}) {
+    EXPECT_EQ(cuda::choose_kernel(x, meta, dev).kernel, cuda::FlashKernel::decode) << dev.name;
+  }
+  EXPECT_NE(cuda::choose_kernel(x, meta, h200).why.find("split-KV"), std::string::npos);
+  x.q_dtype = x.o_dtype = cuda::kF32;
+  EXPECT_EQ(cuda::choose_kernel(x, meta, h200).kernel, cuda::FlashKernel::decode);
+  x.kv_dtype = cuda::kF32;
+  EXPECT_EQ(cuda::choose_kernel(x, meta, h200).kernel, cuda::FlashKernel::generic);
+  // A few query rows over a large group: more than 16 rows x heads per KV head is generic.
+  x = prefill;
+  x.max_sq = 8;
+  EXPECT_EQ(cuda::choose_kernel(x, meta, h200).kernel, cuda::FlashKernel::generic);
+  x.max_sq = 4;
+  EXPECT_EQ(cuda::choose_kernel(x, meta, h200).kernel, cuda::FlashKernel::decode);
 }
 
 // The Hopper kernels' shared-memory layout (what wgmma's 128-byte-swizzle descriptors read; the
@@ -197,42 +261,28 @@ TEST(CudaFlashPlan, SwizzledTilesHoldEveryChunkOnceAsTheHardwareReadsThem) {
 TEST(CudaFlashPlan, LaunchShapesCoverEveryRowHeadAndSequence) {
   cuda::FlashParams p = tc_params();
   p.max_sq = 4097;
-  p.tc_version = cuda::kTcPortableVersion;
-  // v3, v4 and v5 (the default off Hopper): 128 query rows per block (32 per warp); the Q tile and two stages of
-  // K and V tiles, (128 + 8)-element rows of 2 bytes: over the 48 KiB default (the launcher opts
-  // in), under sm_80's 163 KiB and sm_90's 227 KiB.
+  p.kernel = cuda::FlashKernel::tensor_core;
+  // mma.sync: 128 query rows per block (32 per warp); the Q tile and two stages of K and V tiles,
+  // (128 + 8)-element rows of 2 bytes: over the 48 KiB default (the launcher opts in), under
+  // sm_80's 163 KiB and sm_90's 227 KiB.
   const cuda::LaunchShape tc = cuda::tensor_core_launch(p);
   EXPECT_EQ(tc.grid[0], 33u);  // ceil(4097 / 128) query tiles
   EXPECT_EQ(tc.grid[1], 32u);  // query heads
   EXPECT_EQ(tc.grid[2], 2u);   // sequences
   EXPECT_EQ(tc.block, static_cast<unsigned>(cuda::kTcThreads));
   EXPECT_EQ(tc.smem_bytes, 2u * (128 * 136 + 4 * 64 * 136));
-  for (int version : {3, 4}) {
-    p.tc_version = version;
-    EXPECT_EQ(cuda::tensor_core_launch(p).grid[0], 33u);
-    EXPECT_EQ(cuda::tensor_core_launch(p).smem_bytes, tc.smem_bytes);
-  }
-  // v2: 64 rows per block (16 per warp), the same stages.
-  p.tc_version = 2;
-  EXPECT_EQ(cuda::tensor_core_launch(p).grid[0], 65u);  // ceil(4097 / 64)
-  EXPECT_EQ(cuda::tensor_core_launch(p).smem_bytes, 2u * (64 * 136 + 4 * 64 * 136));
-  EXPECT_EQ(cuda::tensor_core_smem_bytes(64, 2), 2u * (64 * 72 + 4 * 64 * 72));
-  // v1: Q and K tiles and the transposed V tile (D x (64 + 8)), one stage.
-  p.tc_version = 1;
-  EXPECT_EQ(cuda::tensor_core_launch(p).smem_bytes, 2u * (64 * 136 + 64 * 136 + 128 * 72));
-  EXPECT_EQ(cuda::tensor_core_smem_bytes(64, 1), 2u * (64 * 72 + 64 * 72 + 64 * 72));
-  // v6-v9 (Hopper): two warpgroups (256 threads) of 64 rows, unpadded Q and two stages of
-  // 128-key K and V tiles plus 1 KiB of alignment slack: 161 KiB at D 128, under sm_90's 227 KiB.
-  for (int version : {6, 7, 8, 9}) {
-    p.tc_version = version;
-    const cuda::LaunchShape hopper = cuda::tensor_core_launch(p);
-    EXPECT_EQ(hopper.grid[0], 33u);
-    EXPECT_EQ(hopper.block, 256u);
-    EXPECT_EQ(hopper.smem_bytes, 1024u + 2u * (128 * 128 + 4 * 128 * 128));
-    EXPECT_LE(hopper.smem_bytes, 227u * 1024u);
-    EXPECT_EQ(cuda::tensor_core_smem_bytes(64, version), 1024u + 2u * (128 * 64 + 4 * 128 * 64));
-  }
-  p.tc_version = cuda::kTcDefaultVersion;
+  EXPECT_EQ(cuda::tensor_core_smem_bytes(64), 2u * (128 * 72 + 4 * 64 * 72));
+  // wgmma (Hopper): two warpgroups (256 threads) of 64 rows, unpadded Q and two stages of 128-key
+  // K and V tiles plus 1 KiB of alignment slack: 161 KiB at D 128, under sm_90's 227 KiB.
+  p.kernel = cuda::FlashKernel::wgmma;
+  const cuda::LaunchShape hopper = cuda::tensor_core_launch(p);
+  EXPECT_EQ(hopper.grid[0], 33u);
+  EXPECT_EQ(hopper.grid[1], 32u);
+  EXPECT_EQ(hopper.grid[2], 2u);
+  EXPECT_EQ(hopper.block, 256u);
+  EXPECT_EQ(hopper.smem_bytes, 1024u + 2u * (128 * 128 + 4 * 128 * 128));
+  EXPECT_LE(hopper.smem_bytes, 227u * 1024u);
+  EXPECT_EQ(cuda::wgmma_smem_bytes(64), 1024u + 2u * (128 * 64 + 4 * 128 * 64));
 
   p.max_sq = 3;
   p.d = 80;
@@ -480,13 +530,12 @@ std::vector<conformance::Case> tensor_core_cases() {
   return cases;
 }
 
-// Whether cuda-flash must run case c on a Hopper kernel when v6 or v7 is asked for (wgmma_refusal()
-// on this device and the case's softmax).
+// Whether cuda-flash must run case c on the Hopper kernel (wgmma_refusal() on this device and the
+// case's softmax).
 bool hopper_wgmma_expected(const conformance::Case& c) {
   const cuda::DeviceFacts* dev = cuda::active_device_facts();
   if (dev == nullptr) return false;
   cuda::FlashParams p;
-  p.tc_version = cuda::kTcFirstWgmmaVersion;
   p.scale = 1.0f;
   p.softcap = c.spec.softcap;
   const float slope = 1.0f;
@@ -504,30 +553,19 @@ void expect_passes(AttentionBackend& backend, const conformance::Case& c) {
   EXPECT_TRUE(r.passed || r.skipped) << c.name << ": " << r.failure;
 }
 
-// Every numbered tensor-core kernel (KALLPA_CUDA_FLASH_TC picks one per call).
+// The tensor-core prefill cases take the tensor-core kernels, the Hopper one wherever it applies.
 TEST(CudaFlashDevice, TensorCoreKernelsPassPrefillCases) {
   REQUIRE_CUDA("cuda-flash", cf);
-  const char* saved = std::getenv("KALLPA_CUDA_FLASH_TC");
-  const std::string restore = saved != nullptr ? saved : "";
-  for (int v = 1; v <= cuda::kTcNewestVersion; ++v) {
-    const std::string version = std::to_string(v);
-    SCOPED_TRACE("tensor-core kernel v" + version);
-    setenv("KALLPA_CUDA_FLASH_TC", version.c_str(), 1);
-    for (const conformance::Case& c : tensor_core_cases()) {
-      const cuda::LaunchCounts before = cuda::launch_counts();
-      expect_passes(*cf.backend, c);
-      const cuda::LaunchCounts after = cuda::launch_counts();
-      EXPECT_GT(after.tensor_core, before.tensor_core) << c.name << " did not take the tensor-core kernel";
-      // The Hopper kernels must really run where they apply, not fall back to v5 unnoticed.
-      if (v >= cuda::kTcFirstWgmmaVersion && hopper_wgmma_expected(c)) {
-        EXPECT_GT(after.wgmma, before.wgmma) << c.name << " did not take the wgmma kernel";
-      }
+  for (const conformance::Case& c : tensor_core_cases()) {
+    const cuda::LaunchCounts before = cuda::launch_counts();
+    expect_passes(*cf.backend, c);
+    const cuda::LaunchCounts after = cuda::launch_counts();
+    EXPECT_GT(after.tensor_core, before.tensor_core) << c.name << " did not take the tensor-core kernel";
+    if (hopper_wgmma_expected(c)) {
+      EXPECT_GT(after.wgmma, before.wgmma) << c.name << " did not take the wgmma kernel";
+    } else {
+      EXPECT_EQ(after.wgmma, before.wgmma) << c.name << " took the wgmma kernel where it does not apply";
     }
-  }
-  if (saved != nullptr) {
-    setenv("KALLPA_CUDA_FLASH_TC", restore.c_str(), 1);
-  } else {
-    unsetenv("KALLPA_CUDA_FLASH_TC");
   }
 }
 

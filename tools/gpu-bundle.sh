@@ -6,7 +6,8 @@
 #
 #   bash tools/gpu-bundle.sh [BUILD_DIR] [OUT_DIR]      # defaults: build, .gpu
 #
-# Writes OUT_DIR/bundle.tar.xz: bin/ (kallpa, kallpa_tests, kallpa_logits_tool, stripped) and lib/
+# Writes OUT_DIR/bundle.tar.xz: bin/ (kallpa, kallpa_tests, kallpa_logits_tool, stripped; also
+# cuda-flash's lab programs, cuda_flash_lab_v*, where the build has them: -DKALLPA_BUILD_LAB=ON) and lib/
 # (every shared library they load except the C/C++ runtime and the CUDA driver, which the GPU
 # machine has in newer, compatible versions). cuBLAS and cuDNN are not packed: kallpa dlopens them
 # and gpu-check.sh finds the GPU machine's own. Also OUT_DIR/wheels/ with the pure-Python gguf wheel
@@ -32,6 +33,11 @@ done
 # The wgmma building blocks' check, where this build has it (CUDA 12+).
 probe="$BUILD/src/backends/cuda/kallpa_wgmma_probe"
 if [[ -x "$probe" ]]; then strip -o "$stage/bin/kallpa_wgmma_probe" "$probe"; fi
+# cuda-flash's kernel lab (gpu-check.sh runs it with KALLPA_GPU_STEPS=lab); it loads the same
+# libraries as kallpa.
+for lab in "$BUILD"/bench/lab/cuda-flash/cuda_flash_lab_v*; do
+  if [[ -x "$lab" ]]; then strip -o "$stage/bin/$(basename "$lab")" "$lab"; fi
+done
 # The C and C++ runtimes stay: the GPU image has them (newer versions load older programs).
 system_libs='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libstdc\+\+|libgcc_s|libcuda\.)'
 ldd "${programs[@]}" | awk '/=> \//{print $1, $3}' | sort -u | while read -r name path; do
@@ -39,7 +45,7 @@ ldd "${programs[@]}" | awk '/=> \//{print $1, $3}' | sort -u | while read -r nam
 done
 # OpenCL's ICD loader reads vendor files from /etc; the GPU machine's own (if any) stand.
 tar -C "$stage" -cJf "$OUT_DIR/bundle.tar.xz" bin lib
-echo "gpu-bundle: $OUT_DIR/bundle.tar.xz ($(du -h "$OUT_DIR/bundle.tar.xz" | cut -f1)): $(ls "$stage/bin" "$stage/lib" | tr '\n' ' ')"
+echo "gpu-bundle: $OUT_DIR/bundle.tar.xz ($(du -h "$OUT_DIR/bundle.tar.xz" | cut -f1)): $(cd "$stage" && echo bin/* lib/*)"
 
 mkdir -p "$OUT_DIR/wheels"
 if ! ls "$OUT_DIR"/wheels/gguf-*.whl > /dev/null 2>&1; then
@@ -51,4 +57,5 @@ model=$(bash scripts/fetch_model.sh)
 rm -f "$OUT_DIR"/model.part-*
 split -n 2 -d "$model" "$OUT_DIR/model.part-"
 sha256sum "$model" | cut -d' ' -f1 > "$OUT_DIR/model.sha256"
-echo "gpu-bundle: model in $(ls "$OUT_DIR"/model.part-* | wc -l) parts: $(ls "$OUT_DIR"/model.part-* | tr '\n' ' ')"
+parts=("$OUT_DIR"/model.part-*)
+echo "gpu-bundle: model in ${#parts[@]} parts: ${parts[*]}"

@@ -11,10 +11,10 @@
 #   KALLPA_GPU_PREBUILT  a folder holding tools/gpu-bundle.sh's bundle, extracted (bin/, lib/): skip
 #                        the configure and build (a bare CUDA image lacks kallpa's Debian packages)
 #   KALLPA_GPU_STEPS     which steps run (default: "tests bench torch engine"; "ncu" adds Nsight Compute
-#                        on the Hopper kernels)
+#                        on the prefill kernel; "lab" runs cuda-flash's kernel lab, bench/lab/cuda-flash:
+#                        each kept generation checked against a CPU reference and timed beside the
+#                        production kernels)
 #   KALLPA_GPU_BUILD_DIR the build folder when building here (default build-gpu)
-#   KALLPA_GPU_TC_VERSIONS    the numbered prefill kernels benchmarked side by side (default 3-9)
-#   KALLPA_GPU_HOPPER_VERSIONS the non-default Hopper kernels run on the whole matrix (default 6 7 8)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT_DIR=${OUT:-./gpu-check-out}
@@ -37,16 +37,10 @@ step "nvidia-smi"
 timeout 30 nvidia-smi 2>&1 | tee "$DETAILS/nvidia-smi.txt"
 record nvidia-smi "${PIPESTATUS[0]}"
 
-# The Hopper kernels (v6-v9) run only on compute capability 9.0; elsewhere asking for them runs v5,
-# so their columns and matrix runs would repeat v5 under another name: they are left out there.
+# cuda-flash's prefill runs on wgmma on compute capability 9.0 and on mma.sync elsewhere.
 COMPUTE_CAP=$(timeout 30 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -1 | tr -d ' ')
-hopper_only() {  # hopper_only VERSION...: the versions that run as themselves on this GPU
-  local v
-  for v in "$@"; do
-    if [[ $v -lt 6 || "$COMPUTE_CAP" == "9.0" ]]; then printf '%s ' "$v"; fi
-  done
-}
-[[ "$COMPUTE_CAP" == "9.0" ]] || echo "compute capability ${COMPUTE_CAP:-unknown}: the Hopper kernels (v6-v9) are left out"
+if [[ "$COMPUTE_CAP" == "9.0" ]]; then kernel=forward_wgmma; else kernel=forward_tensor_core; fi
+echo "compute capability ${COMPUTE_CAP:-unknown}: cuda-flash's prefill runs $kernel"
 
 STEPS=" ${KALLPA_GPU_STEPS:-tests bench torch engine} "
 wants() { [[ "$STEPS" == *" $1 "* ]]; }
@@ -78,6 +72,7 @@ if [[ -n "$PREBUILT" ]]; then
   TESTS="$PREBUILT/bin/kallpa_tests"
   LOGITS_TOOL="$PREBUILT/bin/kallpa_logits_tool"
   PROBE="$PREBUILT/bin/kallpa_wgmma_probe"
+  LAB_DIR="$PREBUILT/bin"
   ldd "$KALLPA" | grep "not found" && { record prebuilt-libs 1; echo "missing libraries"; exit 1; }
   record prebuilt-libs 0
 else
@@ -93,8 +88,11 @@ else
       export LD_LIBRARY_PATH="$cudnn_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     fi
   fi
+  lab_args=()
+  if wants lab; then lab_args=(-DKALLPA_BUILD_LAB=ON); fi
   timeout 90 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKALLPA_WITH_CUDA=ON -DKALLPA_BUILD_BENCH=OFF \
-    -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=native "${cudnn_args[@]}" > "$DETAILS/configure.txt" 2>&1
+    -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=native "${cudnn_args[@]}" "${lab_args[@]}" \
+    > "$DETAILS/configure.txt" 2>&1
   rc=$?; record configure $rc; grep -E "kallpa:" "$DETAILS/configure.txt"
   if [[ $rc -ne 0 ]]; then
     tail -30 "$DETAILS/configure.txt"
@@ -105,8 +103,15 @@ else
   start=$(date +%s)
   probe_target=()
   if grep -q "kallpa_wgmma_probe" "$BUILD/Makefile" "$BUILD/build.ninja" 2> /dev/null; then probe_target=(kallpa_wgmma_probe); fi
+  # The lab's programs that this build has (the Hopper generations need CUDA 12 or later).
+  lab_targets=()
+  if wants lab; then
+    for v in 1 2 3 4 6 7 8; do
+      if grep -q "cuda_flash_lab_v$v" "$BUILD/Makefile" "$BUILD/build.ninja" 2> /dev/null; then lab_targets+=("cuda_flash_lab_v$v"); fi
+    done
+  fi
   timeout 300 cmake --build "$BUILD" -j"$JOBS" --target kallpa kallpa_tests kallpa_logits_tool "${probe_target[@]}" \
-    > "$DETAILS/build.txt" 2>&1
+    "${lab_targets[@]}" > "$DETAILS/build.txt" 2>&1
   rc=$?; record build $rc
   echo "build: exit $rc in $(( $(date +%s) - start )) s"
   if [[ $rc -ne 0 ]]; then grep -E "error|Error" "$DETAILS/build.txt" | head -30; echo "build failed"; exit 1; fi
@@ -114,6 +119,7 @@ else
   TESTS="$BUILD/tests/kallpa_tests"
   LOGITS_TOOL="$BUILD/tests/engine/kallpa_logits_tool"
   PROBE="$BUILD/src/backends/cuda/kallpa_wgmma_probe"
+  LAB_DIR="$BUILD/bench/lab/cuda-flash"
 fi
 
 step "kallpa backends"
@@ -135,24 +141,11 @@ if wants tests; then
     > "$DETAILS/tests.txt" 2>&1
   rc=$?; record tests $rc
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|cuda_flash|cudnn: |Failure|skipped [0-9]+ case" "$DETAILS/tests.txt" | head -60
-  # The Hopper kernels other than the default (which the matrix above ran) on the whole matrix too.
-  # shellcheck disable=SC2086  # a list of versions on purpose
-  read -r -a HOPPER_VERSIONS <<< "$(hopper_only ${KALLPA_GPU_HOPPER_VERSIONS-6 7 8})"
-  for ver in "${HOPPER_VERSIONS[@]}"; do
-    KALLPA_CUDA_FLASH_TC=$ver timeout 120 "$TESTS" --gtest_filter='Conformance/ConformanceBackend.PassesFullMatrix/cuda_flash' \
-      > "$DETAILS/tests-v$ver.txt" 2>&1
-    rc=$?; record "conformance-v$ver" $rc
-    echo "conformance with KALLPA_CUDA_FLASH_TC=$ver: exit $rc"; grep -E "cuda_flash: |Failure" "$DETAILS/tests-v$ver.txt" | head -8
-  done
 fi
 
 # Prefill: bf16, causal, D=128, Sq=Skv 4k-16k with Llama-3-8B's heads (32 query, 8 KV); the same
 # non-causal (cudnn's single-operation SDPA has no causal mask); decode: one query per sequence,
 # 8 sequences over 32k keys (1 GiB of K/V per call: HBM-bound).
-# cuda-flash's numbered tensor-core kernels (KALLPA_CUDA_FLASH_TC), benchmarked side by side.
-# (v1 and v2, 49-89 TFLOP/s on an H200, are left out to save device time: bench/results/.)
-# shellcheck disable=SC2086  # a list of versions on purpose
-read -r -a TC_VERSIONS <<< "$(hopper_only ${KALLPA_GPU_TC_VERSIONS-3 4 5 6 7 8 9})"
 PREFILL=()
 for n in 4096 8192 16384; do
   PREFILL+=("b=1,sq=$n,skv=$n,hq=32,hkv=8,d=128,dtype=bf16,causal" "b=1,sq=$n,skv=$n,hq=32,hkv=8,d=128,dtype=bf16")
@@ -166,38 +159,41 @@ if wants bench; then
   timeout 150 "$KALLPA" bench attention -b cuda-flash,cudnn "${spec_args[@]}" --min-time 0.2 --json \
     > "$DETAILS/kallpa-bench.json" 2> "$DETAILS/kallpa-bench.log"
   rc=$?; record kallpa-bench $rc; tail -5 "$DETAILS/kallpa-bench.log"
-  # The numbered tensor-core kernels side by side on the prefill shapes (KALLPA_CUDA_FLASH_TC).
-  prefill_args=()
-  for s in "${PREFILL[@]}"; do prefill_args+=(--spec "$s"); done
-  for ver in "${TC_VERSIONS[@]}"; do
-    KALLPA_CUDA_FLASH_TC=$ver timeout 120 "$KALLPA" bench attention -b cuda-flash "${prefill_args[@]}" --min-time 0.2 \
-      --json > "$DETAILS/kallpa-bench-v$ver.json" 2>> "$DETAILS/kallpa-bench.log"
-    record "kallpa-bench-v$ver" $?
-  done
 fi
 
-# Nsight Compute on the two Hopper kernels, one launch each (8k tokens, non-causal): where their
-# time goes. Only when asked for (KALLPA_GPU_STEPS has "ncu").
+# Nsight Compute on the prefill kernel, one launch (8k tokens, non-causal): where its time goes.
+# Only when asked for (KALLPA_GPU_STEPS has "ncu").
 if wants ncu; then
-  step "ncu: v8 and v9 on one 8k prefill launch"
+  step "ncu: the prefill kernel on one 8k launch"
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2> /dev/null || true)
-  if [[ "$COMPUTE_CAP" != "9.0" ]]; then
-    echo "skipped: not a compute capability 9.0 GPU"; record ncu 77
-  elif [[ -n "$NCU" ]]; then
-    for ver in 8 9; do
-      # Past the start-up self-check's small launches, one of the benchmark's.
-      KALLPA_CUDA_FLASH_TC=$ver timeout 120 "$NCU" --clock-control none -k regex:flash_tensor_core_wgmma --launch-skip 4 -c 1 \
-        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-        --section ComputeWorkloadAnalysis --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats \
-        "$KALLPA" bench attention -b cuda-flash --spec "b=1,sq=8192,skv=8192,hq=32,hkv=8,d=128,dtype=bf16" \
-        --min-time 0.05 > "$DETAILS/ncu-v$ver.txt" 2>&1
-      record "ncu-v$ver" $?
-      grep -E "Duration|Registers Per|Achieved Occupancy|Compute \(SM\) Throughput|Memory Throughput|Issued Ipc|No Eligible|Warp Cycles Per Issued|Stall" \
-        "$DETAILS/ncu-v$ver.txt" | head -16
-    done
+  if [[ -n "$NCU" ]]; then
+    # Past the start-up self-check's small launches, one of the benchmark's.
+    timeout 120 "$NCU" --clock-control none -k regex:flash_forward_ --launch-skip 4 -c 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats \
+      "$KALLPA" bench attention -b cuda-flash --spec "b=1,sq=8192,skv=8192,hq=32,hkv=8,d=128,dtype=bf16" \
+      --min-time 0.05 > "$DETAILS/ncu.txt" 2>&1
+    record ncu $?
+    grep -E "Duration|Registers Per|Achieved Occupancy|Compute \(SM\) Throughput|Memory Throughput|Issued Ipc|No Eligible|Warp Cycles Per Issued|Stall" \
+      "$DETAILS/ncu.txt" | head -16
   else
     echo "skipped: no ncu"; record ncu 77
   fi
+fi
+
+# cuda-flash's kernel lab: each kept generation checks itself against a CPU reference, then times
+# itself beside the production kernels (exit 77: not for this GPU). Only when asked for.
+if wants lab; then
+  step "cuda-flash kernel lab (bench/lab/cuda-flash)"
+  ran=0
+  for v in 1 2 3 4 6 7 8; do
+    program="$LAB_DIR/cuda_flash_lab_v$v"
+    [[ -x "$program" ]] || continue
+    ran=1
+    timeout 120 "$program" 2>&1 | tee "$DETAILS/lab-v$v.txt"
+    record "lab-v$v" "${PIPESTATUS[0]}"
+  done
+  if [[ $ran -eq 0 ]]; then echo "skipped: no lab programs in $LAB_DIR (-DKALLPA_BUILD_LAB=ON builds them)"; record lab 77; fi
 fi
 
 if wants torch; then
@@ -240,7 +236,7 @@ if wants engine; then
 fi
 
 step "summary"
-"$PY" - "$DETAILS" "${TC_VERSIONS[*]}" <<'PYEOF'
+"$PY" - "$DETAILS" <<'PYEOF'
 import json, os, sys
 out = sys.argv[1]
 def load(name, key=None):
@@ -251,22 +247,17 @@ def load(name, key=None):
     except (OSError, ValueError):
         return [] if key or name.endswith("bench.json") else {}
 kallpa = load("kallpa-bench.json")
-versions = []
-for ver in sys.argv[2].split():
-    for r in load(f"kallpa-bench-v{ver}.json"):
-        versions.append(dict(r, backend=f"v{ver}"))
 torch_doc = load("torch-sdpa.json")
-rows = kallpa + versions + (torch_doc.get("rows", []) if isinstance(torch_doc, dict) else [])
+rows = kallpa + (torch_doc.get("rows", []) if isinstance(torch_doc, dict) else [])
 def canonical(shape):  # kallpa prints its canonical spec; compare as sets of key=value items
     return ",".join(sorted(shape.split(",")))
 table, label = {}, {}
 for r in rows:
     table.setdefault(canonical(r["shape"]), {})[r["backend"]] = r
     label.setdefault(canonical(r["shape"]), r["shape"])
-# cuda-flash as it runs by default, its numbered tensor-core kernels (prefill), the vendor paths.
-version_names = [f"v{ver}" for ver in sys.argv[2].split()]
-names = ["cuda-flash"] + version_names + ["cudnn", "torch-flash", "torch-cudnn"]
-print(f"{'shape':58s} " + " ".join(f"{n:>11s}" for n in names) + "  flash/torch-flash  best/torch-flash  flash/cudnn")
+# cuda-flash, then the vendor paths.
+names = ["cuda-flash", "cudnn", "torch-flash", "torch-cudnn"]
+print(f"{'shape':58s} " + " ".join(f"{n:>11s}" for n in names) + "  flash/torch-flash  flash/cudnn")
 for shape, by in table.items():
     decode = any(r.get("decode") for r in by.values())
     unit = "GB/s" if decode else "TFLOP/s"
@@ -278,17 +269,20 @@ for shape, by in table.items():
     cell = {n: val(n) for n in names}
     ratio = lambda a, b: f"{a / b:6.2f}" if a and b else "     -"
     best = lambda ns: max([cell[n] for n in ns if cell[n]] or [0]) or None
-    best_flash, best_cudnn = best(["cuda-flash"] + version_names), best(["cudnn", "torch-cudnn"])
+    best_cudnn = best(["cudnn", "torch-cudnn"])
     print(f"{label[shape]:58s} " + " ".join(f"{cell[n]:11.1f}" if cell[n] else f"{'-':>11s}" for n in names) +
-          f"  {ratio(cell['cuda-flash'], cell['torch-flash']):>17s}  {ratio(best_flash, cell['torch-flash']):>16s}"
+          f"  {ratio(cell['cuda-flash'], cell['torch-flash']):>17s}"
           f"  {ratio(cell['cuda-flash'], best_cudnn):>11s}  ({unit})")
 notes = [f"{r['backend']} on {r['shape']}: {r.get('note')}" for r in rows if not r.get("ran")]
 for n in notes:
     print("not run:", n)
 steps = open(os.path.join(out, "steps.txt")).read().split("\n")
-doc = {"steps": [s for s in steps if s], "kallpa_bench": kallpa, "kallpa_bench_versions": versions, "torch_sdpa": torch_doc,
+doc = {"steps": [s for s in steps if s], "kallpa_bench": kallpa, "torch_sdpa": torch_doc,
        "tests_tail": open(os.path.join(out, "tests.txt")).read()[-4000:] if os.path.exists(os.path.join(out, "tests.txt")) else "",
        "nvidia_smi": open(os.path.join(out, "nvidia-smi.txt")).read() if os.path.exists(os.path.join(out, "nvidia-smi.txt")) else ""}
+# The lab's output per generation (KALLPA_GPU_STEPS=lab): its checks and timings as printed.
+doc["lab"] = {name[:-4]: open(os.path.join(out, name)).read()[-4000:]
+              for name in sorted(os.listdir(out)) if name.startswith("lab-v") and name.endswith(".txt")}
 with open(os.path.join(out, "gpu-check.json"), "w") as f:
     json.dump(doc, f, indent=2)
 print(f"wrote {os.path.join(out, 'gpu-check.json')}")

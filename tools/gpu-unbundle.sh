@@ -8,7 +8,7 @@
 #                                      # machine is still warm): joins and verifies the model, then runs
 #                                      # tools/gpu-check.sh on the extracted programs
 #   bash tools/gpu-unbundle.sh kernels # one call, carrying .gpu/bundle.tar.xz: the attention kernels'
-#                                      # steps of gpu-check.sh (tests bench torch ncu), no model
+#                                      # steps of gpu-check.sh (tests bench torch ncu lab), no model
 #
 # Environment: KALLPA_GPU_STASH (default /root/kg) where the bundle is kept between the calls; what
 # else gpu-check.sh reads (KALLPA_GPU_STEPS, OUT).
@@ -41,7 +41,7 @@ case "${1:-}" in
   kernels)
     # One call, no model: the attention kernels' tests and benchmarks (and ncu), not the engine.
     mkdir -p "$stash" && tar -C "$stash" -xJf .gpu/bundle.tar.xz || exit 1
-    KALLPA_GPU_STEPS=${KALLPA_GPU_STEPS:-tests bench torch ncu} KALLPA_GPU_PREBUILT="$stash" bash tools/gpu-check.sh
+    KALLPA_GPU_STEPS=${KALLPA_GPU_STEPS:-tests bench torch ncu lab} KALLPA_GPU_PREBUILT="$stash" bash tools/gpu-check.sh
     ;;
   *)
     sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'

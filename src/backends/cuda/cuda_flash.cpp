@@ -1,12 +1,12 @@
-// cuda-flash: the attention contract on a CUDA device (flash_kernels.cu). This file plans a launch
-// on the host: it checks that the views are device memory of this backend, resolves the
-// per-sequence geometry and copies it, the block table and the ALiBi slopes (host memory in the
-// contract) to the device, picks the tensor-core or the generic kernel (with KV splits for decode)
-// and waits for the result.
+// cuda-flash: the attention contract on a CUDA device (the kernels: flash_kernels.h). This file
+// plans a launch on the host: it checks that the views are device memory of this backend, resolves
+// the per-sequence geometry and copies it, the block table and the ALiBi slopes (host memory in the
+// contract) to the device, picks a kernel (choose_kernel(), flash_plan.h: wgmma on a Hopper,
+// mma.sync elsewhere, split-KV decode, generic; KV splits where the rows alone cannot fill the
+// device) and waits for the result.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,14 +34,21 @@ std::int32_t code_of(DType t) noexcept { return static_cast<std::int32_t>(t); }
 
 std::atomic<std::uint64_t> g_tensor_core{0}, g_generic{0}, g_decode{0}, g_split{0}, g_wgmma{0};
 
-// KALLPA_CUDA_FLASH_TC=1..kTcNewestVersion picks one of the numbered tensor-core kernels instead of
-// the default, so that they can be benchmarked and tested side by side (llm.c's habit); anything
-// else leaves the default. Read per call: a test switches it between runs.
-std::int32_t tensor_core_version() noexcept {
-  const char* env = std::getenv("KALLPA_CUDA_FLASH_TC");
-  const std::string_view v = env != nullptr ? env : "";
-  if (v.size() == 1 && v[0] >= '1' && v[0] - '0' <= kTcNewestVersion) return v[0] - '0';
-  return kTcDefaultVersion;
+std::string_view kernel_name(FlashKernel k) noexcept {
+  switch (k) {
+    case FlashKernel::wgmma: return "wgmma tensor-core";
+    case FlashKernel::tensor_core: return "mma.sync tensor-core";
+    case FlashKernel::decode: return "decode";
+    default: return "generic";
+  }
+}
+
+// The chosen prefill kernel; a build without sm_90a code never chooses wgmma (wgmma_refusal()).
+cudaError_t launch_forward(const FlashParams& p, cudaStream_t stream) {
+#ifdef KALLPA_CUDA_WGMMA_BUILT
+  if (p.kernel == FlashKernel::wgmma) return launch_forward_wgmma(p, stream);
+#endif
+  return launch_forward_tensor_core(p, stream);
 }
 
 class CudaFlash final : public AttentionBackend {
@@ -138,7 +145,6 @@ class CudaFlash final : public AttentionBackend {
     fp.window_right = p.window_right;
     fp.scale = vp.scale();
     fp.softcap = p.softcap;
-    fp.tc_version = tensor_core_version();
 
     std::vector<SeqMeta> meta(static_cast<std::size_t>(batch));
     std::int64_t row0 = 0;
@@ -156,9 +162,13 @@ class CudaFlash final : public AttentionBackend {
       row0 += sq;
     }
 
-    const std::string tc_refusal = tensor_core_refusal(fp, meta);
-    const bool tensor_cores = tc_refusal.empty();
-    const bool decode = !tensor_cores && decode_refusal(fp, meta).empty();
+    // fp.alibi gets its device copy below; the choice needs only to know whether there are slopes.
+    FlashParams as_run = fp;
+    as_run.alibi = p.alibi_slopes;
+    const KernelChoice choice = choose_kernel(as_run, meta, dev->facts());
+    fp.kernel = choice.kernel;
+    const bool tensor_cores = choice.kernel == FlashKernel::tensor_core || choice.kernel == FlashKernel::wgmma;
+    const bool decode = choice.kernel == FlashKernel::decode;
     LaunchShape shape;
     // Splits the partial results' scratch allows: each holds an output row, a max and a sum per
     // (query row, head).
@@ -167,16 +177,6 @@ class CudaFlash final : public AttentionBackend {
         sizeof(float);
     const auto max_splits = static_cast<std::int64_t>(kSplitScratchBudget / std::max<std::size_t>(per_split, 1));
     if (tensor_cores) {
-      if (fp.tc_version >= kTcFirstWgmmaVersion) {
-        // fp.alibi gets its device copy below; here only whether there are slopes matters.
-        FlashParams as_run = fp;
-        as_run.alibi = p.alibi_slopes;
-        if (std::string why = wgmma_refusal(as_run, dev->facts()); !why.empty()) {
-          spdlog::trace("cuda-flash: tensor-core v{} does not apply ({}); v{} runs", fp.tc_version, why,
-                        kTcPortableVersion);
-          fp.tc_version = kTcPortableVersion;
-        }
-      }
       shape = tensor_core_launch(fp);
     } else if (decode) {
       // One warp per (sequence, KV head, split), one wave of them.
@@ -197,8 +197,8 @@ class CudaFlash final : public AttentionBackend {
     if (std::string why = grid_refusal(shape); !why.empty()) {
       return Status(ErrorCode::unsupported, "cuda-flash", std::move(why));
     }
-    spdlog::trace("cuda-flash: {} kernel, grid {}x{}x{}{}", tensor_cores ? "tensor-core" : decode ? "decode" : "generic",
-                  shape.grid[0], shape.grid[1], shape.grid[2], tensor_cores ? "" : fmt::format(" ({})", tc_refusal));
+    spdlog::trace("cuda-flash: {} kernel, grid {}x{}x{}{}", kernel_name(choice.kernel), shape.grid[0], shape.grid[1],
+                  shape.grid[2], choice.why.empty() ? "" : fmt::format(" ({})", choice.why));
 
     // Scratch layout: sequence geometry, block table, ALiBi slopes, split partials.
     const std::size_t meta_bytes = meta.size() * sizeof(SeqMeta);
@@ -247,9 +247,9 @@ class CudaFlash final : public AttentionBackend {
 
     (tensor_cores ? g_tensor_core : decode ? g_decode : g_generic).fetch_add(1, std::memory_order_relaxed);
     if (fp.num_splits > 1) g_split.fetch_add(1, std::memory_order_relaxed);
-    if (tensor_cores && fp.tc_version >= kTcFirstWgmmaVersion) g_wgmma.fetch_add(1, std::memory_order_relaxed);
+    if (choice.kernel == FlashKernel::wgmma) g_wgmma.fetch_add(1, std::memory_order_relaxed);
     if (tensor_cores) {
-      if (const cudaError_t err = launch_flash_tensor_core(fp, stream); err != cudaSuccess) {
+      if (const cudaError_t err = launch_forward(fp, stream); err != cudaSuccess) {
         return cuda_failure("flash_tensor_core launch", err,
                             fmt::format("grid {}x{}x{}, {} bytes shared", shape.grid[0], shape.grid[1],
                                         shape.grid[2], shape.smem_bytes));

@@ -1,7 +1,7 @@
-// Device helpers shared by cuda-flash's kernels (flash_*.cu): dtype conversion, the visible-key
-// range and K/V row addressing of the contract, scoring, warp reductions, and the PTX wrappers the
-// tensor-core kernels use (mma.sync, ldmatrix, cp.async, ex2). Every kernel computes, for one query
-// row and the keys it sees,
+// Device helpers shared by cuda-flash's kernels (forward_*.cu, decode.cu; the lab's too): dtype
+// conversion, the visible-key range and K/V row addressing of the contract, scoring, warp
+// reductions, and the PTX wrappers the tensor-core kernels use (mma.sync, ldmatrix, cp.async, ex2).
+// Every kernel computes, for one query row and the keys it sees,
 //   o = sum_j p_j v_j / sum_j p_j,  p_j = 2^(s_j log2(e) - m)
 // with the running maximum m kept per row (online softmax, f32), so a row's scores are never
 // materialised. Masked keys are never read: every load is limited to the visible key range, and

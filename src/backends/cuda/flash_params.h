@@ -1,4 +1,4 @@
-// What cuda-flash's host code hands its kernels (flash_kernels.cu): plain data, no CUDA types, so
+// What cuda-flash's host code hands its kernels (flash_kernels.h): plain data, no CUDA types, so
 // that the planner (flash_plan.h) and its tests build without the toolkit's headers.
 #pragma once
 
@@ -23,12 +23,13 @@ struct SeqMeta {
   std::int32_t skv = 0;
 };
 
-// The tensor-core kernel that runs unless KALLPA_CUDA_FLASH_TC names another (cuda_flash.cpp):
-// 9 on a Hopper with the lean softmax; elsewhere (wgmma_refusal()) 5 runs instead.
-inline constexpr std::int32_t kTcDefaultVersion = 9;
-// What runs where the Hopper kernels do not apply.
-inline constexpr std::int32_t kTcPortableVersion = 5;
-inline constexpr std::int32_t kTcNewestVersion = 9;
+// The kernels cuda-flash runs; choose_kernel() (flash_plan.h) picks one per problem.
+enum class FlashKernel : std::int32_t {
+  generic,      // forward_generic.cu: any dtypes, head dims and strides, f32 FMAs, split-KV
+  decode,       // decode.cu: split-KV decode on tensor cores (a warp per KV head's query group)
+  tensor_core,  // forward_tensor_core.cu: FlashAttention-2 on mma.sync (sm_80 and later)
+  wgmma,        // forward_wgmma.cu: FlashAttention-2 on Hopper's wgmma (compute capability 9.0)
+};
 
 struct FlashParams {
   const void* q = nullptr;
@@ -80,12 +81,8 @@ struct FlashParams {
   float* part_m = nullptr;
   float* part_l = nullptr;
 
-  // Which tensor-core kernel runs (flash_kernels.cu): 1 (synchronous loads, V transposed by scalar
-  // stores), 2 (cp.async double buffering, ldmatrix), 3 (v2 with 32 query rows per warp), 4 (v3
-  // with a leaner softmax where there is no softcap or ALiBi), 5 (v4 scoring 64 keys at once),
-  // 6 (Hopper: wgmma, two warpgroups, 128-key tiles), 7 (v6 with its two products overlapped),
-  // 8 (v7 with cheaper K/V loads), 9 (v6 with them).
-  std::int32_t tc_version = kTcDefaultVersion;
+  // The kernel chosen for this problem: the launch shape of the tensor-core kernels depends on it.
+  FlashKernel kernel = FlashKernel::generic;
 };
 
 }  // namespace kallpa::cuda

@@ -23,18 +23,16 @@ unsigned clamp_unsigned(std::int64_t v) noexcept {
 
 }  // namespace
 
-std::size_t tensor_core_smem_bytes(int head_dim, int version) noexcept {
+std::size_t tensor_core_smem_bytes(int head_dim) noexcept {
+  // 2-byte elements: Q, and K and V row-major in two stages each (the next tile loads while this
+  // one is used), rows padded.
   const auto d = static_cast<std::size_t>(head_dim);
-  if (version >= kTcFirstWgmmaVersion) {
-    // Q and two stages each of K and V, 2-byte elements, unpadded; 1 KiB to align them.
-    return 1024 + 2 * d * (kWgmmaBlockQ + 4 * std::size_t{kWgmmaBlockK});
-  }
-  const auto q_tile = static_cast<std::size_t>(tensor_core_block_q(version)) * (d + kTcPad);
-  const auto kv_tile = static_cast<std::size_t>(kTcBlockK) * (d + kTcPad);
-  // 2-byte elements. v1: Q and K tiles row-major, V transposed. v2 and v3: Q, and K and V
-  // row-major in two stages each (the next tile loads while this one is used).
-  if (version == 1) return 2 * (q_tile + kv_tile + d * (kTcBlockK + kTcPad));
-  return 2 * (q_tile + 4 * kv_tile);
+  return 2 * (kTcBlockQ * (d + kTcPad) + 4 * kTcBlockK * (d + kTcPad));
+}
+
+std::size_t wgmma_smem_bytes(int head_dim) noexcept {
+  // Q and two stages each of K and V, 2-byte elements, unpadded; 1 KiB to align them.
+  return 1024 + 2 * static_cast<std::size_t>(head_dim) * (kWgmmaBlockQ + 4 * std::size_t{kWgmmaBlockK});
 }
 
 std::size_t generic_smem_bytes(int head_dim, int head_dim_v) noexcept {
@@ -108,28 +106,43 @@ LaunchShape decode_launch(const FlashParams& p) noexcept {
   return s;
 }
 
-std::string wgmma_refusal(const FlashParams& p, const DeviceFacts& dev) {
-  if (p.tc_version < kTcFirstWgmmaVersion) return fmt::format("tensor-core kernel v{} was asked for", p.tc_version);
-#ifndef KALLPA_CUDA_WGMMA_BUILT
-  return "this build has no sm_90a code (CUDA 12 or later compiles it)";
+bool wgmma_built() noexcept {
+#ifdef KALLPA_CUDA_WGMMA_BUILT
+  return true;
+#else
+  return false;
 #endif
+}
+
+std::string wgmma_refusal(const FlashParams& p, const DeviceFacts& dev) {
+  if (!wgmma_built()) return "this build has no sm_90a code (CUDA 12 or later compiles it)";
   if (dev.cc_major != 9 || dev.cc_minor != 0) {
-    return fmt::format("device {} has compute capability {}.{}; the wgmma kernels are sm_90a code, for 9.0 only",
+    return fmt::format("device {} has compute capability {}.{}; the wgmma kernel is sm_90a code, for 9.0 only",
                        dev.name, dev.cc_major, dev.cc_minor);
   }
   if (p.softcap > 0.0f || p.alibi != nullptr || !(p.scale > 0.0f)) {
-    return "softcap, ALiBi or a non-positive scale; the wgmma kernels have only the lean softmax";
+    return "softcap, ALiBi or a non-positive scale; the wgmma kernel has only the lean softmax";
   }
   return {};
 }
 
+KernelChoice choose_kernel(const FlashParams& p, const std::vector<SeqMeta>& meta, const DeviceFacts& dev) {
+  if (std::string tc = tensor_core_refusal(p, meta); !tc.empty()) {
+    if (decode_refusal(p, meta).empty()) return {FlashKernel::decode, std::move(tc)};
+    return {FlashKernel::generic, std::move(tc)};
+  }
+  if (std::string why = wgmma_refusal(p, dev); !why.empty()) return {FlashKernel::tensor_core, std::move(why)};
+  return {FlashKernel::wgmma, {}};
+}
+
 LaunchShape tensor_core_launch(const FlashParams& p) noexcept {
+  const bool wgmma = p.kernel == FlashKernel::wgmma;
   LaunchShape s;
-  s.grid[0] = clamp_unsigned(ceil_div(p.max_sq, tensor_core_block_q(p.tc_version)));
+  s.grid[0] = clamp_unsigned(ceil_div(p.max_sq, wgmma ? kWgmmaBlockQ : kTcBlockQ));
   s.grid[1] = clamp_unsigned(p.hq);
   s.grid[2] = clamp_unsigned(p.batch);
-  s.block = p.tc_version >= kTcFirstWgmmaVersion ? kWgmmaThreads : kTcThreads;
-  s.smem_bytes = tensor_core_smem_bytes(p.d, p.tc_version);
+  s.block = wgmma ? kWgmmaThreads : kTcThreads;
+  s.smem_bytes = wgmma ? wgmma_smem_bytes(p.d) : tensor_core_smem_bytes(p.d);
   return s;
 }
 

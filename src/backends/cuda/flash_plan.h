@@ -12,32 +12,26 @@
 
 namespace kallpa::cuda {
 
-// The mma.sync tensor-core kernels (v1-v5): 4 warps, tensor_core_block_q(version) query rows x 64
-// keys per step; rows of their shared-memory tiles are padded by 8 elements so that the
+// The mma.sync prefill kernel (forward_tensor_core.cu): 4 warps, 128 query rows (32 per warp) x
+// 64 keys per step; rows of its shared-memory tiles are padded by 8 elements so that the
 // quad-strided fragment loads hit distinct banks.
 inline constexpr int kTcThreads = 128;
-inline constexpr int kTcBlockQ = 64;     // query rows per block, v1 and v2 (16 per warp)
-inline constexpr int kTcBlockQV3 = 128;  // v3-v5: 32 per warp
+inline constexpr int kTcBlockQ = 128;
 inline constexpr int kTcBlockK = 64;
 inline constexpr int kTcPad = 8;
-// The Hopper kernels (v6-v9: flash_tc_v6.cu): two warpgroups of 64 query rows against 128-key
+// The Hopper prefill kernel (forward_wgmma.cu): two warpgroups of 64 query rows against 128-key
 // tiles stored in wgmma's swizzled layout (no padding), two stages each of K and V; 1 KiB of slack
 // aligns the tiles to the swizzle's 1024-byte atoms.
 inline constexpr int kWgmmaThreads = 256;
 inline constexpr int kWgmmaBlockQ = 128;
 inline constexpr int kWgmmaBlockK = 128;
-inline constexpr int kTcFirstWgmmaVersion = 6;
-// The Hopper kernels' tiles in shared memory: wgmma's canonical 128-byte-swizzle layout, the head
+// The Hopper kernel's tiles in shared memory: wgmma's canonical 128-byte-swizzle layout, the head
 // dim cut into 64-element panels (128-byte rows), a panel's rows consecutive, and within each
 // 8-row, 1024-byte atom the 16-byte chunk c of row r stored at chunk position c ^ (r % 8) -- the
 // XOR the hardware applies on reading, which also spreads a column of chunks over all banks. Byte
 // offset of chunk c8 (elements 8 c8 .. 8 c8 + 7) of row r, in a tile of `rows` rows.
 constexpr std::uint32_t swizzled_chunk(int rows, int r, int c8) noexcept {
   return static_cast<std::uint32_t>((c8 / 8) * rows * 128 + r * 128 + (((c8 % 8) ^ (r % 8)) * 16));
-}
-// Query rows per block of tensor-core kernel `version`.
-constexpr int tensor_core_block_q(int version) noexcept {
-  return version >= kTcFirstWgmmaVersion ? kWgmmaBlockQ : version >= 3 ? kTcBlockQV3 : kTcBlockQ;
 }
 // Below this many query rows a 64-row tile is mostly empty; the generic kernel with split-KV wins.
 inline constexpr std::int64_t kTcMinRows = 16;
@@ -79,12 +73,17 @@ struct LaunchShape {
   std::size_t smem_bytes = 0;
 };
 
-std::size_t tensor_core_smem_bytes(int head_dim, int version) noexcept;
+// Shared memory of the mma.sync (tensor_core_smem_bytes) and Hopper (wgmma_smem_bytes) prefill
+// kernels, and of the generic kernel.
+std::size_t tensor_core_smem_bytes(int head_dim) noexcept;
+std::size_t wgmma_smem_bytes(int head_dim) noexcept;
 std::size_t generic_smem_bytes(int head_dim, int head_dim_v) noexcept;
-// Empty when version p.tc_version >= kTcFirstWgmmaVersion can run p on device `dev`, else why not
-// (the caller then runs kTcPortableVersion): a Hopper (compute capability 9.0 exactly: sm_90a code runs nowhere
-// else), a build with that code, and the lean softmax's conditions (no softcap or ALiBi, scale > 0).
+// Empty when the Hopper kernel can run p on device `dev`, else why not: a Hopper (compute
+// capability 9.0 exactly: sm_90a code runs nowhere else), a build with that code, and the lean
+// softmax's conditions (no softcap or ALiBi, scale > 0).
 std::string wgmma_refusal(const FlashParams& p, const DeviceFacts& dev);
+// Whether this build has the Hopper kernel's sm_90a code (CUDA 12 or later compiles it).
+bool wgmma_built() noexcept;
 
 // Empty when p (with its per-sequence geometry) can take the tensor-core kernel, else why not.
 std::string tensor_core_refusal(const FlashParams& p, const std::vector<SeqMeta>& meta);
@@ -93,8 +92,23 @@ std::string tensor_core_refusal(const FlashParams& p, const std::vector<SeqMeta>
 std::string decode_refusal(const FlashParams& p, const std::vector<SeqMeta>& meta);
 std::size_t decode_smem_bytes(int head_dim) noexcept;
 
-// x: query tiles (tensor_core_block_q(p.tc_version) rows) of the longest sequence, y: query heads,
-// z: sequences.
+// Which kernel runs p (with its per-sequence geometry) on device `dev`, one rule:
+//   1. the tensor-core prefill kernels where tensor_core_refusal() is empty (16-bit q/k/v/o, D = Dv
+//      = 64 or 128, 16-byte aligned rows, at least kTcMinRows query rows): wgmma on a compute
+//      capability 9.0 device with the lean softmax (wgmma_refusal() empty), else mma.sync;
+//   2. else the split-KV decode kernel where decode_refusal() is empty (16-bit K/V, at most
+//      kDecodeMaxRows query rows x heads per KV head);
+//   3. else the generic kernel, which takes the whole contract.
+// p.alibi need only be non-null when the problem has slopes (it is not read). `why` says why the
+// faster kernels did not apply (empty for wgmma).
+struct KernelChoice {
+  FlashKernel kernel = FlashKernel::generic;
+  std::string why;
+};
+KernelChoice choose_kernel(const FlashParams& p, const std::vector<SeqMeta>& meta, const DeviceFacts& dev);
+
+// x: query tiles (kTcBlockQ or kWgmmaBlockQ rows, by p.kernel) of the longest sequence, y: query
+// heads, z: sequences.
 LaunchShape tensor_core_launch(const FlashParams& p) noexcept;
 // x: (query row, head) pairs of the longest sequence / 4, y: KV splits, z: sequences.
 LaunchShape generic_launch(const FlashParams& p) noexcept;
@@ -125,7 +139,7 @@ struct LaunchCounts {
   std::uint64_t generic = 0;
   std::uint64_t decode = 0;    // tensor-core decode launches (each followed by a combine)
   std::uint64_t split_kv = 0;  // generic or decode launches with num_splits > 1
-  std::uint64_t wgmma = 0;     // tensor-core launches that ran a Hopper kernel (v6-v9)
+  std::uint64_t wgmma = 0;     // tensor-core launches that ran the Hopper kernel
 };
 LaunchCounts launch_counts() noexcept;
 // The facts of the device cuda-flash runs on; nullptr when there is none. Defined beside the backend.

@@ -1,6 +1,6 @@
-// Hopper's warpgroup MMA (wgmma.mma_async, sm_90a) for the tensor-core kernels v6-v9
-// (flash_tc_v6.cu): the shared-memory descriptor of the 128-byte-swizzle layout they store tiles in,
-// and the three instruction shapes they issue. A warpgroup (4 warps, 128 threads) multiplies a
+// Hopper's warpgroup MMA (wgmma.mma_async, sm_90a) for the Hopper prefill kernel
+// (forward_wgmma.cu): the shared-memory descriptor of the 128-byte-swizzle layout it stores tiles
+// in, and the three instruction shapes it issues. A warpgroup (4 warps, 128 threads) multiplies a
 // 64-row A by a 16-deep slice of B per instruction; the accumulator fragment is mma.m16n8's,
 // repeated: warp w of the group holds rows 16 w .. 16 w + 15, and register 4 n + e of a lane is
 // row lane / 4 (+ 8 for e >= 2), column 8 n + 2 (lane % 4) + (e & 1). An A fragment from

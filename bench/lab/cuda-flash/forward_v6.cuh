@@ -1,43 +1,32 @@
-// cuda-flash tensor-core kernels for Hopper, versions 6 to 9 (KALLPA_CUDA_FLASH_TC=6..9): the
-// FlashAttention-2 algorithm on wgmma (flash_wgmma.cuh), compiled for sm_90a only.
-// Why: v5 (mma.sync) reached 0.73-0.77x PyTorch's FlashAttention-2 on an H200; ncu found it
-// latency-bound at 2 warps per scheduler (255 registers), each warp waiting on its own mma
-// results and fragment loads. wgmma multiplies a 64-row tile per warpgroup straight from shared
-// memory (no fragment loads for Q, K or V) and runs asynchronously, so the softmax can proceed
-// while the tensor cores work.
+// cuda-flash lab: the kernel of generations 6, 7 and 8 (forward_v6.cu, forward_v7.cu,
+// forward_v8.cu), one template: the FlashAttention-2 algorithm on Hopper's wgmma
+// (src/backends/cuda/flash_wgmma.cuh), sm_90a only. mma.sync kernels stall each warp on its own
+// mma results and fragment loads; wgmma multiplies a 64-row tile per warpgroup straight from
+// shared memory and runs asynchronously, so the softmax can proceed while the tensor cores work.
 // - A block is two warpgroups, 128 query rows (64 each) against 128-key tiles of K and V, which
 //   stream through two shared-memory stages by cp.async (every thread loads; no producer warps).
-// - v6: per tile, S = Q K^T, softmax, O += P V, each waited for in turn.
-// - v7: the same with the products overlapped (FlashAttention-3's intra-warpgroup pipelining):
-//   S for tile j and O += P V for tile j - 1 are issued together, and tile j's softmax runs while
-//   the second product is still on the tensor cores; O's rescale for tile j waits for it.
-// - v8: v7 with cheap loads (load_fast below); v9: v6 with them.
-// tools/gpu-check.sh on an H200 (bf16, D 128, 32/8 heads, 4k-16k tokens, TFLOP/s;
-// bench/results/gpu-check-h200-2026-12-04-v3-v9.json): v5 195-267, v6 205-260, v7 210-266,
-// v8 338-461, v9 343-463; PyTorch's FlashAttention-2 265-348. ncu (8k, non-causal): v7 issued
-// ~1500 instructions per warp per tile at 2 warps per scheduler (tensor pipe 27% busy), a third of
-// them the loads' address arithmetic; v8 665 (tensor pipe 47%). v9 (no overlap, 198 registers)
-// runs as fast as v8 (255, a 24-byte spill), so v9 is the default: the overlap has not paid while
-// both warpgroups meet at the same two barriers per tile (decoupling them -- mbarriers per stage,
-// a producer warp, TMA -- is the next step, FlashAttention-3's).
-// Both take the lean softmax only (no softcap or ALiBi, a positive scale); anything else, and any
-// device other than compute capability 9.0, runs v5 instead (wgmma_refusal(), cuda_flash.cpp).
+// - v6 (Overlap and FastLoads off): per tile, S = Q K^T, softmax, O += P V, each waited for in turn.
+// - v7 (Overlap): the products overlapped (FlashAttention-3's intra-warpgroup pipelining): S for
+//   tile j and O += P V for tile j - 1 are issued together, and tile j's softmax runs while the
+//   second product is still on the tensor cores; O's rescale for tile j waits for it.
+// - v8 (Overlap and FastLoads): v7 with the loads' address arithmetic hoisted out of the tile loop.
+// v6 with FastLoads is production's forward_wgmma.cu. Lean softmax only.
+#pragma once
+
 #include "backends/cuda/flash_device.cuh"
-#include "backends/cuda/flash_kernels.h"
 #include "backends/cuda/flash_wgmma.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define KALLPA_WGMMA_BODY 1
+#define KALLPA_LAB_WGMMA_BODY 1
 #else
-#define KALLPA_WGMMA_BODY 0
+#define KALLPA_LAB_WGMMA_BODY 0
 #endif
 
 namespace kallpa::cuda {
-namespace {
 
 template <typename T, int D, bool Overlap, bool FastLoads>
-__global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(FlashParams p) {
-#if KALLPA_WGMMA_BODY
+__global__ void __launch_bounds__(kWgmmaThreads, 1) flash_forward_v6(FlashParams p) {
+#if KALLPA_LAB_WGMMA_BODY
   constexpr int BQ = kWgmmaBlockQ, BK = kWgmmaBlockK, CH = D / 8;
   constexpr std::uint32_t kQBytes = BQ * D * 2, kTileBytes = BK * D * 2;
   extern __shared__ __align__(1024) unsigned char wg_smem[];
@@ -78,12 +67,11 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(Flas
                  valid);
     }
   };
-  // v8's and v9's loads: a thread copies the same 16-byte chunk of rows lrow, lrow + kRowsPerPass,
+  // FastLoads (v8): a thread copies the same 16-byte chunk of rows lrow, lrow + kRowsPerPass,
   // ... of every tile, so its shared-memory offsets are constants (the swizzle depends on the row
   // mod 8, and kRowsPerPass is a multiple of 8) and its global address moves by one stride per
-  // copy, where v6/v7 recompute row, validity, kv_row() and the swizzle for each (ncu, 8k tokens:
-  // 1490 instructions per warp per 128-key tile in v7, 665 in v8). Tiles that are whole, visible
-  // and unpaged only; the others load as before.
+  // copy, where load_rows() recomputes row, validity, kv_row() and the swizzle for each. Tiles that
+  // are whole, visible and unpaged only; the others take load_rows().
   constexpr int kRowsPerPass = kWgmmaThreads / CH;
   static_assert(kRowsPerPass % 8 == 0 && BK % kRowsPerPass == 0);
   const int lrow = tid / CH, lchunk = tid % CH;
@@ -160,7 +148,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(Flas
       wgmma_rs<T, D>(o, prob[kk], sw128_desc(v_base + kk * 16 * 128, BK * 128, 1024));
     }
   };
-  // The online softmax of tile k0's scores (v4's lean form): new row maxima, the factor alpha for
+  // The online softmax of tile k0's scores (the lean form): new row maxima, the factor alpha for
   // what the rows summed so far, the probabilities rounded into `prob`.
   auto softmax = [&](std::int32_t k0, std::uint32_t (&prob)[BK / 16][4], float (&alpha)[2]) {
     const bool whole = k0 >= whole_first && k0 + BK - 1 <= whole_last;
@@ -354,21 +342,14 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) flash_tensor_core_wgmma(Flas
 #endif
 }
 
-template <typename T, int D>
-auto* pick_wgmma(const FlashParams& p) {
-  return p.tc_version >= 9   ? flash_tensor_core_wgmma<T, D, false, true>
-         : p.tc_version == 8 ? flash_tensor_core_wgmma<T, D, true, true>
-         : p.tc_version == 7 ? flash_tensor_core_wgmma<T, D, true, false>
-                             : flash_tensor_core_wgmma<T, D, false, false>;
-}
-
-}  // namespace
-
-cudaError_t launch_tensor_core_wgmma(const FlashParams& p, cudaStream_t stream) {
-  const bool bf16 = p.q_dtype == kBF16;
-  auto* kernel = p.d == 64 ? (bf16 ? pick_wgmma<__nv_bfloat16, 64>(p) : pick_wgmma<__half, 64>(p))
-                           : (bf16 ? pick_wgmma<__nv_bfloat16, 128>(p) : pick_wgmma<__half, 128>(p));
-  return launch_with_smem(kernel, tensor_core_launch(p), p, stream);
+inline LaunchShape launch_shape_v6(const FlashParams& p) {
+  LaunchShape s;
+  s.grid[0] = static_cast<unsigned>((p.max_sq + kWgmmaBlockQ - 1) / kWgmmaBlockQ);
+  s.grid[1] = static_cast<unsigned>(p.hq);
+  s.grid[2] = static_cast<unsigned>(p.batch);
+  s.block = kWgmmaThreads;
+  s.smem_bytes = wgmma_smem_bytes(p.d);  // the same tiles as production's
+  return s;
 }
 
 }  // namespace kallpa::cuda

@@ -1,23 +1,22 @@
-// cuda-flash tensor-core kernel, version 1 (KALLPA_CUDA_FLASH_TC=1): kept to be benchmarked beside
-// its successors.
+// cuda-flash lab, generation 1: FlashAttention-2's forward on mma.sync m16n8k16, the plainest form.
+// A block of 4 warps owns 64 query rows of one (sequence, head); each warp owns 16 of them and
+// keeps their scores, running max/sum and output in registers in the mma.m16n8k16 accumulator
+// layout (PTX ISA, "Matrix Fragments for mma.m16n8k16"): lane = 4g + t holds rows g and g + 8,
+// columns 2t and 2t + 1 of each 8-column tile. The score accumulators of two adjacent 8-key tiles
+// are exactly the A operand of P.V for 16 keys, so P never leaves registers. K tiles are staged
+// row-major and V tiles transposed in shared memory by synchronous loads, so every operand
+// register is one aligned 32-bit shared load. General softmax (score_log2(), exp2f).
 #include "backends/cuda/flash_device.cuh"
-#include "backends/cuda/flash_kernels.h"
+#include "lab.h"
 
 namespace kallpa::cuda {
 namespace {
 
-// ---- tensor-core kernel -----------------------------------------------------------------------
-// FlashAttention-2's forward: a block of 4 warps owns 64 query rows of one (sequence, head); each
-// warp owns 16 of them and keeps their scores, running max/sum and output in registers in the
-// mma.m16n8k16 accumulator layout (PTX ISA, "Matrix Fragments for mma.m16n8k16"): lane = 4g + t
-// holds rows g and g + 8, columns 2t and 2t + 1 of each 8-column tile. The score accumulators of
-// two adjacent 8-key tiles are exactly the A operand of P.V for 16 keys, so P never leaves
-// registers. K tiles are staged row-major and V tiles transposed in shared memory, so every
-// operand register is one aligned 32-bit shared load.
+constexpr int kBlockQ = 64;  // query rows per block, 16 per warp
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kTcThreads) flash_tensor_core(FlashParams p) {
-  constexpr int BQ = kTcBlockQ, BK = kTcBlockK;
+__global__ void __launch_bounds__(kTcThreads) flash_forward_v1(FlashParams p) {
+  constexpr int BQ = kBlockQ, BK = kTcBlockK;
   constexpr int QS = D + kTcPad;   // row pitch of the Q and K tiles (elements)
   constexpr int VS = BK + kTcPad;  // row pitch of the transposed V tile
   constexpr int CH = D / 8;        // 16-byte chunks per row
@@ -156,13 +155,27 @@ __global__ void __launch_bounds__(kTcThreads) flash_tensor_core(FlashParams p) {
   }
 }
 
-}  // namespace
-
-cudaError_t launch_tensor_core_v1(const FlashParams& p, cudaStream_t stream) {
-  const bool bf16 = p.q_dtype == kBF16;
-  auto* kernel = p.d == 64 ? (bf16 ? flash_tensor_core<__nv_bfloat16, 64> : flash_tensor_core<__half, 64>)
-                           : (bf16 ? flash_tensor_core<__nv_bfloat16, 128> : flash_tensor_core<__half, 128>);
-  return launch_with_smem(kernel, tensor_core_launch(p), p, stream);
+LaunchShape launch_shape(const FlashParams& p) {
+  const auto d = static_cast<std::size_t>(p.d);
+  LaunchShape s;
+  s.grid[0] = static_cast<unsigned>((p.max_sq + kBlockQ - 1) / kBlockQ);
+  s.grid[1] = static_cast<unsigned>(p.hq);
+  s.grid[2] = static_cast<unsigned>(p.batch);
+  s.block = kTcThreads;
+  // 2-byte elements: Q and K tiles row-major, V transposed (D rows of 64 + 8 keys).
+  s.smem_bytes = 2 * (kBlockQ * (d + kTcPad) + kTcBlockK * (d + kTcPad) + d * (kTcBlockK + kTcPad));
+  return s;
 }
 
+cudaError_t launch(const FlashParams& p, cudaStream_t stream) {
+  auto* kernel = p.d == 64 ? flash_forward_v1<__half, 64> : flash_forward_v1<__nv_bfloat16, 128>;
+  return launch_with_smem(kernel, launch_shape(p), p, stream);
+}
+
+}  // namespace
 }  // namespace kallpa::cuda
+
+int main() {
+  return kallpa::lab::run({"v1", "mma.sync m16n8k16, synchronous loads, V transposed by scalar stores",
+                           kallpa::cuda::launch, false});
+}

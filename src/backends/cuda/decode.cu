@@ -8,10 +8,9 @@ namespace kallpa::cuda {
 namespace {
 
 // ---- split-KV decode kernel on tensor cores -----------------------------------------------------
-// Few query rows against many keys. On tools/gpu-check.sh's decode shape (8 x 32k keys, 32/8
-// heads, D 128, bf16) the generic kernel read 367 GB/s of an H200's ~4.3 TB/s, this one 3.5 TB/s:
-// there each lane reads a whole key row (uncoalesced) and each query head re-reads its KV head's
-// keys. Here one warp owns every query row of one KV head -- (query row, head of the group)
+// Few query rows against many keys, a memory-bound problem. The generic kernel reads it badly:
+// each lane reads a whole key row (uncoalesced) and each query head re-reads its KV head's keys.
+// Here one warp owns every query row of one KV head -- (query row, head of the group)
 // pairs, at most 16: the m16 of an mma tile -- over one range of keys (a split), and streams
 // 16-key K/V steps through two shared-memory stages of its own with cp.async: every K/V byte is
 // read once, coalesced, for the whole group, and the scores and P.V run on tensor cores as in the

@@ -1,23 +1,22 @@
-// cuda-flash tensor-core kernel, version 2 (KALLPA_CUDA_FLASH_TC=2).
+// cuda-flash lab, generation 2: v1's inner loop waits on every tile's global loads (nothing else to
+// do meanwhile but other blocks) and transposes V with 2-byte shared stores that, with its
+// 72-element pitch, all land in one bank: a 16-way conflict on each. v2 keeps V row-major and takes
+// its B fragments with ldmatrix.trans (the hardware transposes the 8x8 pieces), reads K with
+// ldmatrix too (four fragments per instruction instead of one), and fetches tiles with cp.async
+// into two stages so that tile t + 1 is in flight while tile t is multiplied. Rows outside the
+// block's visible range are zero-filled by cp.async itself (source size 0). Tiles that every row of
+// the lane sees whole skip the per-element mask. Same layouts and online softmax as v1 otherwise.
 #include "backends/cuda/flash_device.cuh"
-#include "backends/cuda/flash_kernels.h"
+#include "lab.h"
 
 namespace kallpa::cuda {
 namespace {
 
-// ---- tensor-core kernel, version 2 ------------------------------------------------------------
-// v1's inner loop waits on every tile's global loads (nothing else to do meanwhile but other
-// blocks) and transposes V with 2-byte shared stores that, with its 72-element pitch, all land in
-// one bank: a 16-way conflict on each. v2 keeps V row-major and takes its B fragments with
-// ldmatrix.trans (the hardware transposes the 8x8 pieces), reads K with ldmatrix too (four
-// fragments per instruction instead of one), and fetches tiles with cp.async into two stages so
-// that tile t + 1 is in flight while tile t is multiplied. Rows outside the block's visible range
-// are zero-filled by cp.async itself (source size 0). Tiles that every row of the lane sees whole
-// skip the per-element mask. Same layouts and online softmax as v1 otherwise.
+constexpr int kBlockQ = 64;  // query rows per block, 16 per warp
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kTcThreads) flash_tensor_core_v2(FlashParams p) {
-  constexpr int BQ = kTcBlockQ, BK = kTcBlockK;
+__global__ void __launch_bounds__(kTcThreads) flash_forward_v2(FlashParams p) {
+  constexpr int BQ = kBlockQ, BK = kTcBlockK;
   constexpr int QS = D + kTcPad;  // row pitch of every tile (elements): ldmatrix rows hit distinct banks
   constexpr int CH = D / 8;       // 16-byte chunks per row
   constexpr int TILE = BK * QS;   // elements of one K or V stage
@@ -176,13 +175,27 @@ __global__ void __launch_bounds__(kTcThreads) flash_tensor_core_v2(FlashParams p
   }
 }
 
-}  // namespace
-
-cudaError_t launch_tensor_core_v2(const FlashParams& p, cudaStream_t stream) {
-  const bool bf16 = p.q_dtype == kBF16;
-  auto* kernel = p.d == 64 ? (bf16 ? flash_tensor_core_v2<__nv_bfloat16, 64> : flash_tensor_core_v2<__half, 64>)
-                           : (bf16 ? flash_tensor_core_v2<__nv_bfloat16, 128> : flash_tensor_core_v2<__half, 128>);
-  return launch_with_smem(kernel, tensor_core_launch(p), p, stream);
+LaunchShape launch_shape(const FlashParams& p) {
+  const auto d = static_cast<std::size_t>(p.d);
+  LaunchShape s;
+  s.grid[0] = static_cast<unsigned>((p.max_sq + kBlockQ - 1) / kBlockQ);
+  s.grid[1] = static_cast<unsigned>(p.hq);
+  s.grid[2] = static_cast<unsigned>(p.batch);
+  s.block = kTcThreads;
+  // 2-byte elements: Q, and K and V row-major in two stages each, rows padded.
+  s.smem_bytes = 2 * (kBlockQ * (d + kTcPad) + 4 * kTcBlockK * (d + kTcPad));
+  return s;
 }
 
+cudaError_t launch(const FlashParams& p, cudaStream_t stream) {
+  auto* kernel = p.d == 64 ? flash_forward_v2<__half, 64> : flash_forward_v2<__nv_bfloat16, 128>;
+  return launch_with_smem(kernel, launch_shape(p), p, stream);
+}
+
+}  // namespace
 }  // namespace kallpa::cuda
+
+int main() {
+  return kallpa::lab::run({"v2", "cp.async double buffering, ldmatrix (V row-major, ldmatrix.trans)",
+                           kallpa::cuda::launch, false});
+}

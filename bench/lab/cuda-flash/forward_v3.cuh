@@ -1,35 +1,27 @@
-// cuda-flash tensor-core kernels, versions 3, 4 and 5 (KALLPA_CUDA_FLASH_TC=3|4|5; 5 runs by
-// default where the Hopper kernels of flash_tc_v6.cu do not apply): one template, the later
-// versions switching on a leaner softmax and wider score tiles.
-// Why v4: ncu on v3 (8k tokens, D 128) found 2 warps per scheduler (255 registers: 2 blocks of 4
-// warps per SM), 4.1 cycles between a warp's instructions and ~40% of stalls waiting on
-// fixed-latency dependencies -- the softmax's serial max/sum chains and scale multiplies.
-// tools/gpu-check.sh on an H200 (bf16, D 128, 32/8 heads, 4k-16k tokens, TFLOP/s): v3 151-206,
-// v4 188-258, v5 194-267; PyTorch's FlashAttention-2 backend 259-348 (bench/results/).
+// cuda-flash lab: the kernel of generations 3 and 4 (forward_v3.cu, forward_v4.cu), one template.
+// v2's warps own 16 rows each, so every K or V fragment a warp reads from shared memory feeds a
+// single mma. v3 gives each warp 32 rows, two 16-row slices (FlashAttention-2's arrangement of 128
+// rows over 4 warps): each fragment feeds two mma, and one K/V tile serves twice the rows (half the
+// tile loads per FLOP). Q's fragments no longer fit in registers beside twice the accumulators, so
+// they are re-read from shared memory (ldmatrix) for each tile. Key positions are int32 (a sequence
+// has at most 2^31 - 1 keys), and problems without softcap and ALiBi (Plain) score with one
+// multiply. Lean (v4) is the leaner softmax: raw scores, the scale folded into the exponent, four
+// independent max and sum chains per row. Scoring whole 64-key tiles with it (SUB = 64 at D 128)
+// is production's forward_tensor_core.cu.
+#pragma once
+
 #include "backends/cuda/flash_device.cuh"
-#include "backends/cuda/flash_kernels.h"
 
 namespace kallpa::cuda {
-namespace {
-
-// ---- tensor-core kernel, version 3 ------------------------------------------------------------
-// v2 ran at 76-88 TFLOP/s where FlashAttention-2 runs at 266-349 (tools/gpu-check.sh on an H200,
-// bf16, D 128, 4k-16k tokens): each of its warps owns 16 rows, so every K or V fragment it reads from shared memory
-// feeds a single mma. v3 gives each warp 32 rows, two 16-row slices (FlashAttention-2's
-// arrangement of 128 rows over 4 warps): each fragment feeds two mma, and one K/V tile serves
-// twice the rows (half the tile loads per FLOP). Q's fragments no longer fit in registers beside
-// twice the accumulators, so they are re-read from shared memory (ldmatrix) for each tile. Key
-// positions are int32 (a sequence has at most 2^31 - 1 keys), and problems without softcap and
-// ALiBi (Plain) score with one multiply.
 
 template <typename T, int D, bool Plain, bool Lean, int SUB>
-__global__ void __launch_bounds__(kTcThreads) flash_tensor_core_v3(FlashParams p) {
-  constexpr int BQ = kTcBlockQV3, BK = kTcBlockK;
+__global__ void __launch_bounds__(kTcThreads) flash_forward_v3(FlashParams p) {
+  constexpr int BQ = kTcBlockQ, BK = kTcBlockK;
   constexpr int QS = D + kTcPad;
   constexpr int CH = D / 8;
   constexpr int TILE = BK * QS;
   // SUB: keys scored at a time, a whole tile or half of one (for D 128 the two 64-key score slices
-  // beside the 128 output accumulators spill without the lean softmax: v3).
+  // beside the 128 output accumulators spill without the lean softmax).
   static_assert(BK % SUB == 0 && SUB % 16 == 0);
   extern __shared__ __align__(16) unsigned char tc_smem[];
   T* qs = reinterpret_cast<T*>(tc_smem);
@@ -306,26 +298,14 @@ __global__ void __launch_bounds__(kTcThreads) flash_tensor_core_v3(FlashParams p
   }
 }
 
-// v4: v3 with the lean softmax; v5: v4 scoring whole 64-key tiles at D 128 too (v3 and v4 take
-// two 32-key halves there). Softcap, ALiBi or a negative scale take v3's general softmax.
-template <typename T, int D>
-auto* pick_v3(const FlashParams& p) {
-  constexpr int kHalf = D > 64 ? kTcBlockK / 2 : kTcBlockK;
-  const bool plain = p.softcap <= 0.0f && p.alibi == nullptr;
-  const bool lean = p.tc_version >= 4 && plain && p.scale > 0.0f;
-  return lean && p.tc_version >= 5 ? flash_tensor_core_v3<T, D, true, true, kTcBlockK>
-         : lean                    ? flash_tensor_core_v3<T, D, true, true, kHalf>
-         : plain                   ? flash_tensor_core_v3<T, D, true, false, kHalf>
-                                   : flash_tensor_core_v3<T, D, false, false, kHalf>;
-}
-
-}  // namespace
-
-cudaError_t launch_tensor_core_v3(const FlashParams& p, cudaStream_t stream) {
-  const bool bf16 = p.q_dtype == kBF16;
-  auto* kernel = p.d == 64 ? (bf16 ? pick_v3<__nv_bfloat16, 64>(p) : pick_v3<__half, 64>(p))
-                           : (bf16 ? pick_v3<__nv_bfloat16, 128>(p) : pick_v3<__half, 128>(p));
-  return launch_with_smem(kernel, tensor_core_launch(p), p, stream);
+inline LaunchShape launch_shape_v3(const FlashParams& p) {
+  LaunchShape s;
+  s.grid[0] = static_cast<unsigned>((p.max_sq + kTcBlockQ - 1) / kTcBlockQ);
+  s.grid[1] = static_cast<unsigned>(p.hq);
+  s.grid[2] = static_cast<unsigned>(p.batch);
+  s.block = kTcThreads;
+  s.smem_bytes = tensor_core_smem_bytes(p.d);  // the same tiles as production's
+  return s;
 }
 
 }  // namespace kallpa::cuda
