@@ -402,7 +402,7 @@ inline void WriteRow(const Ctx& c, std::int64_t row, float m, float l, const flo
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
   } else if (p.o.dtype == DType::f16 && ods == 1) {
     // Whole vectors through F16C (round to nearest even, inf past the range, NaN kept, as
-    // f32_to_f16): the scalar conversion of each element was most of a short call's time (8/8
+    // f32_to_f16): a scalar conversion of each element would be most of a short call's time (8/8
     // heads, D64, 16 keys). Not on targets without F16C, where Highway's DemoteTo truncates and
     // saturates.
     const DF d;

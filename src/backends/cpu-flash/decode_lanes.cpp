@@ -288,7 +288,7 @@ HWY_INLINE void RunLanesTask(const ValidatedProblem& vp, const DecodePlan& plan,
                              std::byte* slots, std::int32_t* counters) {
   // The grouped kernel's distance (grouped_prefetch_keys); none for a call whose K/V fits in
   // cache, where prefetches only cost instructions.
-  const std::int64_t ahead = plan.kv_bytes <= kDecodeDirectMaxBytes ? -1 : grouped_prefetch_keys();
+  const std::int64_t ahead = plan.kv_bytes <= kDecodeInCacheMaxBytes ? -1 : grouped_prefetch_keys();
   if constexpr (kLanes > kShortStep) {
     if (plan.short_steps) {
       RunLanesSteps<kHalf, kShortStep>(vp, plan, t, scratch, slots, counters, ahead);

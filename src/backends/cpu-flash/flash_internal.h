@@ -129,6 +129,7 @@ inline constexpr std::int64_t kDecodeBlock = 32;     // keys per block inside a 
 inline constexpr std::int64_t kDecodeMinChunk = 256; // keys
 inline constexpr std::int64_t kDecodeMaxChunk = 8192;
 inline constexpr std::int64_t kDecodeChunksTarget = 16;  // chunks for the whole call, if long enough
+
 // The decode kernels and the rule that picks one (choose_decode_kernel; docs/cpu-flash.md gives
 // the reasoning, bench/results/cpu-flash-decode-*.md the measurements).
 //
@@ -137,7 +138,7 @@ inline constexpr std::int64_t kDecodeChunksTarget = 16;  // chunks for the whole
 // walk keeps the memory busy. Whether a call's K/V is resident depends on what ran before it, not
 // on its size: in a model each layer's cache is read once per token after every other layer's,
 // so beyond one core's L2 it comes from L3 or DRAM.
-inline constexpr double kDecodeDirectMaxBytes = 1.0 * 1024 * 1024;
+inline constexpr double kDecodeInCacheMaxBytes = 1.0 * 1024 * 1024;
 // The grouped kernels: keys per block (the softmax's per-row work is paid once a block) and the
 // prefetch distance of their K and V streams in keys.
 inline constexpr std::int64_t kDecodeGroupedBlock = 64;
@@ -299,7 +300,7 @@ struct DecodeChoice {
 //   - layouts that cannot be read in place: by_head (it converts each block to f32 first);
 //   - 16-lane targets (AVX-512): lanes, or lanes_half_dots on AMD (Zen 4 runs 512-bit operations
 //     as two halves, where the half-width reduction tree is cheaper), in cache and streamed alike;
-//   - narrower targets (AVX2 and below): by_head up to kDecodeDirectMaxBytes of K/V, grouped beyond.
+//   - narrower targets (AVX2 and below): by_head up to kDecodeInCacheMaxBytes of K/V, grouped beyond.
 // Steps of 8 keys for the lanes kernels on AVX-512 where more than kDecodeShortStepsMinBytes of K/V
 // crowd the L1 sets (decode_short_steps).
 constexpr DecodeChoice choose_decode_kernel(const DecodeFacts& f) {
@@ -307,7 +308,7 @@ constexpr DecodeChoice choose_decode_kernel(const DecodeFacts& f) {
   c.short_steps = f.simd_lanes >= kDecodeLongStepKeys && f.kv_bytes > kDecodeShortStepsMinBytes && f.steps_crowd_l1;
   if (!f.kv_in_place) c.kernel = DecodeKernel::by_head;
   else if (f.simd_lanes >= 16) c.kernel = f.amd ? DecodeKernel::lanes_half_dots : DecodeKernel::lanes;
-  else c.kernel = f.kv_bytes <= kDecodeDirectMaxBytes ? DecodeKernel::by_head : DecodeKernel::grouped;
+  else c.kernel = f.kv_bytes <= kDecodeInCacheMaxBytes ? DecodeKernel::by_head : DecodeKernel::grouped;
   if (c.kernel != DecodeKernel::lanes && c.kernel != DecodeKernel::lanes_half_dots) c.short_steps = false;
   return c;
 }

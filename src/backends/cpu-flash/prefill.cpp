@@ -75,7 +75,7 @@ inline void StoreScalar(const TensorView& t, std::int64_t idx, float v) {
 }
 
 // t.data[off + x * stride] = src[x] for x < n, converted to t's dtype (f16 by F16C where the row is
-// contiguous: a scalar conversion per element was a tenth of a prefill task's instructions).
+// contiguous: a scalar conversion per element would be a tenth of a prefill task's instructions).
 void StoreRow(const TensorView& t, std::int64_t off, std::int64_t stride, std::int64_t n, const float* HWY_RESTRICT src) {
   std::int64_t x = 0;
   if (stride == 1 && t.dtype == DType::f32) {
