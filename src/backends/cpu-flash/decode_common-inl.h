@@ -2,11 +2,11 @@
 // decode_lanes.cpp): the task context, query setup, the online softmax over a block's scores, the
 // software prefetcher of the memory-order kernels and the final write / split-KV merge.
 // Highway per-target header: included once per target by each translation unit that uses it.
-#if defined(KALLPA_CPU_FLASH_DECODE_COMMON_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef KALLPA_CPU_FLASH_DECODE_COMMON_INL_H_
-#undef KALLPA_CPU_FLASH_DECODE_COMMON_INL_H_
+#if defined(KALLPA_BACKENDS_CPU_FLASH_DECODE_COMMON_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KALLPA_BACKENDS_CPU_FLASH_DECODE_COMMON_INL_H_
+#undef KALLPA_BACKENDS_CPU_FLASH_DECODE_COMMON_INL_H_
 #else
-#define KALLPA_CPU_FLASH_DECODE_COMMON_INL_H_
+#define KALLPA_BACKENDS_CPU_FLASH_DECODE_COMMON_INL_H_
 #endif
 
 #include <algorithm>
@@ -539,4 +539,4 @@ inline void FinishTask(Ctx& c, const DecodePlan& plan, std::byte* slots, std::in
 }  // namespace kallpa::cpu_flash
 HWY_AFTER_NAMESPACE();
 
-#endif  // KALLPA_CPU_FLASH_DECODE_COMMON_INL_H_
+#endif  // KALLPA_BACKENDS_CPU_FLASH_DECODE_COMMON_INL_H_

@@ -7,8 +7,8 @@
 // Defines kallpa::cpu_flash::entry (run_decode_grouped, run_decode_lanes..., declared in
 // flash_internal.h) to run the best SIMD target's `impl`; in the HWY_ONCE part of the kernel's
 // translation unit.
-#ifndef KALLPA_CPU_FLASH_DECODE_ENTRY
-#define KALLPA_CPU_FLASH_DECODE_ENTRY(entry, impl)                                                                \
+#ifndef KALLPA_CPU_FLASH_KERNEL_ENTRY
+#define KALLPA_CPU_FLASH_KERNEL_ENTRY(entry, impl)                                                                \
   namespace kallpa::cpu_flash {                                                                                  \
   HWY_EXPORT(impl);                                                                                              \
   void entry(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task, void* scratch,     \
@@ -18,11 +18,11 @@
   }  // namespace kallpa::cpu_flash
 #endif
 
-#if defined(KALLPA_CPU_FLASH_DECODE_GROUPED_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef KALLPA_CPU_FLASH_DECODE_GROUPED_INL_H_
-#undef KALLPA_CPU_FLASH_DECODE_GROUPED_INL_H_
+#if defined(KALLPA_BACKENDS_CPU_FLASH_DECODE_GROUPED_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KALLPA_BACKENDS_CPU_FLASH_DECODE_GROUPED_INL_H_
+#undef KALLPA_BACKENDS_CPU_FLASH_DECODE_GROUPED_INL_H_
 #else
-#define KALLPA_CPU_FLASH_DECODE_GROUPED_INL_H_
+#define KALLPA_BACKENDS_CPU_FLASH_DECODE_GROUPED_INL_H_
 #endif
 
 #include <algorithm>
@@ -319,4 +319,4 @@ HWY_INLINE void RunStepWalkTask(const ValidatedProblem& vp, const DecodePlan& pl
 }  // namespace kallpa::cpu_flash
 HWY_AFTER_NAMESPACE();
 
-#endif  // KALLPA_CPU_FLASH_DECODE_GROUPED_INL_H_
+#endif  // KALLPA_BACKENDS_CPU_FLASH_DECODE_GROUPED_INL_H_

@@ -136,5 +136,5 @@ void RunDecodeGroupedImpl(const ValidatedProblem& vp, const DecodePlan& plan, co
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-KALLPA_CPU_FLASH_DECODE_ENTRY(run_decode_grouped, RunDecodeGroupedImpl)
+KALLPA_CPU_FLASH_KERNEL_ENTRY(run_decode_grouped, RunDecodeGroupedImpl)
 #endif  // HWY_ONCE

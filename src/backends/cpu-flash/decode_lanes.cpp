@@ -317,8 +317,8 @@ int DecodeLanesImpl() { return kLanes; }
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-KALLPA_CPU_FLASH_DECODE_ENTRY(run_decode_lanes, RunDecodeLanesImpl)
-KALLPA_CPU_FLASH_DECODE_ENTRY(run_decode_lanes_half_dots, RunDecodeLanesHalfDotsImpl)
+KALLPA_CPU_FLASH_KERNEL_ENTRY(run_decode_lanes, RunDecodeLanesImpl)
+KALLPA_CPU_FLASH_KERNEL_ENTRY(run_decode_lanes_half_dots, RunDecodeLanesHalfDotsImpl)
 namespace kallpa::cpu_flash {
 HWY_EXPORT(DecodeLanesImpl);
 int decode_lane_keys() { return HWY_DYNAMIC_DISPATCH(DecodeLanesImpl)(); }

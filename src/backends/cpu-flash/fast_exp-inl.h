@@ -1,10 +1,10 @@
 // The cheap exp of cpu-flash's online softmax (prefill, the grouped and lanes decode kernels).
 // Highway per-target header.
-#if defined(KALLPA_CPU_FLASH_FAST_EXP_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef KALLPA_CPU_FLASH_FAST_EXP_INL_H_
-#undef KALLPA_CPU_FLASH_FAST_EXP_INL_H_
+#if defined(KALLPA_BACKENDS_CPU_FLASH_FAST_EXP_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KALLPA_BACKENDS_CPU_FLASH_FAST_EXP_INL_H_
+#undef KALLPA_BACKENDS_CPU_FLASH_FAST_EXP_INL_H_
 #else
-#define KALLPA_CPU_FLASH_FAST_EXP_INL_H_
+#define KALLPA_BACKENDS_CPU_FLASH_FAST_EXP_INL_H_
 #endif
 
 #include "hwy/highway.h"
@@ -64,4 +64,4 @@ HWY_INLINE hn::Vec<D> FastExp(D d, hn::Vec<D> x) {
 }  // namespace kallpa::cpu_flash
 HWY_AFTER_NAMESPACE();
 
-#endif  // KALLPA_CPU_FLASH_FAST_EXP_INL_H_
+#endif  // KALLPA_BACKENDS_CPU_FLASH_FAST_EXP_INL_H_
