@@ -1,59 +1,21 @@
-// cpu-flash kernels under Google Benchmark: the tiled SIMD path ("fast") and the scalar generic
-// path side by side, plus reference-style baselines when registered. Counters: GFLOP/s with
-// FLOPs = 4 * Sq * Skv * D * Hq * B (halved for causal when Sq = Skv) and, for decode, the K/V bytes
-// read per second (GB/s).
+// cpu-flash's production kernels under Google Benchmark: the tiled SIMD path ("fast") and the
+// scalar generic path side by side, each decode kernel forced beside the automatic choice, plus
+// reference-style baselines when registered. Counters: GFLOP/s with FLOPs = 4 * Sq * Skv * D * Hq
+// * B (halved for causal when Sq = Skv) and, for decode, the K/V bytes read per second (KV_GB/s).
 //
 //   build/bench/cpu_flash_bench --benchmark_filter='prefill.*fast'
 //
-// Versions (llm.c style; the number is the kernel generation measured):
-//   v1 generic: scalar per-row online softmax.
-//   v2 fast:    q^T-major rows kernel (broadcast K/V, lanes over rows) + head-dim decode kernel,
-//               key tiles of 128, 64 rows per task, split-KV below 32 tasks.
-//   v3 padded:  v2 with tile row strides of an odd number of cache lines (a 512-byte stride put a
-//               128-row strip of q^T, S or V into an eighth of the L1 sets), the rescale of o
-//               folded into the P·V pass and a cheaper exp. Prefill only; decode-shaped tasks are
-//               unchanged.
-//   Decode-shaped problems (Sq * group <= 16 rows per KV head) have their own generations:
-//   v2 tiled:   the general path above (one task per KV head and split, strided K/V reads).
-//   v3 staged:  one task per key chunk over all KV heads (K/V streamed in memory order, next block
-//               prefetched), each block converted to f32 scratch, 4-key dots with a transposing
-//               reduction, last chunk merges (one parallel_for).
-//   v4 direct:  v3 reading K/V in place (F16C / bf16 promote in registers, no scratch round trip).
-//   v5 stream:  v4 with each block walked in memory order (four key rows across every head at a
-//               time, for scores and again for P·V) and K and V each prefetched 16 keys ahead into
-//               L2 as one forward stream; 3-row dot kernels for GQA groups of 3.
-//   v6 fused:   v5 with the prefetches of each four-key step spread over its heads (not one burst).
-//               Tried and dropped: four rows per pass, eight-key steps, head-by-head order, a 3 x 2
-//               dot kernel for groups of 3 (all slower; see flash_decode.cpp).
-//   v7 grouped: v6's memory-order walk in steps of eight keys across every head (blocks of 64),
-//               up to four rows of a GQA group per dot and P·V kernel, so each K/V vector is
-//               converted once for them all; P·V accumulators in registers over a step; prefetch
-//               8 keys ahead; prefill v3's cheaper exp.
-//   v8 grouped8: v7's walk with the eight dots of a step reduced in one tree (RB x KU = 8
-//               accumulators), whole steps of P·V unrolled over their eight keys, the row groups
-//               planned once per task, and the softmax's masking pass skipped for fully visible rows.
-//               Fewer instructions than v7; the default beyond 1 MiB of K/V since session 8.
-//   v9 lanes:   v8 with a step of one key per vector lane: on AVX-512 sixteen keys, whose dots
-//               reduce in one 16-way tree, query slices held in registers, P·V slices sized for 32
-//               registers with enough FMA chains, no prefetch in cache (AVX2: v8's walk). The
-//               default on AVX-512 since session 15.
-//   v10 half_dots: v9 with its dots on 256-bit halves on AVX-512: two 8-way trees per pass of
-//               4 rows x 4 keys, query vectors pinned in registers. Zen 4 runs 512-bit operations
-//               as two halves, and there v9's 16-way tree cost more than two 8-way ones (measured;
-//               the cause is not known); the default on AMD since session 22 (v9 elsewhere).
-//   Since session 17, v8 and v9 rescale lazily (decode_grouped-inl.h, SoftmaxBelowRunningMax): a
-//   block whose scores stay within ln 256 of a row's running max skips that row's horizontal max
-//   and rescale (`kallpa bench attention -b cpu-flash --spec
-//   b=1,sq=1,skv=32768,hq=32,hkv=8,d=64,dtype=f16`, old/new alternated: 61-80 -> 87-96 GFLOP/s).
-//   Tried and dropped in session 17: GQA rows in the lanes (each key's four-element pieces
-//   broadcast to the 128-bit blocks, a 4-way tree instead of 16-way): no faster on
-//   decode_gqa/f16/d64/h32_8/sq1_skv512/v9_lanes_t1, even with the keys' conversion left out; a
-//   throwaway loop (not kept) put 16 FMAs + 16 zmm vbroadcastf32x4 loads at about twice the time
-//   of the 16 FMAs alone, so the broadcasts cost what the tree saved.
-//   decode_dram/*: K/V of 256 MiB (far beyond L3) on huge pages, v5 to v10 side by side with
-//               stream_read, a plain sum of the same bytes on the same threads: the practical ceiling.
-//               Compare with --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true;
-//               KALLPA_BENCH_HUGE_PAGES=0 puts the buffers on 4 KiB pages.
+// Names: <shape>/<kernel>[_t1]: _t1 runs one thread (CPU time), else every thread (real time).
+//   fast, generic:  the tiled path (prefill.cpp) and the scalar path.
+//   auto:           decode as the backend chooses it (choose_decode_kernel).
+//   by_head, grouped, lanes, lanes_half_dots: that decode kernel forced (DecodeKernel).
+//   decode_l1/*:    every key the same K/V row, so K/V stay in L1: the kernels' compute ceilings.
+//   decode_dram/*:  K/V of 256 MiB (far beyond L3) on huge pages, beside stream_read, a plain sum
+//                   of the same bytes on the same threads: the practical ceiling. Compare with
+//                   --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true;
+//                   KALLPA_BENCH_HUGE_PAGES=0 puts the buffers on 4 KiB pages.
+// Earlier kernel generations live in bench/lab/cpu-flash (each checks itself and times itself
+// against these); the figures measured with this program are in bench/results/cpu-flash-*.md.
 #include <benchmark/benchmark.h>
 
 #include <immintrin.h>
@@ -220,64 +182,45 @@ void run_backend(benchmark::State& state, AttentionBackend& be, const Shape& s) 
   state.counters["ws_MiB"] = static_cast<double>(ws.size()) / (1 << 20);
 }
 
-// Every decode kernel generation on one decode shape, one thread (CPU time) and all threads.
-void register_decode_versions(const std::string& name, const Shape& s) {
+// Every production decode kernel, and the automatic choice, on one decode shape, one thread (CPU
+// time) and all threads.
+void register_decode_kernels(const std::string& name, const Shape& s) {
   using cpu_flash::DecodeKernel;
-  static cpu_flash::CpuFlashBackend v2(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::tiled});
-  static cpu_flash::CpuFlashBackend v3(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::staged});
-  static cpu_flash::CpuFlashBackend v4(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::direct});
-  static cpu_flash::CpuFlashBackend v5(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::stream});
-  static cpu_flash::CpuFlashBackend v2_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::tiled});
-  static cpu_flash::CpuFlashBackend v3_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::staged});
-  static cpu_flash::CpuFlashBackend v4_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::direct});
-  static cpu_flash::CpuFlashBackend v5_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::stream});
-  static cpu_flash::CpuFlashBackend v6(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::fused});
-  static cpu_flash::CpuFlashBackend v6_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::fused});
-  static cpu_flash::CpuFlashBackend v7(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::grouped});
-  static cpu_flash::CpuFlashBackend v7_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::grouped});
-  static cpu_flash::CpuFlashBackend v8(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::grouped8});
-  static cpu_flash::CpuFlashBackend v8_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::grouped8});
-  static cpu_flash::CpuFlashBackend v9(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::lanes});
-  static cpu_flash::CpuFlashBackend v9_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::lanes});
-  static cpu_flash::CpuFlashBackend v10(cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::half_dots});
-  static cpu_flash::CpuFlashBackend v10_1(cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::half_dots});
-  if (name.rfind("decode_l1", 0) == 0) {  // the grouped kernels' compute ceilings, one thread
-    for (const auto& [suffix, be] :
-         {std::pair{"/v8_grouped8_t1", &v8_1}, std::pair{"/v9_lanes_t1", &v9_1}, std::pair{"/v10_half_dots_t1", &v10_1}})
-      benchmark::RegisterBenchmark((name + suffix).c_str(), [s, be = be](benchmark::State& st) { run_backend(st, *be, s); })
+  struct Entry {
+    const char* name;
+    DecodeKernel kernel;
+  };
+  static const Entry kernels[] = {{"auto", DecodeKernel::automatic},
+                                  {"by_head", DecodeKernel::by_head},
+                                  {"grouped", DecodeKernel::grouped},
+                                  {"lanes", DecodeKernel::lanes},
+                                  {"lanes_half_dots", DecodeKernel::lanes_half_dots}};
+  // One backend per kernel and thread count, alive for the whole run.
+  static std::map<std::pair<int, int>, std::unique_ptr<cpu_flash::CpuFlashBackend>> backends;
+  auto backend = [](DecodeKernel k, int threads) {
+    auto& be = backends[{static_cast<int>(k), threads}];
+    if (!be) be = std::make_unique<cpu_flash::CpuFlashBackend>(cpu_flash::Options{threads, cpu_flash::Path::fast, k});
+    return be.get();
+  };
+  const bool l1 = name.rfind("decode_l1", 0) == 0;     // the memory-order kernels' ceilings, one thread
+  const bool dram = name.rfind("decode_dram", 0) == 0;  // all threads, beside the plain read
+  for (const Entry& e : kernels) {
+    if ((l1 || dram) && (e.kernel == DecodeKernel::automatic || e.kernel == DecodeKernel::by_head)) continue;
+    if (!dram) {
+      cpu_flash::CpuFlashBackend* be = backend(e.kernel, 1);
+      benchmark::RegisterBenchmark((name + "/" + e.name + "_t1").c_str(),
+                                   [s, be](benchmark::State& st) { run_backend(st, *be, s); })
           ->Unit(benchmark::kMillisecond);
-    return;
-  }
-  if (name.rfind("decode_dram", 0) == 0) {  // only the DRAM contenders and the ceiling
-    for (const auto& [suffix, be] :
-         {std::pair{"/v5_stream", &v5}, std::pair{"/v6_fused", &v6}, std::pair{"/v7_grouped", &v7},
-          std::pair{"/v8_grouped8", &v8}, std::pair{"/v9_lanes", &v9}, std::pair{"/v10_half_dots", &v10}})
-      benchmark::RegisterBenchmark((name + suffix).c_str(), [s, be = be](benchmark::State& st) { run_backend(st, *be, s); })
+    }
+    if (!l1) {
+      cpu_flash::CpuFlashBackend* be = backend(e.kernel, 0);
+      benchmark::RegisterBenchmark((name + "/" + e.name).c_str(), [s, be](benchmark::State& st) { run_backend(st, *be, s); })
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark((name + "/stream_read").c_str(), [s](benchmark::State& st) { run_stream_read(st, s); })
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond);
-    return;
+    }
   }
-  const std::pair<const char*, cpu_flash::CpuFlashBackend*> one[] = {{"/v2_tiled_t1", &v2_1},
-                                                                     {"/v3_staged_t1", &v3_1},
-                                                                     {"/v4_direct_t1", &v4_1},
-                                                                     {"/v5_stream_t1", &v5_1},
-                                                                     {"/v6_fused_t1", &v6_1},
-                                                                     {"/v7_grouped_t1", &v7_1},
-                                                                     {"/v8_grouped8_t1", &v8_1},
-                                                                     {"/v9_lanes_t1", &v9_1},
-                                                                     {"/v10_half_dots_t1", &v10_1}};
-  const std::pair<const char*, cpu_flash::CpuFlashBackend*> all[] = {
-      {"/v2_tiled", &v2}, {"/v3_staged", &v3}, {"/v4_direct", &v4},
-      {"/v5_stream", &v5}, {"/v6_fused", &v6}, {"/v7_grouped", &v7}, {"/v8_grouped8", &v8},
-      {"/v9_lanes", &v9}, {"/v10_half_dots", &v10}};
-  for (const auto& [suffix, be] : one)
-    benchmark::RegisterBenchmark((name + suffix).c_str(), [s, be = be](benchmark::State& st) { run_backend(st, *be, s); })
-        ->Unit(benchmark::kMillisecond);
-  for (const auto& [suffix, be] : all)
-    benchmark::RegisterBenchmark((name + suffix).c_str(), [s, be = be](benchmark::State& st) { run_backend(st, *be, s); })
+  if (dram)
+    benchmark::RegisterBenchmark((name + "/stream_read").c_str(), [s](benchmark::State& st) { run_stream_read(st, s); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
 }
@@ -286,38 +229,25 @@ void register_shape(const std::string& kind, const Shape& s, bool with_generic) 
   const std::string name = kind + "/" + std::string(dtype_name(s.dt)) + "/d" + std::to_string(s.d) + "/h" +
                            std::to_string(s.hq) + "_" + std::to_string(s.hkv) + "/sq" + std::to_string(s.sq) + "_skv" +
                            std::to_string(s.skv) + (s.causal ? "/causal" : "");
-  using cpu_flash::DecodeKernel;
-  using cpu_flash::PrefillKernel;
-  static cpu_flash::CpuFlashBackend fast(
-      cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::automatic, PrefillKernel::rows});
+  static cpu_flash::CpuFlashBackend fast(cpu_flash::Options{0, cpu_flash::Path::fast});
   static cpu_flash::CpuFlashBackend generic(cpu_flash::Options{0, cpu_flash::Path::generic});
-  static cpu_flash::CpuFlashBackend fast1(
-      cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::automatic, PrefillKernel::rows});
-  static cpu_flash::CpuFlashBackend padded(
-      cpu_flash::Options{0, cpu_flash::Path::fast, DecodeKernel::automatic, PrefillKernel::padded});
-  static cpu_flash::CpuFlashBackend padded1(
-      cpu_flash::Options{1, cpu_flash::Path::fast, DecodeKernel::automatic, PrefillKernel::padded});
+  static cpu_flash::CpuFlashBackend fast1(cpu_flash::Options{1, cpu_flash::Path::fast});
   if (kind.rfind("decode", 0) == 0) {
-    register_decode_versions(name, s);
+    register_decode_kernels(name, s);
   } else {
     // One thread, CPU time: per-core efficiency, robust on a busy machine.
-    benchmark::RegisterBenchmark((name + "/v2_fast_t1").c_str(), [s](benchmark::State& st) { run_backend(st, fast1, s); })
+    benchmark::RegisterBenchmark((name + "/fast_t1").c_str(), [s](benchmark::State& st) { run_backend(st, fast1, s); })
         ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark((name + "/v2_fast").c_str(), [s](benchmark::State& st) { run_backend(st, fast, s); })
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark((name + "/v3_padded_t1").c_str(), [s](benchmark::State& st) { run_backend(st, padded1, s); })
-        ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark((name + "/v3_padded").c_str(), [s](benchmark::State& st) { run_backend(st, padded, s); })
+    benchmark::RegisterBenchmark((name + "/fast").c_str(), [s](benchmark::State& st) { run_backend(st, fast, s); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
   if (with_generic)
-    benchmark::RegisterBenchmark((name + "/v1_generic").c_str(), [s](benchmark::State& st) { run_backend(st, generic, s); })
+    benchmark::RegisterBenchmark((name + "/generic").c_str(), [s](benchmark::State& st) { run_backend(st, generic, s); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   if (kind.rfind("decode_dram", 0) == 0) return;  // cpu-gemm takes seconds per call there
-  if (s.one_key_row) return;                       // decode_l1: the grouped kernels' ceilings only
+  if (s.one_key_row) return;                       // decode_l1: the kernels' ceilings only
   if (AttentionBackend* gemm = BackendRegistry::global().find("cpu-gemm"))
     benchmark::RegisterBenchmark((name + "/cpu-gemm").c_str(), [s, gemm](benchmark::State& st) { run_backend(st, *gemm, s); })
         ->UseRealTime()
@@ -337,7 +267,7 @@ int register_all() {
     for (std::int64_t d : {64, 128})
       for (std::int64_t skv : {2048, 8192}) register_shape("prefill", {1, 512, skv, 8, 8, d, false, dt}, false);
   register_shape("prefill_gqa", {1, 2048, 2048, 32, 8, 128, true, DType::bf16}, false);
-  // SmolLM2's GQA group of 3 (9 query heads on 3 KV heads, D = 64): the 3-row dot kernel of v5.
+  // SmolLM2's GQA group of 3 (9 query heads on 3 KV heads, D = 64): the kernels' 3-row groups.
   for (std::int64_t skv : {512, 4096}) register_shape("decode_gqa3", {1, 1, skv, 9, 3, 64, false, DType::f16}, false);
   for (DType dt : {DType::f16, DType::bf16})
     for (std::int64_t d : {64, 128})
@@ -351,14 +281,7 @@ int register_all() {
       register_shape("decode_l1_gqa", {1, 1, skv, 32, 8, d, false, DType::f16, true}, false);
       register_shape("decode_l1", {1, 1, skv, 8, 8, d, false, DType::f16, true}, false);
     }
-  // SmolLM2's 9/3 heads: 2-core Zen 4, session 23 (--benchmark_filter='decode_l1_gqa3'): v8 18.2,
-  // v9 20.3, v10 21.4 GB/s per core, so two cores could take 42 GB/s. From DRAM (kallpa bench
-  // attention -b cpu-flash --spec b=1,sq=1,skv=1048576,hq=9,hkv=3,d=64,dtype=f16[,kv=paged,page=P])
-  // a dense cache gave 24.8-25.4 ms while the host's DRAM was slow (95-97% of a plain read), 22.5
-  // while it was fast (66%); in a shuffled block table, pages of 256 keys 24.1 and 64 28.1 (fast
-  // phase), 16 33.5-35.7 (either phase; prefetch distances of 12 to 96 keys changed nothing). In
-  // the last-level cache pages cost little (65536 keys: 1.45 ms dense, 1.45-1.67 paged). The
-  // engine's cache hands a fresh sequence ascending blocks, so its pages lie mostly in order.
+  // SmolLM2's 9/3 heads with K/V in L1 (bench/results/cpu-flash-decode-lanes.md has its figures).
   register_shape("decode_l1_gqa3", {1, 1, 65536, 9, 3, 64, false, DType::f16, true}, false);
   // From DRAM: 256 MiB of K/V, the "far larger than the caches" case.
   for (DType dt : {DType::f16, DType::bf16}) {
@@ -414,7 +337,7 @@ void BM_FmaPeak1Core(benchmark::State& state) {
 BENCHMARK(BM_FmaPeak1Core)->Unit(benchmark::kMillisecond);
 
 // The ceiling of MHA decode over f16 K/V on one core: each f16 vector of a 32 KiB buffer (L1)
-// converted (vcvtph2ps) and fed to an FMA, eight chains, as decode v9 does with every K and V
+// converted (vcvtph2ps) and fed to an FMA, eight chains, as the lanes kernels do with every K and V
 // element. Its F16_GB/s against the kernels' KV_GB/s; AVX-512 only.
 __attribute__((target("avx512f"))) double f16_convert_fma_avx512(const std::uint16_t* buf, long n, int passes) {
   __m512 a[8];
@@ -451,31 +374,11 @@ BENCHMARK(BM_F16ConvertFma1Core)->Unit(benchmark::kMillisecond);
 
 // Does the order in which one core walks a [keys][8 KV heads][64] f16 K tensor (512 MiB, far past
 // the caches) change how well DRAM streaming overlaps with the dot products (4 query rows per KV
-// head, decode v9's work per K byte)? Arg 0: key-major (every head of a key, then the next key;
-// sequential), else steps of that many keys walked head by head (decode v8/v9's StepWalk uses
-// 16). Each walk prefetches the rows 8 keys ahead into L2, as the kernels do. K_GB/s against a
-// plain read (BM_PlainRead1Core) and the same walk in L2 (range(1) = 1: 1 MiB, repeated).
-// On this Xeon (2026-12-04, one thread, --benchmark_min_time=0.5): key-major 8.7-9.1 GB/s from
-// DRAM, steps of 2 7.5, of 4-16 6.3-6.6; every order 11.7-12.2 in L2; plain read 14.7. The same
-// work and prefetches, but only the key-major walk keeps DRAM streaming while it computes (75% of
-// its L2 rate against 56%). It did not carry over to decode: a model with V's P·V added (head
-// passes over 16-key steps, as the kernels do; tried 2026-12-04, not kept) streamed 10.0-10.5 GB/s
-// of K and V with either K walk, against a 15.3 GB/s plain read.
-// range(2) = 0 drops the software prefetch. On the 2-core Zen 4 EPYC (session 22, DRAM in its
-// 33-35 GB/s phase, --benchmark_min_time=0.5), from DRAM: key-major 9.7 GB/s with the prefetch,
-// 12.6 without (91% of its 13.8 in L2: the hardware prefetcher streams a strictly sequential walk);
-// steps of 1 key walked through the step loop 10.3, of 2 or 4 6.2-6.4, of 16 8.0 either way; plain
-// read 24.7: only a strictly key-major walk (no multi-key passes) leaves the streaming to the
-// hardware. In this model steps of 16 reach 59% of their L2 rate from DRAM; the kernels
-// themselves do better (below). Staging each step's rows with memcpy, or sequential demand loads
-// ahead of the walk instead of prefetches, made decode 2-3x slower (tried in session 22, not kept).
-// Nor did a key-major walk of v10's dots pay (one key per pass, four rows, a 4-way tree; K not
-// prefetched; tried in session 22, not kept): one thread from DRAM 90.9 ms against 70.0 for 1 GiB
-// (`kallpa bench attention -b cpu-flash -t 1 --spec b=1,sq=1,skv=524288,hq=32,hkv=8,d=64,
-// dtype=f16`), because its dots cost 29% more with K/V in L1 (--benchmark_filter=
-// 'decode_l1_gqa/f16/d64/h32_8/sq1_skv65536/v10_half_dots_t1$': 10.3 against 7.97 ms), while both
-// walks reach ~91% of their own in-L1 rate from DRAM (70.0 ms against 8 x 7.97): decode is bound
-// by its arithmetic and its overheads, not by the streaming.
+// head, the lanes kernels' work per K byte)? Arg 0: key-major (every head of a key, then the next
+// key; sequential), else steps of that many keys walked head by head (the kernels' StepWalk uses
+// 16). Each walk prefetches the rows 8 keys ahead into L2, as the kernels do; range(2) = 0 drops
+// the software prefetch. K_GB/s against a plain read (BM_PlainRead1Core) and the same walk in L2
+// (range(1) = 1: 1 MiB, repeated). bench/results/cpu-flash-decode-walk-order.md has the figures.
 constexpr int kWalkHeads = 8, kWalkDim = 64, kWalkRows = 4;
 
 // The sum of v's lanes by halves, through the masked extracts (GCC 12 warns that the plain ones and

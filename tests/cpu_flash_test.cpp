@@ -267,34 +267,38 @@ std::string describe(const Spec& s) {
   return r;
 }
 
-// The automatic choice, the previous prefill generation (v2 rows kernel), the streaming decode
-// kernels (v5, v6, v7, v8 and v9) and the generic path.
+const char* decode_kernel_name(cpu_flash::DecodeKernel k) {
+  switch (k) {
+    case cpu_flash::DecodeKernel::automatic: return "automatic";
+    case cpu_flash::DecodeKernel::by_head: return "by_head";
+    case cpu_flash::DecodeKernel::grouped: return "grouped";
+    case cpu_flash::DecodeKernel::lanes: return "lanes";
+    case cpu_flash::DecodeKernel::lanes_half_dots: return "lanes_half_dots";
+  }
+  return "?";
+}
+
+// The automatic choice, each production decode kernel forced (whichever the rule would pick on
+// this machine and shape), the lanes kernels in steps of 8, and the generic path.
 void check_all_paths(const Spec& s) {
   SCOPED_TRACE(describe(s));
   using cpu_flash::DecodeKernel;
-  using cpu_flash::PrefillKernel;
   CpuFlashBackend fast(Options{0, Path::fast});
-  CpuFlashBackend rows_v2(Options{0, Path::fast, DecodeKernel::automatic, PrefillKernel::rows});
-  CpuFlashBackend stream_v5(Options{0, Path::fast, DecodeKernel::stream});
-  CpuFlashBackend fused_v6(Options{0, Path::fast, DecodeKernel::fused});
-  CpuFlashBackend grouped_v7(Options{0, Path::fast, DecodeKernel::grouped});
-  CpuFlashBackend grouped_v8(Options{0, Path::fast, DecodeKernel::grouped8});
-  CpuFlashBackend lanes_v9(Options{0, Path::fast, DecodeKernel::lanes});
-  CpuFlashBackend half_dots_v10(Options{0, Path::fast, DecodeKernel::half_dots});
-  Options short_steps{0, Path::fast, DecodeKernel::half_dots};
+  CpuFlashBackend by_head(Options{0, Path::fast, DecodeKernel::by_head});
+  CpuFlashBackend grouped(Options{0, Path::fast, DecodeKernel::grouped});
+  CpuFlashBackend lanes(Options{0, Path::fast, DecodeKernel::lanes});
+  CpuFlashBackend half_dots(Options{0, Path::fast, DecodeKernel::lanes_half_dots});
+  Options short_steps{0, Path::fast, DecodeKernel::lanes_half_dots};
   short_steps.decode_step = 8;
-  CpuFlashBackend half_dots_v10_step8(short_steps);
+  CpuFlashBackend half_dots_step8(short_steps);
   CpuFlashBackend generic(Options{0, Path::generic});
   const auto want = ref(s);
   expect_close(run(fast, s), want, s, "fast");
-  expect_close(run(rows_v2, s), want, s, "fast, prefill v2");
-  expect_close(run(stream_v5, s), want, s, "fast, decode v5");
-  expect_close(run(fused_v6, s), want, s, "fast, decode v6");
-  expect_close(run(grouped_v7, s), want, s, "fast, decode v7");
-  expect_close(run(grouped_v8, s), want, s, "fast, decode v8");
-  expect_close(run(lanes_v9, s), want, s, "fast, decode v9");
-  expect_close(run(half_dots_v10, s), want, s, "fast, decode v10");
-  expect_close(run(half_dots_v10_step8, s), want, s, "fast, decode v10, steps of 8");
+  expect_close(run(by_head, s), want, s, "fast, decode by_head");
+  expect_close(run(grouped, s), want, s, "fast, decode grouped");
+  expect_close(run(lanes, s), want, s, "fast, decode lanes");
+  expect_close(run(half_dots, s), want, s, "fast, decode lanes_half_dots");
+  expect_close(run(half_dots_step8, s), want, s, "fast, decode lanes_half_dots, steps of 8");
   expect_close(run(generic, s), want, s, "generic");
 }
 
@@ -384,19 +388,19 @@ TEST(CpuFlash, DecodeSplitKv) {
   }
 }
 
-// Each decode kernel generation in `kernels`, forced, against the reference on every spec; stops at
-// the first fatal failure. v9 and v10 (lanes, half_dots) run with each step: the one their geometry
-// chooses, and 8 and 16 keys fixed (Options::decode_step).
+// Each decode kernel in `kernels`, forced, against the reference on every spec; stops at the first
+// fatal failure. The lanes kernels run with each step: the one their geometry chooses, and 8 and 16
+// keys fixed (Options::decode_step).
 void expect_decode_kernels_match(const std::vector<Spec>& specs, std::initializer_list<cpu_flash::DecodeKernel> kernels) {
   using cpu_flash::DecodeKernel;
   for (const Spec& s : specs) {
     SCOPED_TRACE(describe(s));
     const auto want = ref(s);
     for (DecodeKernel k : kernels) {
-      const bool stepped = k == DecodeKernel::lanes || k == DecodeKernel::half_dots;
+      const bool stepped = k == DecodeKernel::lanes || k == DecodeKernel::lanes_half_dots;
       for (int step : {0, 8, 16}) {
         if (step != 0 && !stepped) continue;
-        SCOPED_TRACE("decode v" + std::to_string(static_cast<int>(k)) + " step " + std::to_string(step));
+        SCOPED_TRACE(std::string("decode ") + decode_kernel_name(k) + " step " + std::to_string(step));
         Options o{0, Path::fast, k};
         o.decode_step = step;
         CpuFlashBackend be(o);
@@ -412,11 +416,11 @@ Spec long_dense_decode(std::int32_t skv) {
   return Spec{.dt = DType::f16, .sq = {1}, .skv = {skv}, .hq = 32, .hkv = 8, .d = 128, .dv = 128, .lse = true};
 }
 
-// Every decode kernel generation (tiled, staged, direct, stream, fused, grouped, grouped8, lanes)
-// against the reference on decode-shaped
-// problems: GQA groups, paged caches (the engine's page 16, 3 KV heads), ragged batches, several
-// query rows per sequence (speculative / chunked decode), masks, softcap, ALiBi, lse, padded
-// strides (which force the staged kernel) and chunk splits with the merge.
+// Every decode kernel (by_head, grouped, lanes, lanes_half_dots) and the automatic choice against
+// the reference on decode-shaped problems: GQA groups, paged caches (the engine's page 16, 3 KV
+// heads), ragged batches, several query rows per sequence (speculative / chunked decode), masks,
+// softcap, ALiBi, lse, padded strides, head dims that are not whole vectors (which every kernel
+// runs through by_head's conversion to f32) and chunk splits with the merge.
 TEST(CpuFlash, DecodeKernelsMatchReference) {
   using cpu_flash::DecodeKernel;
   std::vector<Spec> specs;
@@ -432,7 +436,7 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
   // Padded strides, ragged packed KV.
   specs.push_back({.dt = DType::f32, .sq = {1, 2, 0}, .skv = {300, 33, 5}, .hq = 2, .hkv = 2, .d = 64, .dv = 64,
                    .ql = QLayout::packed, .kvl = KvLayout::packed, .padded = true, .wl = 50, .wr = 0, .lse = true});
-  // The in-place kernels (unit strides, whole vectors) with every option: v7's group of 4.
+  // The in-place kernels (unit strides, whole vectors) with every option: a group of 4.
   specs.push_back({.dt = DType::f16, .sq = {3, 1}, .skv = {530, 61}, .hq = 8, .hkv = 2, .d = 64, .dv = 64,
                    .ql = QLayout::packed, .kvl = KvLayout::paged, .page = 7, .causal = true, .wl = 200,
                    .softcap = 8.0f, .alibi = true, .lse = true});
@@ -441,18 +445,16 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
     specs.push_back({.dt = hq == 6 ? DType::bf16 : DType::f16, .sq = {2}, .skv = {1000}, .hq = hq, .hkv = 1, .d = 64,
                      .dv = 64, .causal = true, .wl = hq == 7 ? 400 : -1, .lse = true});
   }
-  expect_decode_kernels_match(specs, {DecodeKernel::tiled, DecodeKernel::staged, DecodeKernel::direct,
-                                      DecodeKernel::stream, DecodeKernel::fused, DecodeKernel::grouped,
-                                      DecodeKernel::grouped8, DecodeKernel::lanes,
-                                      DecodeKernel::half_dots});
+  expect_decode_kernels_match(specs, {DecodeKernel::automatic, DecodeKernel::by_head, DecodeKernel::grouped,
+                                      DecodeKernel::lanes, DecodeKernel::lanes_half_dots});
 }
 
-// Decode v7 to v10 (the grouped kernels) against the reference over the contract their
-// in-place kernels take: K/V dtypes f16/bf16/f32, GQA groups of 1, 3, 4 and 8 (one and two row
-// groups of four), paged caches with odd page sizes, ragged lengths that end within a step (eight
-// keys; v9: one per lane), several queries per sequence, causal, windows, softcap, ALiBi and lse,
-// and a long sequence split into chunks that are merged.
-TEST(CpuFlash, DecodeV8MatchesReference) {
+// The memory-order decode kernels (grouped, lanes, lanes_half_dots) and by_head against the
+// reference over the contract their in-place kernels take: K/V dtypes f16/bf16/f32, GQA groups of
+// 1, 3, 4 and 8 (one and two row groups of four), paged caches with odd page sizes, ragged lengths
+// that end within a step (grouped: eight keys; lanes: one per lane), several queries per sequence,
+// causal, windows, softcap, ALiBi and lse, and a long sequence split into chunks that are merged.
+TEST(CpuFlash, DecodeInPlaceKernelsMatchReference) {
   using cpu_flash::DecodeKernel;
   std::vector<Spec> specs;
   int n = 0;
@@ -470,8 +472,8 @@ TEST(CpuFlash, DecodeV8MatchesReference) {
       specs.push_back(s);
     }
   specs.push_back(long_dense_decode(5003));
-  expect_decode_kernels_match(specs, {DecodeKernel::grouped, DecodeKernel::grouped8, DecodeKernel::lanes,
-                                      DecodeKernel::half_dots});
+  expect_decode_kernels_match(specs, {DecodeKernel::by_head, DecodeKernel::grouped, DecodeKernel::lanes,
+                                      DecodeKernel::lanes_half_dots});
 }
 
 // Scores that rise along the keys (Spec::key_ramp), so that the grouped kernels' lazy rescaling
@@ -487,9 +489,8 @@ TEST(CpuFlash, DecodeRisingScoresMatchReference) {
                      .key_ramp = 1.0f / 400.0f});
   specs.push_back({.dt = DType::f16, .sq = {2, 2}, .skv = {2700, 2700}, .hq = 12, .hkv = 3, .d = 128, .dv = 128,
                    .causal = true, .lse = true, .key_ramp = 1.0f / 300.0f});
-  expect_decode_kernels_match(specs, {DecodeKernel::automatic, DecodeKernel::fused, DecodeKernel::grouped,
-                                      DecodeKernel::grouped8, DecodeKernel::lanes,
-                                      DecodeKernel::half_dots});
+  expect_decode_kernels_match(specs, {DecodeKernel::automatic, DecodeKernel::by_head, DecodeKernel::grouped,
+                                      DecodeKernel::lanes, DecodeKernel::lanes_half_dots});
 }
 
 // Builds s into b with a NaN at element `at` of its f32 buffer `buf` and runs `opts` on it in place.
@@ -524,9 +525,9 @@ TEST(CpuFlash, DecodeF16OutputIsRoundedF32Output) {
          .ql = QLayout::packed, .kvl = KvLayout::packed, .causal = true, .lse = true};
   for (const std::string& target : CpuFlashBackend::simd_targets()) {
     ASSERT_TRUE(CpuFlashBackend::force_simd_target(target));
-    for (DecodeKernel k : {DecodeKernel::automatic, DecodeKernel::direct, DecodeKernel::grouped8, DecodeKernel::lanes,
-                           DecodeKernel::half_dots}) {
-      SCOPED_TRACE(target + " decode v" + std::to_string(static_cast<int>(k)));
+    for (DecodeKernel k : {DecodeKernel::automatic, DecodeKernel::by_head, DecodeKernel::grouped, DecodeKernel::lanes,
+                           DecodeKernel::lanes_half_dots}) {
+      SCOPED_TRACE(target + " decode " + decode_kernel_name(k));
       Built b;
       build(s, b);
       CpuFlashBackend be(Options{0, Path::fast, k});
@@ -548,17 +549,21 @@ TEST(CpuFlash, DecodeF16OutputIsRoundedF32Output) {
 }
 
 // A NaN value that only the second of two queries can see, read by the decode kernels in place
-// and through scratch: only the rows of that query are NaN.
+// (D 16) and through scratch (D 20, not whole vectors of 8 or 16 lanes: converted to f32 first):
+// only the rows of that query are NaN.
 TEST(CpuFlash, DecodeNanOnlyWhereVisible) {
   using cpu_flash::DecodeKernel;
-  for (DecodeKernel k : {DecodeKernel::staged, DecodeKernel::direct, DecodeKernel::stream, DecodeKernel::fused,
-                        DecodeKernel::grouped, DecodeKernel::grouped8, DecodeKernel::lanes,
-                        DecodeKernel::half_dots}) {
-    Spec s = shaped({2}, {600}, 4, 1, 16);
-    s.causal = true;
-    Built b;
-    ASSERT_NO_FATAL_FAILURE(run_with_nan(s, Options{0, Path::fast, k}, b, &Built::v32, 599 * 16 + 5));
-    expect_nan_where(b, s, [](std::int32_t i, std::int32_t, std::int32_t x) { return i == 1 && x == 5; });
+  for (DecodeKernel k : {DecodeKernel::automatic, DecodeKernel::by_head, DecodeKernel::grouped, DecodeKernel::lanes,
+                         DecodeKernel::lanes_half_dots}) {
+    for (std::int32_t d : {16, 20}) {
+      SCOPED_TRACE(std::string(decode_kernel_name(k)) + " D " + std::to_string(d));
+      Spec s = shaped({2}, {600}, 4, 1, d);
+      s.causal = true;
+      Built b;
+      ASSERT_NO_FATAL_FAILURE(
+          run_with_nan(s, Options{0, Path::fast, k}, b, &Built::v32, static_cast<std::size_t>(599 * d + 5)));
+      expect_nan_where(b, s, [](std::int32_t i, std::int32_t, std::int32_t x) { return i == 1 && x == 5; });
+    }
   }
 }
 
@@ -603,12 +608,8 @@ TEST(CpuFlash, FullyMaskedRows) {
   check_all_paths(s);
 }
 
-// Every path, with both prefill kernel generations.
-std::vector<Options> every_path() {
-  return {Options{0, Path::fast},
-          Options{0, Path::fast, cpu_flash::DecodeKernel::automatic, cpu_flash::PrefillKernel::rows},
-          Options{0, Path::generic}};
-}
+// Every path.
+std::vector<Options> every_path() { return {Options{0, Path::fast}, Options{0, Path::generic}}; }
 
 // NaN stored in a value only the last query row can see (causal): only that row is NaN.
 TEST(CpuFlash, NanOnlyWhereVisible) {
@@ -637,7 +638,7 @@ TEST(CpuFlash, NanInQueryRow) {
   }
 }
 
-// The softmax exp of prefill v3 on every SIMD target: a few ulp of std::exp where a softmax weight
+// The online softmax's exp (FastExp) on every SIMD target: a few ulp of std::exp where a softmax weight
 // can matter, exactly 0 for -inf (masked keys) and far below, NaN kept.
 TEST(CpuFlash, FastExpMatchesStdExp) {
   std::vector<float> x;
@@ -667,7 +668,7 @@ TEST(CpuFlash, FastExpMatchesStdExp) {
   CpuFlashBackend::force_simd_target("");
 }
 
-// Decode v9 / v10 take steps of 8 keys where one head's rows of a 16-key step crowd an L1 set
+// The lanes kernels take steps of 8 keys where one head's rows of a 16-key step crowd an L1 set
 // (more than two lines of 64 bytes in one of 64 sets; four for MHA): rows 1 KiB apart put 4 lines
 // in a set, 2 KiB 8, 4 KiB all 16 rows' first lines; 384 bytes (3 KV heads of D64 f16) spread
 // them out. Only calls that read more than kDecodeShortStepsMinBytes of K/V.
@@ -703,6 +704,127 @@ TEST(CpuFlash, ShortDecodeStepsWhereRowsCrowdL1Sets) {
   ASSERT_TRUE(vp.is_ok()) << vp.status().to_string();
   EXPECT_FALSE(cpu_flash::decode_short_steps(*vp, cpu_flash::kDecodeShortStepsMinBytes));
   EXPECT_TRUE(cpu_flash::decode_short_steps(*vp, 2 * cpu_flash::kDecodeShortStepsMinBytes));
+}
+
+// The decode kernel rule (choose_decode_kernel) on the facts of each machine class and shape.
+TEST(CpuFlash, DecodeKernelRule) {
+  using cpu_flash::DecodeChoice;
+  using cpu_flash::DecodeFacts;
+  using cpu_flash::DecodeKernel;
+  constexpr double MiB = 1024.0 * 1024.0;
+  auto pick = [](int lanes, bool amd, bool in_place, double bytes, bool crowd) {
+    return cpu_flash::choose_decode_kernel(DecodeFacts{lanes, amd, in_place, bytes, crowd});
+  };
+  // AVX-512: lanes (Intel) or lanes_half_dots (AMD), in cache and streamed alike.
+  EXPECT_EQ(pick(16, false, true, 0.5 * MiB, false), (DecodeChoice{DecodeKernel::lanes, false}));
+  EXPECT_EQ(pick(16, false, true, 256 * MiB, false), (DecodeChoice{DecodeKernel::lanes, false}));
+  EXPECT_EQ(pick(16, true, true, 0.5 * MiB, false), (DecodeChoice{DecodeKernel::lanes_half_dots, false}));
+  EXPECT_EQ(pick(16, true, true, 256 * MiB, false), (DecodeChoice{DecodeKernel::lanes_half_dots, false}));
+  // ... in steps of 8 keys where more than 8 MiB of K/V crowd the L1 sets.
+  EXPECT_EQ(pick(16, true, true, 256 * MiB, true), (DecodeChoice{DecodeKernel::lanes_half_dots, true}));
+  EXPECT_EQ(pick(16, false, true, 9 * MiB, true), (DecodeChoice{DecodeKernel::lanes, true}));
+  EXPECT_EQ(pick(16, false, true, 8 * MiB, true), (DecodeChoice{DecodeKernel::lanes, false}));
+  // AVX2 and narrower: by_head up to 1 MiB of K/V, grouped beyond, never short steps.
+  for (int lanes : {8, 4, 1}) {
+    for (bool amd : {false, true}) {
+      EXPECT_EQ(pick(lanes, amd, true, 1 * MiB, true), (DecodeChoice{DecodeKernel::by_head, false}));
+      EXPECT_EQ(pick(lanes, amd, true, 1 * MiB + 1, true), (DecodeChoice{DecodeKernel::grouped, false}));
+      EXPECT_EQ(pick(lanes, amd, true, 256 * MiB, false), (DecodeChoice{DecodeKernel::grouped, false}));
+    }
+  }
+  // Layouts that cannot be read in place: by_head everywhere.
+  for (int lanes : {16, 8})
+    for (double bytes : {0.5 * MiB, 256 * MiB})
+      EXPECT_EQ(pick(lanes, true, false, bytes, true), (DecodeChoice{DecodeKernel::by_head, false}));
+
+  // The facts of real calls on this machine, and the automatic path runs what the rule picks.
+  const int lanes = cpu_flash::decode_lane_keys();
+  auto facts = [&](const Spec& s) {
+    Built b;
+    build(s, b);
+    auto vp = validate(b.p);
+    EXPECT_TRUE(vp.is_ok()) << vp.status().to_string();
+    return cpu_flash::decode_facts(*vp, cpu_flash::make_decode_plan(*vp));
+  };
+  const Spec gqa{.dt = DType::f16, .sq = {1}, .skv = {4096}, .hq = 32, .hkv = 8, .d = 64, .dv = 64, .lse = true};
+  const DecodeFacts f = facts(gqa);
+  EXPECT_EQ(f.simd_lanes, lanes);
+  EXPECT_EQ(f.amd, cpu_flash::cpu_is_amd());
+  EXPECT_TRUE(f.kv_in_place);
+  EXPECT_EQ(f.kv_bytes, 4096.0 * 8 * (64 * 2 + 64 * 2));
+  Spec padded = gqa;  // gaps between heads and keys: still unit strides along the head dim
+  padded.padded = true;
+  EXPECT_TRUE(facts(padded).kv_in_place);
+  Spec odd_dim = gqa;
+  odd_dim.d = odd_dim.dv = 20;
+  EXPECT_EQ(facts(odd_dim).kv_in_place, lanes <= 4);
+  for (std::int32_t skv : {1000, 20000}) {
+    Spec s = gqa;
+    s.skv = {skv};
+    const DecodeChoice choice = cpu_flash::choose_decode_kernel(facts(s));
+    SCOPED_TRACE(std::string("rule: ") + decode_kernel_name(choice.kernel));
+    CpuFlashBackend automatic(Options{0, Path::fast});
+    CpuFlashBackend chosen(Options{0, Path::fast, choice.kernel, choice.short_steps ? 8 : 16});
+    const Out a = run(automatic, s), c = run(chosen, s);
+    ASSERT_EQ(a.o.size(), c.o.size());
+    EXPECT_EQ(0, std::memcmp(a.o.data(), c.o.data(), a.o.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(a.lse.data(), c.lse.data(), a.lse.size() * sizeof(float)));
+  }
+}
+
+// run() reuses the plan that workspace_size() built for the same shape on the same thread, and
+// never one built for another: each problem below differs from the one before it in one fact a
+// plan depends on, runs right after the other's workspace_size() (with its own scratch), and must
+// match the reference and a run of its own, bit for bit.
+TEST(CpuFlash, PlanOnlyReusedForItsShape) {
+  Spec decode{.dt = DType::f16, .sq = {1, 1}, .skv = {3000, 70}, .hq = 9, .hkv = 3, .d = 64, .dv = 64,
+              .ql = QLayout::packed, .kvl = KvLayout::paged, .page = 16, .causal = true, .lse = true};
+  std::vector<Spec> specs{decode};
+  specs.push_back(specs.back());
+  specs.back().skv = {3000, 71};  // a sequence length
+  specs.push_back(specs.back());
+  specs.back().sq = {1, 2};  // a query count (decode-shaped still)
+  specs.push_back(specs.back());
+  specs.back().wl = 100;  // a window
+  specs.push_back(specs.back());
+  specs.back().causal = false;
+  specs.push_back(specs.back());
+  specs.back().hq = 6;  // the heads
+  specs.push_back(specs.back());
+  specs.back().dt = DType::bf16;
+  Spec prefill = shaped({300}, {700}, 4, 2, 64);
+  prefill.causal = true;
+  prefill.lse = true;
+  specs.push_back(prefill);
+  specs.push_back(prefill);
+  specs.back().skv = {900};
+  specs.push_back(prefill);
+  specs.back().wr = 0;
+  specs.back().wl = 64;
+  CpuFlashBackend be(Options{0, Path::fast});
+  for (std::size_t n = 1; n < specs.size(); ++n) {
+    const Spec& s = specs[n];
+    SCOPED_TRACE(describe(s));
+    Built before, b;
+    build(specs[n - 1], before);
+    build(s, b);
+    auto vp_before = validate(before.p);
+    auto vp = validate(b.p);
+    ASSERT_TRUE(vp_before.is_ok() && vp.is_ok());
+    EXPECT_GT(be.workspace_size(*vp_before), 0u);
+    ASSERT_TRUE(be.run(*vp, {}).is_ok());
+    const Out alone = run(be, s);  // workspace_size() for its own shape, then run()
+    // o is unpadded, so its storage order is Out's logical order.
+    const std::size_t n_o = s.dt == DType::f32 ? b.o32.size() : b.o16.size();
+    ASSERT_EQ(alone.o.size(), n_o);
+    for (std::size_t e = 0; e < n_o; ++e) {
+      const float got = s.dt == DType::f32   ? b.o32[e]
+                        : s.dt == DType::f16 ? f16_to_f32(b.o16[e])
+                                             : bf16_to_f32(b.o16[e]);
+      ASSERT_EQ(std::memcmp(&got, &alone.o[e], sizeof(float)), 0) << e;
+    }
+    expect_close(alone, ref(s), s, "after another shape's workspace_size");
+  }
 }
 
 TEST(CpuFlash, ConcurrentRuns) {
@@ -781,35 +903,28 @@ TEST(CpuFlash, EverySimdTarget) {
       CpuFlashBackend fast(Options{0, Path::fast});
       expect_close(run(fast, s), ref(s), s, "fast");
       if (sq > 5) continue;
-      // Decode v7 reads K/V in place when the head dims are whole vectors of the target (64 is,
-      // for every target; 72 and 40 are not for AVX-512 and go to v6).
-      CpuFlashBackend grouped(Options{0, Path::fast, cpu_flash::DecodeKernel::grouped});
-      expect_close(run(grouped, s), ref(s), s, "decode v7");
-      s.d = s.dv = 64;
-      expect_close(run(grouped, s), ref(s), s, "decode v7, D 64");
-      CpuFlashBackend grouped8(Options{0, Path::fast, cpu_flash::DecodeKernel::grouped8});
-      s.d = 72;
-      s.dv = 40;
-      expect_close(run(grouped8, s), ref(s), s, "decode v8");
-      s.d = s.dv = 64;
-      expect_close(run(grouped8, s), ref(s), s, "decode v8, D 64");
-      CpuFlashBackend lanes(Options{0, Path::fast, cpu_flash::DecodeKernel::lanes});
-      expect_close(run(lanes, s), ref(s), s, "decode v9, D 64");
-      s.d = s.dv = 128;
-      expect_close(run(lanes, s), ref(s), s, "decode v9, D 128");
-      CpuFlashBackend half_dots(Options{0, Path::fast, cpu_flash::DecodeKernel::half_dots});
-      expect_close(run(half_dots, s), ref(s), s, "decode v10, D 128");
-      s.d = s.dv = 64;
-      expect_close(run(half_dots, s), ref(s), s, "decode v10, D 64");
+      // Each decode kernel, forced: in place where the head dims are whole vectors of the target
+      // (64 and 128 are for every target), else converted first (72 and 40 are not for AVX-512).
+      using cpu_flash::DecodeKernel;
+      for (DecodeKernel k : {DecodeKernel::by_head, DecodeKernel::grouped, DecodeKernel::lanes,
+                             DecodeKernel::lanes_half_dots}) {
+        SCOPED_TRACE(decode_kernel_name(k));
+        CpuFlashBackend forced(Options{0, Path::fast, k});
+        for (std::int32_t d : {72, 64, 128}) {
+          s.d = d;
+          s.dv = d == 72 ? 40 : d;
+          expect_close(run(forced, s), ref(s), s, "forced decode kernel");
+        }
+      }
       // Steps of 8 keys (AVX-512 only; elsewhere a step is the target's lanes either way).
-      for (auto k : {cpu_flash::DecodeKernel::lanes, cpu_flash::DecodeKernel::half_dots}) {
+      for (auto k : {DecodeKernel::lanes, DecodeKernel::lanes_half_dots}) {
         Options o{0, Path::fast, k};
         o.decode_step = 8;
         CpuFlashBackend stepped(o);
         s.d = s.dv = 64;
-        expect_close(run(stepped, s), ref(s), s, "decode v9/v10 in steps of 8, D 64");
+        expect_close(run(stepped, s), ref(s), s, "lanes kernel in steps of 8, D 64");
         s.d = s.dv = 128;
-        expect_close(run(stepped, s), ref(s), s, "decode v9/v10 in steps of 8, D 128");
+        expect_close(run(stepped, s), ref(s), s, "lanes kernel in steps of 8, D 128");
       }
     }
   }

@@ -1,5 +1,6 @@
-// cpu-flash driver: support verdicts, the shape-only work plan (tasks, splits, workspace), the
-// generic scalar path and the split-KV combine. The SIMD kernels live in flash_kernels.cpp.
+// cpu-flash driver: support verdicts, the shape-only work plans (tasks, splits, workspace) and the
+// per-thread reuse of the last one, the decode kernel choice, the generic scalar path and the
+// split-KV combine. The SIMD kernels live in prefill.cpp and decode_*.cpp.
 #include "backends/cpu-flash/cpu_flash.h"
 
 #include <algorithm>
@@ -333,14 +334,11 @@ DecodePlan make_decode_plan(const ValidatedProblem& vp) {
   return plan;
 }
 
-bool decode_short_steps(const ValidatedProblem& vp, double kv_bytes) {
-  if (kv_bytes <= kDecodeShortStepsMinBytes) return false;
+bool decode_steps_crowd_l1(const ValidatedProblem& vp) {
   const AttentionProblem& p = vp.problem();
   const std::size_t row_axis = p.kv_layout == KvLayout::packed ? 0 : 1;
-  // One query row per KV head (MHA) takes its short steps in narrower passes, 4% slower with K/V
-  // in L1 (KALLPA_CPU_FLASH_STEP=16|8 build/bench/cpu_flash_bench --benchmark_filter=
-  // 'decode_l1/f16/d64/h8_8/sq1_skv65536/v10_half_dots_t1$': 3.13 vs 3.26 ms): worth it only
-  // where the sets are fuller (the measurements at decode_short_steps' declaration).
+  // One query row per KV head (MHA) takes its short steps in narrower passes, which cost more
+  // with K/V in L1: worth it only where the sets are fuller.
   const int most = vp.group_size() >= 2 ? 2 : 4;
   auto crowded = [&](const TensorView& t, std::int64_t dim) {
     const auto es = static_cast<std::int64_t>(dtype_size(t.dtype));
@@ -349,25 +347,101 @@ bool decode_short_steps(const ValidatedProblem& vp, double kv_bytes) {
   return crowded(p.k, vp.head_dim()) || crowded(p.v, vp.head_dim_v());
 }
 
-Options options_from_env() {
-  Options o;
-  auto version = [](const char* name) -> int {
-    const char* env = std::getenv(name);
-    if (env == nullptr || env[0] != 'v') return 0;  // unset or "auto": the automatic choice
-    char* end = nullptr;
-    const long v = std::strtol(env + 1, &end, 10);
-    return end != env + 1 && *end == '\0' ? static_cast<int>(v) : 0;
-  };
-  const int decode = version("KALLPA_CPU_FLASH_DECODE");
-  if (decode >= 2 && decode <= 10) o.decode = static_cast<DecodeKernel>(decode);
-  if (const char* step = std::getenv("KALLPA_CPU_FLASH_STEP")) {
-    const std::string_view v(step);
-    o.decode_step = v == "8" ? 8 : v == "16" ? 16 : 0;
-  }
-  const int prefill = version("KALLPA_CPU_FLASH_PREFILL");
-  if (prefill >= 2 && prefill <= 3) o.prefill = static_cast<PrefillKernel>(prefill);
-  return o;
+bool decode_short_steps(const ValidatedProblem& vp, double kv_bytes) {
+  return kv_bytes > kDecodeShortStepsMinBytes && decode_steps_crowd_l1(vp);
 }
+
+DecodeFacts decode_facts(const ValidatedProblem& vp, const DecodePlan& plan) {
+  const AttentionProblem& p = vp.problem();
+  DecodeFacts f;
+  f.simd_lanes = decode_lane_keys();
+  f.amd = cpu_is_amd();
+  // As the kernels' KvInPlace: unit element strides, head dims of whole vectors, one dtype.
+  f.kv_in_place = dim_stride(p.k) == 1 && dim_stride(p.v) == 1 && vp.head_dim() % f.simd_lanes == 0 &&
+                  vp.head_dim_v() % f.simd_lanes == 0 && p.k.dtype == p.v.dtype;
+  f.kv_bytes = plan.kv_bytes;
+  // Judged only where it can matter (the rule reads it beyond kDecodeShortStepsMinBytes).
+  f.steps_crowd_l1 = plan.kv_bytes > kDecodeShortStepsMinBytes && decode_steps_crowd_l1(vp);
+  return f;
+}
+
+namespace {
+
+// The facts of a problem that make_plan and make_decode_plan read (through visible_keys too), and
+// nothing else: two problems with equal keys have equal plans.
+struct PlanKey {
+  std::int32_t batch = -1, hq = 0, hkv = 0, d = 0, dv = 0;
+  DType kdt = DType::f32, vdt = DType::f32;
+  bool causal = false;
+  std::int64_t window_left = 0, window_right = 0;
+  std::vector<std::int64_t> lengths;  // seqlen_q(b), seqlen_k(b) for each sequence
+
+  bool matches(const ValidatedProblem& vp) const noexcept {
+    const AttentionProblem& p = vp.problem();
+    if (batch != vp.batch() || hq != vp.hq() || hkv != vp.hkv() || d != vp.head_dim() || dv != vp.head_dim_v() ||
+        kdt != p.k.dtype || vdt != p.v.dtype || causal != p.causal || window_left != p.window_left ||
+        window_right != p.window_right)
+      return false;
+    for (std::int32_t b = 0; b < batch; ++b) {
+      if (lengths[2 * static_cast<std::size_t>(b)] != vp.seqlen_q(b) ||
+          lengths[2 * static_cast<std::size_t>(b) + 1] != vp.seqlen_k(b))
+        return false;
+    }
+    return true;
+  }
+  void assign(const ValidatedProblem& vp) {
+    const AttentionProblem& p = vp.problem();
+    batch = -1;  // invalid until complete (an allocation below may throw)
+    lengths.resize(2 * static_cast<std::size_t>(vp.batch()));
+    for (std::int32_t b = 0; b < vp.batch(); ++b) {
+      lengths[2 * static_cast<std::size_t>(b)] = vp.seqlen_q(b);
+      lengths[2 * static_cast<std::size_t>(b) + 1] = vp.seqlen_k(b);
+    }
+    hq = vp.hq();
+    hkv = vp.hkv();
+    d = vp.head_dim();
+    dv = vp.head_dim_v();
+    kdt = p.k.dtype;
+    vdt = p.v.dtype;
+    causal = p.causal;
+    window_left = p.window_left;
+    window_right = p.window_right;
+    batch = vp.batch();
+  }
+};
+
+// Each calling thread's last plan of each kind, with its key. The dispatcher asks workspace_size()
+// and then calls run() on the same thread with the same problem: the plan workspace_size() built
+// is the one run() uses, and a model's layers, which repeat a shape, reuse it. Per thread, so
+// concurrent calls never share one; the key holds everything a plan depends on, so a plan is only
+// reused for a problem it was built for.
+template <typename PlanT>
+struct CachedPlan {
+  PlanKey key;
+  PlanT plan;
+};
+
+template <typename PlanT, typename Make>
+PlanT& plan_for(CachedPlan<PlanT>& cached, const ValidatedProblem& vp, Make&& make) {
+  if (!cached.key.matches(vp)) {
+    cached.key.batch = -1;
+    cached.plan = make(vp);
+    cached.key.assign(vp);
+  }
+  return cached.plan;
+}
+
+Plan& prefill_plan(const ValidatedProblem& vp) {
+  thread_local CachedPlan<Plan> cached;
+  return plan_for(cached, vp, make_plan);
+}
+
+DecodePlan& decode_plan(const ValidatedProblem& vp) {
+  thread_local CachedPlan<DecodePlan> cached;
+  return plan_for(cached, vp, make_decode_plan);
+}
+
+}  // namespace
 
 // Above reference (0): the default CPU backend. Passes the full conformance matrix.
 int CpuFlashBackend::priority() const noexcept { return 100; }
@@ -383,17 +457,14 @@ bool CpuFlashBackend::uses_fast_path(const ValidatedProblem& vp) const noexcept 
   return options_.path != Path::generic && fast_applicable(vp);
 }
 
-bool CpuFlashBackend::use_decode_path(const ValidatedProblem& vp) const noexcept {
-  return options_.decode != DecodeKernel::tiled && decode_applicable(vp);
-}
+bool CpuFlashBackend::use_decode_path(const ValidatedProblem& vp) const noexcept { return decode_applicable(vp); }
 
 std::size_t CpuFlashBackend::workspace_size(const ValidatedProblem& vp) const noexcept {
   if (!uses_fast_path(vp) || vp.total_q() == 0) return 0;
   try {
     const int threads = parallel::ThreadPool::global().threads_for(options_.threads);
-    if (use_decode_path(vp)) return make_decode_plan(vp).workspace_bytes(threads);
-    const Plan plan = make_plan(vp);
-    return plan.workspace_bytes(threads);
+    if (use_decode_path(vp)) return decode_plan(vp).workspace_bytes(threads);
+    return prefill_plan(vp).workspace_bytes(threads);
   } catch (...) {
     return 0;
   }
@@ -440,8 +511,12 @@ Status scratch_out_of_memory() {
 }  // namespace
 
 Status CpuFlashBackend::run_decode(const ValidatedProblem& vp, Workspace workspace) const {
-  DecodePlan plan = make_decode_plan(vp);
-  plan.short_steps = options_.decode_step == 8 || (options_.decode_step == 0 && decode_short_steps(vp, plan.kv_bytes));
+  DecodePlan& plan = decode_plan(vp);
+  const DecodeChoice choice = choose_decode_kernel(decode_facts(vp, plan));
+  const DecodeKernel kernel = options_.decode == DecodeKernel::automatic ? choice.kernel : options_.decode;
+  if (options_.decode_step != 0) plan.short_steps = options_.decode_step == 8;
+  else if (options_.decode == DecodeKernel::automatic) plan.short_steps = choice.short_steps;
+  else plan.short_steps = decode_short_steps(vp, plan.kv_bytes);
   auto& pool = parallel::ThreadPool::global();
   const CallScratch mem = call_scratch(plan, workspace, options_.threads);
   if (mem.base == nullptr) return scratch_out_of_memory();
@@ -450,18 +525,20 @@ Status CpuFlashBackend::run_decode(const ValidatedProblem& vp, Workspace workspa
   std::byte* slots = base + static_cast<std::size_t>(threads) * plan.worker_bytes;
   auto* counters = reinterpret_cast<std::int32_t*>(slots + static_cast<std::size_t>(plan.n_slots) * plan.slot_bytes);
   std::fill(counters, counters + plan.n_counters, 0);
-  DecodeKernel kernel = options_.decode;
-  if (kernel == DecodeKernel::automatic) kernel = automatic_decode_kernel(plan.kv_bytes);
   pool.parallel_for(
       static_cast<std::int64_t>(plan.tasks.size()),
       [&](std::int64_t t, int worker) {
         void* const mine = base + static_cast<std::size_t>(worker) * plan.worker_bytes;
         const DecodeTask& task = plan.tasks[static_cast<std::size_t>(t)];
-        if (kernel == DecodeKernel::grouped) run_decode_task_v7(vp, plan, task, mine, slots, counters);
-        else if (kernel == DecodeKernel::grouped8) run_decode_task_v8(vp, plan, task, mine, slots, counters);
-        else if (kernel == DecodeKernel::lanes) run_decode_task_v9(vp, plan, task, mine, slots, counters);
-        else if (kernel == DecodeKernel::half_dots) run_decode_task_v10(vp, plan, task, mine, slots, counters);
-        else run_decode_task(vp, plan, task, mine, slots, counters, kernel);
+        switch (kernel) {
+          case DecodeKernel::grouped: return run_decode_grouped(vp, plan, task, mine, slots, counters);
+          case DecodeKernel::lanes: return run_decode_lanes(vp, plan, task, mine, slots, counters);
+          case DecodeKernel::lanes_half_dots:
+            return run_decode_lanes_half_dots(vp, plan, task, mine, slots, counters);
+          case DecodeKernel::automatic:
+          case DecodeKernel::by_head: break;
+        }
+        run_decode_by_head(vp, plan, task, mine, slots, counters);
       },
       threads);
   return Status::ok();
@@ -473,15 +550,13 @@ Status CpuFlashBackend::run(const ValidatedProblem& vp, Workspace workspace) noe
     if (!uses_fast_path(vp)) return run_generic(vp, options_.threads);
     if (use_decode_path(vp)) return run_decode(vp, workspace);
 
-    const Plan plan = make_plan(vp);
+    const Plan& plan = prefill_plan(vp);
     auto& pool = parallel::ThreadPool::global();
     const CallScratch mem = call_scratch(plan, workspace, options_.threads);
     if (mem.base == nullptr) return scratch_out_of_memory();
     const int threads = mem.threads;
     std::byte* const base = mem.base;
     std::byte* partials = base + static_cast<std::size_t>(threads) * plan.worker_bytes;
-    const PrefillKernel prefill =
-        options_.prefill == PrefillKernel::automatic ? PrefillKernel::padded : options_.prefill;
 
     pool.parallel_for(
         static_cast<std::int64_t>(plan.tasks.size()),
@@ -490,8 +565,7 @@ Status CpuFlashBackend::run(const ValidatedProblem& vp, Workspace workspace) noe
           float* partial = task.partial < 0 ? nullptr
                                             : reinterpret_cast<float*>(
                                                   partials + static_cast<std::size_t>(task.partial) * plan.partial_bytes);
-          run_fast_task(vp, plan, task, base + static_cast<std::size_t>(worker) * plan.worker_bytes, partial,
-                        prefill);
+          run_fast_task(vp, plan, task, base + static_cast<std::size_t>(worker) * plan.worker_bytes, partial);
         },
         threads);
     if (!plan.combines.empty()) {

@@ -21,54 +21,31 @@ enum class Path : int {
   fast = 2,       // tiled SIMD path; falls back to generic when its conditions do not hold
 };
 
-// Kernel generation for decode-shaped problems (Sq * group <= 16 rows per KV head); the older ones
-// stay selectable so that benchmarks compare them side by side.
+// The decode kernel for decode-shaped problems (Sq * group <= 16 rows per KV head). The backend
+// chooses by shape and machine (choose_decode_kernel in flash_internal.h); a named kernel runs that
+// one, for tests and benchmarks that compare them side by side.
 enum class DecodeKernel : int {
-  automatic = 0,  // lanes on AVX-512 (half_dots on AMD); elsewhere direct while the K/V of the
-                  // call fit in cache, else grouped8 (automatic_decode_kernel in flash_internal.h)
-  tiled = 2,      // v2: the general tiled path (per-head tasks, split-KV)
-  staged = 3,     // v3: key-chunk tasks over all heads, each block converted to f32 scratch first
-  direct = 4,     // v4: like staged, but K/V rows read in place (F16C / bf16 promote in registers)
-  stream = 5,     // v5: direct, with each block walked in memory order (key rows across all heads)
-                  //     and prefetched a fixed distance ahead as one sequential stream
-  fused = 6,      // v6: stream with its prefetches spread over the heads of each step instead of
-                  //     one burst per step
-  grouped = 7,    // v7: v6's walk in steps of eight keys, up to four query rows of a GQA group served
-                  //     from each K/V vector converted once, P·V accumulators in registers per step
-  grouped8 = 8,   // v8: v7 with the eight dots of a step reduced in one tree, whole steps of P·V
-                  //     unrolled and the row groups planned once per task (fewer instructions per key)
-  lanes = 9,      // v9: v8 with a step of one key per vector lane (16 on AVX-512): a step's dots
-                  //     reduce in one tree at any width, P·V slices sized for the target's registers
-  half_dots = 10, // v10: v9 with its dots on 256-bit halves on AVX-512 (a cheaper tree where 512-bit
-                  //     operations run as two halves: AMD Zen 4); v9 elsewhere
-};
-
-// Kernel generation of the tiled (prefill) path; the older one stays selectable for benchmarks.
-enum class PrefillKernel : int {
-  automatic = 0,  // the newest
-  rows = 2,       // v2: rows kernel with power-of-two tile strides
-  padded = 3,     // v3: v2 with L1-conflict-free tile strides, the rescale folded into P·V, a
-                  //     cheaper exp
+  automatic = 0,    // choose_decode_kernel's choice
+  by_head = 1,      // each block head by head, K/V read in place (or converted to f32 first where
+                    // the layout cannot be read in place): in cache on AVX2 and narrower targets
+  grouped = 2,      // blocks walked in memory order in steps of eight keys across every head, the
+                    // rows of a GQA group served together: streamed on AVX2 and narrower targets
+  lanes = 3,        // grouped's walk in steps of one key per vector lane: AVX-512
+  lanes_half_dots = 4,  // lanes with its dots on 256-bit halves on AVX-512: AVX-512 on AMD
 };
 
 struct Options {
   int threads = 0;  // 0: every thread of the global pool
   Path path = Path::automatic;
   DecodeKernel decode = DecodeKernel::automatic;
-  PrefillKernel prefill = PrefillKernel::automatic;
-  // Keys per step of decode v9 / v10 on AVX-512: 0 chooses by the K/V geometry and size
-  // (decode_short_steps), 8 fixes 8, anything else 16 (KALLPA_CPU_FLASH_STEP).
+  // Keys per step of the lanes kernels on AVX-512: 0 chooses by the K/V geometry and size
+  // (decode_short_steps), 8 fixes 8, anything else 16.
   int decode_step = 0;
 };
 
-// The registered backend's options: the defaults, with the kernel generations taken from
-// KALLPA_CPU_FLASH_DECODE (v2..v10), KALLPA_CPU_FLASH_PREFILL (v2, v3) and KALLPA_CPU_FLASH_STEP
-// (8, 16) when set, so that `kallpa bench attention` can time one generation against another.
-Options options_from_env();
-
 class CpuFlashBackend final : public AttentionBackend {
  public:
-  CpuFlashBackend() : options_(options_from_env()) {}
+  CpuFlashBackend() = default;
   explicit CpuFlashBackend(Options options) : options_(options) {}
 
   std::string_view name() const noexcept override { return "cpu-flash"; }
@@ -96,7 +73,7 @@ class CpuFlashBackend final : public AttentionBackend {
   bool use_decode_path(const ValidatedProblem& problem) const noexcept;
   Status run_decode(const ValidatedProblem& problem, Workspace workspace) const;
 
-  Options options_;
+  Options options_{};
 };
 
 }  // namespace kallpa::cpu_flash

@@ -1,12 +1,12 @@
-// Shared by the decode kernel generations of cpu-flash (flash_decode.cpp: v3-v6; decode_v7.cpp,
-// decode_v8.cpp: v7, v8): the task context, query setup, the online softmax over a block's
-// scores, the software prefetcher of the streaming kernels and the final write / split-KV merge.
+// Shared by the decode kernels of cpu-flash (decode_by_head.cpp, decode_grouped.cpp,
+// decode_lanes.cpp): the task context, query setup, the online softmax over a block's scores, the
+// software prefetcher of the memory-order kernels and the final write / split-KV merge.
 // Highway per-target header: included once per target by each translation unit that uses it.
-#if defined(KALLPA_CPU_FLASH_DECODE_COMMON_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef KALLPA_CPU_FLASH_DECODE_COMMON_INL_H_
-#undef KALLPA_CPU_FLASH_DECODE_COMMON_INL_H_
+#if defined(KALLPA_BACKENDS_CPU_FLASH_DECODE_COMMON_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KALLPA_BACKENDS_CPU_FLASH_DECODE_COMMON_INL_H_
+#undef KALLPA_BACKENDS_CPU_FLASH_DECODE_COMMON_INL_H_
 #else
-#define KALLPA_CPU_FLASH_DECODE_COMMON_INL_H_
+#define KALLPA_BACKENDS_CPU_FLASH_DECODE_COMMON_INL_H_
 #endif
 
 #include <algorithm>
@@ -107,8 +107,8 @@ HWY_INLINE void FoldStore4(D d, hn::Vec<D> u, float* out) {
 
 #if HWY_TARGET != HWY_SCALAR
 // Lanes 4b..4b+3 = the sums of a0..a3 over 128-bit block b: the transposing half of Sum4, which
-// decode v8 folds across blocks itself. Any width of 128-bit blocks (decode v10 reduces 256-bit
-// vectors on AVX-512).
+// the grouped and lanes kernels fold across blocks themselves. Any width of 128-bit blocks (the
+// half-width dots of DecodeKernel::lanes_half_dots reduce 256-bit vectors on AVX-512).
 template <class V>
 HWY_INLINE V Sum4Blocks(V a0, V a1, V a2, V a3) {
   const hn::DFromV<V> d;
@@ -136,7 +136,7 @@ HWY_INLINE void Sum4(VF a0, VF a1, VF a2, VF a3, float* out) {
 
 // One vector of a K/V row as f32: straight from the cache (f16 through F16C, bf16 through a
 // shift) or from a converted f32 block.
-// Any vector width d (decode v10's dots load 256-bit vectors on AVX-512).
+// Any vector width d (the half-width dots load 256-bit vectors on AVX-512).
 template <class D, typename T>
 HWY_INLINE hn::Vec<D> LoadAsF32(D d, const T* HWY_RESTRICT p) {
   if constexpr (std::is_same_v<T, float>) {
@@ -182,7 +182,7 @@ struct Ctx {
   float* m;
   float* l;
   float* s;
-  float* s_all;  // v5: [rows][kDecodeBlock], rows ordered (kvh, i, g)
+  float* s_all;  // [rows][kDecodeGroupedBlock]: every head's scores of a block, rows ordered (kvh, i, g)
   float* k;
   float* v;
   std::int64_t* koff;  // [2][kDecodeBlock]
@@ -317,24 +317,6 @@ inline void SoftmaxRows(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t 
   });
 }
 
-// Prefetch distance in keys (each stream) of a streaming kernel: its own default unless
-// KALLPA_CPU_FLASH_PREFETCH (0-4096, or "off": -1, none; read once) overrides it for tuning, for
-// every kernel alike.
-inline std::int64_t PrefetchKeys(std::int64_t kernel_default) {
-  static const std::int64_t override_keys = [] {
-    if (const char* env = std::getenv("KALLPA_CPU_FLASH_PREFETCH")) {
-      if (std::string_view(env) == "off") return std::int64_t{-2};
-      char* end = nullptr;
-      const long v = std::strtol(env, &end, 10);
-      if (end != env && *end == '\0' && v >= 0 && v <= 4096) return static_cast<std::int64_t>(v);
-    }
-    return std::int64_t{-1};
-  }();
-  if (override_keys == -2) return -1;
-  return override_keys >= 0 ? override_keys : kernel_default;
-}
-
-
 // Walks the key rows of one tensor (K or V) of a task forward and prefetches each row (every head)
 // into L2 once, up to a requested key.
 struct StreamPrefetcher {
@@ -378,8 +360,8 @@ struct StreamPrefetcher {
       }
       const char* row = static_cast<const char*>(t->data) + off * es;
       if (span > 0) {
-        // Four lines per iteration: with one, the loop control was 6% of decode v8's instructions
-        // (32/8 heads, D64); this halves it.
+        // Four lines per iteration, so that the loop control stays a small share of the grouped
+        // kernels' instructions.
         std::int64_t b = 0;
         for (; b + 256 <= span; b += 256) {
           __builtin_prefetch(row + b, 0, 2);
@@ -420,7 +402,7 @@ inline void WriteRow(const Ctx& c, std::int64_t row, float m, float l, const flo
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
   } else if (p.o.dtype == DType::f16 && ods == 1) {
     // Whole vectors through F16C (round to nearest even, inf past the range, NaN kept, as
-    // f32_to_f16): the scalar conversion of each element was most of a short call's time (8/8
+    // f32_to_f16): a scalar conversion of each element would be most of a short call's time (8/8
     // heads, D64, 16 keys). Not on targets without F16C, where Highway's DemoteTo truncates and
     // saturates.
     const DF d;
@@ -557,4 +539,4 @@ inline void FinishTask(Ctx& c, const DecodePlan& plan, std::byte* slots, std::in
 }  // namespace kallpa::cpu_flash
 HWY_AFTER_NAMESPACE();
 
-#endif  // KALLPA_CPU_FLASH_DECODE_COMMON_INL_H_
+#endif  // KALLPA_BACKENDS_CPU_FLASH_DECODE_COMMON_INL_H_

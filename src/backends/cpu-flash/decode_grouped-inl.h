@@ -1,12 +1,14 @@
-// Shared by the grouped decode kernels of cpu-flash (decode_v7.cpp: v7, decode_v8.cpp: v8), which
-// serve the query rows of a KV head together from each K/V element loaded once: the task driver,
-// the dot products of a row group, the online softmax and the exported entry. Highway per-target
-// header: included once per target by each translation unit that uses it.
+// Shared by the memory-order decode kernels of cpu-flash (decode_grouped.cpp, decode_lanes.cpp),
+// which serve the query rows of a KV head together from each K/V element loaded once: the task
+// driver, the walk over a block in steps across every KV head, the dot products of a row group,
+// the online softmax and the exported entry. Highway per-target header: included once per target
+// by each translation unit that uses it.
 
-// Defines kallpa::cpu_flash::entry (run_decode_task_v7 / _v8, declared in flash_internal.h) to run
-// the best SIMD target's `impl`; in the HWY_ONCE part of the kernel's translation unit.
-#ifndef KALLPA_CPU_FLASH_DECODE_ENTRY
-#define KALLPA_CPU_FLASH_DECODE_ENTRY(entry, impl)                                                                \
+// Defines kallpa::cpu_flash::entry (run_decode_grouped, run_decode_lanes..., declared in
+// flash_internal.h) to run the best SIMD target's `impl`; in the HWY_ONCE part of the kernel's
+// translation unit.
+#ifndef KALLPA_CPU_FLASH_KERNEL_ENTRY
+#define KALLPA_CPU_FLASH_KERNEL_ENTRY(entry, impl)                                                                \
   namespace kallpa::cpu_flash {                                                                                  \
   HWY_EXPORT(impl);                                                                                              \
   void entry(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task, void* scratch,     \
@@ -16,11 +18,11 @@
   }  // namespace kallpa::cpu_flash
 #endif
 
-#if defined(KALLPA_CPU_FLASH_DECODE_GROUPED_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef KALLPA_CPU_FLASH_DECODE_GROUPED_INL_H_
-#undef KALLPA_CPU_FLASH_DECODE_GROUPED_INL_H_
+#if defined(KALLPA_BACKENDS_CPU_FLASH_DECODE_GROUPED_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KALLPA_BACKENDS_CPU_FLASH_DECODE_GROUPED_INL_H_
+#undef KALLPA_BACKENDS_CPU_FLASH_DECODE_GROUPED_INL_H_
 #else
-#define KALLPA_CPU_FLASH_DECODE_GROUPED_INL_H_
+#define KALLPA_BACKENDS_CPU_FLASH_DECODE_GROUPED_INL_H_
 #endif
 
 #include <algorithm>
@@ -99,17 +101,16 @@ HWY_INLINE bool SoftmaxBelowRunningMax(float* HWY_RESTRICT s, std::int64_t nb, f
 
 // Online softmax of the rows of KV head kvh over the block's keys [j0, j0 + nb): s_rows
 // [R][kDecodeGroupedBlock] holds the scores of each row's visible keys [a, e] and receives their
-// probabilities; m, l and the rows' accumulators are updated. v5's SoftmaxRows with prefill v3's
-// cheaper exp, over the vectors that hold visible keys only. kPlain (v8): a row that sees every
-// key of a block without softcap or ALiBi skips the masking pass (the max and the NaN check ride
-// on one read of the scores), and first tries SoftmaxBelowRunningMax (v8, v9 since session 17).
-template <bool kPlain>
-void GroupedSoftmax(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
+// probabilities; m, l and the rows' accumulators are updated. SoftmaxRows with the prefill's
+// cheaper exp, over the vectors that hold visible keys only; a row that sees every key of a block
+// without softcap or ALiBi skips the masking pass (the max and the NaN check ride on one read of
+// the scores), and first tries SoftmaxBelowRunningMax.
+inline void GroupedSoftmax(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
                     const std::int64_t* e_i, float* s_rows) {
   const DF d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t G = c.G;
-  const bool plain = kPlain && !(c.softcap > 0.0f) && c.slopes == nullptr && nb % N == 0;
+  const bool plain = !(c.softcap > 0.0f) && c.slopes == nullptr && nb % N == 0;
   ForSeeingRows(c, a_i, e_i, [&](std::int64_t r, std::int64_t i, std::int64_t a, std::int64_t e) {
     const std::int64_t row = kvh * c.R + r;
     float* s = s_rows + r * kDecodeGroupedBlock;
@@ -138,7 +139,7 @@ void GroupedSoftmax(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, 
   });
 }
 
-// Decode v8 and v9: a group of up to four query rows of one query position, which share each K/V vector.
+// A group of up to four query rows of one query position, which share each K/V vector.
 struct RowGroup {
   std::int64_t i;  // query position
   std::int64_t r;  // first row within the KV head
@@ -162,7 +163,7 @@ inline int PlanRowGroups(std::int64_t sq, std::int64_t G, RowGroup* out) {
 }
 
 // s[rb * kDecodeGroupedBlock + u] = <q[rb], k[u]> for the RB rows (q rows qs floats apart) and the n
-// keys of a step that the rows see only in part (decode v8, v9): one key at a time.
+// keys of a step that the rows see only in part: one key at a time.
 template <int RB, typename T>
 HWY_INLINE void DotsPart(const float* HWY_RESTRICT q, std::int64_t qs, const T* const* k, std::int64_t n,
                          std::int64_t len, float* HWY_RESTRICT s) {
@@ -191,8 +192,8 @@ HWY_INLINE void WithRows(int rb, F&& f) {
 }
 
 
-// One block of keys [j0, j0 + nb) of decode v8 and v9, in v7's order: steps of kStep key rows
-// across every KV head for the scores, the softmax of every row, then steps across every head
+// One block of keys [j0, j0 + nb) of the grouped and lanes kernels, in memory order: steps of
+// kStep key rows across every KV head for the scores, the softmax of every row, then steps across every head
 // again for P·V, K and V each prefetched `ahead` keys in front of the walk (ahead < 0: none). The
 // kernel's two steps come as callables taking the row count RB (and for P·V the compile-time key
 // count KN) as std::integral_constant, then its arguments: on a step that a row group sees whole,
@@ -232,7 +233,7 @@ HWY_INLINE void StepWalk(Ctx& c, const RowGroup* groups, int n_groups, std::int6
     }
   }
   for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh)
-    GroupedSoftmax<true>(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * R * kB);
+    GroupedSoftmax(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * R * kB);
   for (std::int64_t u0 = 0; u0 < nb; u0 += kStep) {
     const std::int64_t nk = std::min<std::int64_t>(kStep, nb - u0);
     for (std::int64_t u = 0; u < nk; ++u) rows[u] = vb + c.voff[u0 + u];
@@ -261,7 +262,8 @@ HWY_INLINE void StepWalk(Ctx& c, const RowGroup* groups, int n_groups, std::int6
 
 }  // namespace
 
-// One task of a grouped kernel. Layouts it cannot read in place (KvInPlace) run v6. Else: the
+// One task of a memory-order kernel. Layouts it cannot read in place (KvInPlace) run by_head,
+// which converts them first (choose_decode_kernel never picks these kernels for them). Else: the
 // task's context and K / V stream prefetchers, then for each block [j0, j0 + nb) of at most
 // block_keys keys that a query sees, block(T(), c, j0, nb, a_i, e_i, kpf, vpf) with T the K/V
 // element type, a_i[i] / e_i[i] the first / last key of the block that query i sees (none when
@@ -270,7 +272,7 @@ template <typename Block>
 HWY_INLINE void RunGroupedTask(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
                                std::byte* slots, std::int32_t* counters, std::int64_t block_keys, Block&& block) {
   if (!KvInPlace(vp)) {
-    run_decode_task(vp, plan, t, scratch, slots, counters, DecodeKernel::fused);
+    run_decode_by_head(vp, plan, t, scratch, slots, counters);
     return;
   }
   const AttentionProblem& p = vp.problem();
@@ -295,7 +297,7 @@ HWY_INLINE void RunGroupedTask(const ValidatedProblem& vp, const DecodePlan& pla
   FinishTask(c, plan, slots, counters);
 }
 
-// One task of decode v8 or v9: the row groups planned once, then StepWalk<kStep> over each block
+// One task of the grouped or lanes kernel: the row groups planned once, then StepWalk<kStep> over each block
 // with the kernel's full-step dots and P·V (see StepWalk), K/V prefetched `ahead` keys ahead.
 // Each kernel passes its own step functions as
 //   [](auto rb, auto... a) { DotsStep<decltype(rb)::value>(a...); }
@@ -317,4 +319,4 @@ HWY_INLINE void RunStepWalkTask(const ValidatedProblem& vp, const DecodePlan& pl
 }  // namespace kallpa::cpu_flash
 HWY_AFTER_NAMESPACE();
 
-#endif  // KALLPA_CPU_FLASH_DECODE_GROUPED_INL_H_
+#endif  // KALLPA_BACKENDS_CPU_FLASH_DECODE_GROUPED_INL_H_

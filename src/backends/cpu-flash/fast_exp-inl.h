@@ -1,9 +1,10 @@
-// The cheap exp of cpu-flash's online softmax (prefill v3, decode v7). Highway per-target header.
-#if defined(KALLPA_CPU_FLASH_FAST_EXP_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef KALLPA_CPU_FLASH_FAST_EXP_INL_H_
-#undef KALLPA_CPU_FLASH_FAST_EXP_INL_H_
+// The cheap exp of cpu-flash's online softmax (prefill, the grouped and lanes decode kernels).
+// Highway per-target header.
+#if defined(KALLPA_BACKENDS_CPU_FLASH_FAST_EXP_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KALLPA_BACKENDS_CPU_FLASH_FAST_EXP_INL_H_
+#undef KALLPA_BACKENDS_CPU_FLASH_FAST_EXP_INL_H_
 #else
-#define KALLPA_CPU_FLASH_FAST_EXP_INL_H_
+#define KALLPA_BACKENDS_CPU_FLASH_FAST_EXP_INL_H_
 #endif
 
 #include "hwy/highway.h"
@@ -43,11 +44,8 @@ HWY_INLINE hn::Vec<D> FastExp(D d, hn::Vec<D> x) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   // AVX-512: vscalefps for the 2^n (it also gives the zero below -86, through its zero mask, and
   // keeps NaN: the mask is set for unordered lanes, and vminps returns its second operand, x,
-  // when either is NaN, so no lower clamp is needed): 12 operations instead of 19. On the 2-core
-  // Zen 4 (session 23) the exps took ~0.70 ms of decode v10's 7.35 with K/V in L1 (a throwaway
-  // probe that exponentiated every score of a block in one flat loop, not kept); with this the
-  // kernel runs in 7.0 (build/bench/cpu_flash_bench --benchmark_filter='decode_l1_gqa/f16/d64/
-  // h32_8/sq1_skv65536/v10_half_dots_t1$').
+  // when either is NaN, so no lower clamp is needed): 12 operations instead of 19, where the exp
+  // is a tenth of AVX-512 decode's time with K/V in L1 (bench/results/cpu-flash-decode-lanes.md).
   if constexpr (hn::MaxLanes(D()) == 16) {
     const __mmask16 keep = _mm512_cmp_ps_mask(x.raw, lo.raw, _CMP_NLT_UQ);
     ExpReduce(d, V{_mm512_min_ps(hi.raw, x.raw)}, n, y);
@@ -66,4 +64,4 @@ HWY_INLINE hn::Vec<D> FastExp(D d, hn::Vec<D> x) {
 }  // namespace kallpa::cpu_flash
 HWY_AFTER_NAMESPACE();
 
-#endif  // KALLPA_CPU_FLASH_FAST_EXP_INL_H_
+#endif  // KALLPA_BACKENDS_CPU_FLASH_FAST_EXP_INL_H_

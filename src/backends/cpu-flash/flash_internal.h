@@ -1,5 +1,5 @@
-// Internals of cpu-flash shared by the driver (cpu_flash.cpp) and the SIMD kernels
-// (flash_kernels.cpp). Not a public header.
+// Internals of cpu-flash shared by the driver (cpu_flash.cpp) and the SIMD kernels (prefill.cpp,
+// decode_*.cpp). Not a public header. docs/cpu-flash.md describes the design.
 #pragma once
 
 #include <cstddef>
@@ -65,8 +65,8 @@ inline constexpr std::int64_t conflict_free_stride(std::int64_t n) {
 }
 
 // Per-worker scratch, byte offsets (each 64-aligned). Rp, Dp, Dvp: rows, D, Dv padded to kAlign;
-// rs, ks, vs: the conflict-free row strides of q^T/S/o^T, the key tile and the value tile (the v2
-// rows kernel uses Rp, Dp, Dvp as strides, which fit in the same buffers).
+// rs, ks, vs: the conflict-free row strides of q^T/S/o^T, the key tile and the value tile (the
+// tiled path's decode kernel uses Rp, Dp, Dvp as strides, which fit in the same buffers).
 struct ScratchLayout {
   std::int64_t rp = 0, dp = 0, dvp = 0;
   std::int64_t rs = 0, ks = 0, vs = 0;
@@ -116,7 +116,8 @@ Plan make_plan(const ValidatedProblem& problem);
 // Runs one task of the fast path. `scratch` is worker_bytes, 64-aligned; `partial` is the task's
 // partial slot (null when the task writes o/lse directly).
 void run_fast_task(const ValidatedProblem& problem, const Plan& plan, const Task& task, void* scratch,
-                   float* partial, PrefillKernel kernel);
+                   float* partial);
+
 // ---------------------------------------------------------------------------------------------
 // Decode path (few query rows per KV head, long KV): one task is a chunk of keys of one sequence
 // against every query row of that sequence, all KV heads. The chunk streams K/V in memory order
@@ -128,46 +129,24 @@ inline constexpr std::int64_t kDecodeBlock = 32;     // keys per block inside a 
 inline constexpr std::int64_t kDecodeMinChunk = 256; // keys
 inline constexpr std::int64_t kDecodeMaxChunk = 8192;
 inline constexpr std::int64_t kDecodeChunksTarget = 16;  // chunks for the whole call, if long enough
-// While the call's K/V are cache resident, v4 (direct, head by head) needs the fewest instructions
-// (v5 spends about 1.6x as many on its prefetches and four-key steps: callgrind, 32/8 and 9/3
-// heads, D64, 512 keys); streamed from DRAM, v5's single forward stream per tensor and thread
-// keeps the memory busy (1.3-1.8x v3/v4 side by side at 256 MiB; bench/cpu_flash_bench.cpp).
-// Whether a call's K/V is resident depends on what ran before it, not on its size: in a model,
-// each layer's cache is read once per token after every other layer's, so beyond one core's L2 it
-// comes from L3 or DRAM. Hence v4 only up to 1 MiB: SmolLM2 at 2048 tokens (1.5 MiB per layer)
-// decodes 1.2x faster end to end with v5 (kallpa bench model -d 2048, side by side), although a
-// benchmark repeating one call on hot 4 MiB favours v4 (0.33 vs 0.43 ms, 32/8 D64).
-inline constexpr double kDecodeDirectMaxBytes = 1.0 * 1024 * 1024;
-inline constexpr DecodeKernel kDecodeAutoInCache = DecodeKernel::direct;
-// Beyond that, v8. It needs 8-13% fewer instructions than v7 on every bench shape (callgrind,
-// 512 keys: f16/bf16, 32/8, 8/8 and 9/3 heads, D64/D128), and from DRAM it was ahead or even in
-// alternating runs (session 8, kallpa bench attention with KALLPA_CPU_FLASH_DECODE=v7|v8: median
-// v8/v7 1.02-1.17 on SmolLM2's 9/3 paged shape, ahead in all six pairs; 0.92-1.59 elsewhere; the
-// engine's tg64 @ d2048 1.02-1.20x). v7, which beat v5/v6 (0.54-1.00x v5's time on 25 of 26 cases
-// of 4096 and 32768 keys; 0.81-1.06x v6's from DRAM), stays selectable, as do v5 and v6. Up to
-// 1 MiB v4 stays: there v7/v4 is within the noise (0.66-1.18) and v4 needs fewer instructions for
-// groups of 1 and 3 (callgrind, 512 keys: 324k vs 421k for 8/8 D128, 168k vs 204k for 9/3 D64).
-inline constexpr DecodeKernel kDecodeAutoStreamed = DecodeKernel::grouped8;
-// v5: keys each stream (K, V) is prefetched ahead of its reader, into L2.
-inline constexpr std::int64_t kDecodeStreamPrefetchKeys = 16;
-// v6: keys per step of the walk over a block (across every KV head); eight measured slower. Its
-// prefetch distance is v5's.
-inline constexpr std::int64_t kDecodeFusedStep = 4;
-// v7: keys per block (the softmax's per-row work is paid once a block) and the prefetch distance
-// of its K and V streams in keys. Eight against 16: 1.89-2.01x against 2.25-2.29x the time of a
-// plain read of the same bytes (32/8 D64 from DRAM, alternating runs; no difference for 8/8 D128;
-// no prefetch: 3.8x).
+
+// The decode kernels and the rule that picks one (choose_decode_kernel; docs/cpu-flash.md gives
+// the reasoning, bench/results/cpu-flash-decode-*.md the measurements).
+//
+// Up to this many bytes of K/V, a call on a target narrower than 16 lanes runs by_head, which
+// needs the fewest instructions while K/V are in cache; beyond, the grouped kernel's memory-order
+// walk keeps the memory busy. Whether a call's K/V is resident depends on what ran before it, not
+// on its size: in a model each layer's cache is read once per token after every other layer's,
+// so beyond one core's L2 it comes from L3 or DRAM.
+inline constexpr double kDecodeInCacheMaxBytes = 1.0 * 1024 * 1024;
+// The grouped kernels: keys per block (the softmax's per-row work is paid once a block) and the
+// prefetch distance of their K and V streams in keys.
 inline constexpr std::int64_t kDecodeGroupedBlock = 64;
 inline constexpr std::int64_t kDecodeGroupedPrefetchKeys = 8;
-// v7-v9 on AMD: eight keys are too few there. On a 2-core Zen 4 (EPYC, session 21, kallpa bench
-// attention -b cpu-flash -t 2 --spec ..., KALLPA_CPU_FLASH_PREFETCH=N): 32/8 D64 f16 at 524288
-// keys took 54 ms at 8 keys, 37-38 ms anywhere from 16 to 64 (78-85% of a plain read of the same
-// bytes while the host's DRAM gave 33-35 GB/s, 45-48% while it gave 58-60); 8/8 D128 at 262144
-// keys 38.6-43.9 ms at 8 against 34.4-35.5 at 24 (alternated), 52 at 64; SmolLM2's paged 9/3 shape
-// 1.15-1.4x faster at 24 for 16384 and 1048576 keys. The Xeon's eight stays for every other CPU.
+// On AMD (Zen 4) eight keys ahead are too few to keep the memory busy; 24 are.
 inline constexpr std::int64_t kDecodeGroupedPrefetchKeysAmd = 24;
 
-// Whether this runs on an AMD CPU (read once), for the defaults measured there.
+// Whether this runs on an AMD CPU (read once), for the defaults chosen there.
 inline bool cpu_is_amd() {
 #if defined(__x86_64__) || defined(__i386__)
   static const bool amd = __builtin_cpu_is("amd");
@@ -177,8 +156,7 @@ inline bool cpu_is_amd() {
 #endif
 }
 
-// The grouped kernels' prefetch distance in keys for the CPU this runs on (before
-// KALLPA_CPU_FLASH_PREFETCH overrides it).
+// The grouped and lanes kernels' prefetch distance in keys for the CPU this runs on.
 inline std::int64_t grouped_prefetch_keys() {
   return cpu_is_amd() ? kDecodeGroupedPrefetchKeysAmd : kDecodeGroupedPrefetchKeys;
 }
@@ -200,7 +178,7 @@ struct DecodePlan {
   std::size_t worker_bytes = 0;
   std::size_t slot_bytes = 0;     // m[rows_max], l[rows_max], o[rows_max][Dv]
   double kv_bytes = 0.0;          // K/V bytes the call reads
-  bool short_steps = false;       // decode v9 / v10 on AVX-512: steps of 8 keys (set by the caller)
+  bool short_steps = false;       // the lanes kernels on AVX-512: steps of 8 keys (set by the caller)
 
   std::size_t workspace_bytes(int threads) const {
     return static_cast<std::size_t>(threads) * worker_bytes + static_cast<std::size_t>(n_slots) * slot_bytes +
@@ -215,16 +193,15 @@ struct DecodeLayout {
   std::size_t acc = 0;   // f32 [rows][Dvp]
   std::size_t m = 0, l = 0;  // f32 [rows]
   std::size_t s = 0;     // f32 [kDecodeMaxRows][kDecodeBlock]
-  std::size_t s_all = 0; // f32 [rows][kDecodeBlock] (v5, v6: the scores of every head of a block;
-                         // v7: [rows][kDecodeGroupedBlock])
+  std::size_t s_all = 0; // f32 [rows][kDecodeGroupedBlock]: the scores of every head of a block
   std::size_t k = 0;     // f32 [kDecodeBlock][Dp]
   std::size_t v = 0;     // f32 [kDecodeBlock][Dvp]
   std::size_t koff = 0, voff = 0;  // int64 [2][kDecodeBlock]: row offsets of this and the next block
-                                   // (v7: [kDecodeGroupedBlock] of this block)
+                                   // (grouped kernels: [kDecodeGroupedBlock] of this block)
   std::size_t total = 0;
 };
 
-static_assert(2 * kDecodeBlock >= kDecodeGroupedBlock, "v7's row offsets fit in the offset tables");
+static_assert(2 * kDecodeBlock >= kDecodeGroupedBlock, "a grouped block's row offsets fit in the offset tables");
 
 inline DecodeLayout decode_layout(std::int64_t rows_max, std::int64_t d, std::int64_t dv) {
   DecodeLayout L;
@@ -253,26 +230,25 @@ inline DecodeLayout decode_layout(std::int64_t rows_max, std::int64_t d, std::in
 
 bool decode_applicable(const ValidatedProblem& problem) noexcept;
 DecodePlan make_decode_plan(const ValidatedProblem& problem);
-// Runs one chunk. `slots` and `counters` are the call's partial slots and completion counters
-// (zeroed before the parallel_for); the last chunk of a split sequence merges and writes o/lse.
-// kernel: staged, direct or stream (direct and stream read K/V in place when the layout allows,
-// else they convert each block to f32 first, as staged does).
-void run_decode_task(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
-                     void* scratch, std::byte* slots, std::int32_t* counters, DecodeKernel kernel);
-// The same for decode v7 (decode_v7.cpp); layouts it cannot read in place run v6.
-void run_decode_task_v7(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
+// The decode kernels, one chunk each. `slots` and `counters` are the call's partial slots and
+// completion counters (zeroed before the parallel_for); the last chunk of a split sequence merges
+// and writes o/lse. Every kernel takes any layout: those that cannot read K/V in place run by_head.
+// by_head (decode_by_head.cpp): each block head by head, K/V read in place, or converted to f32
+// rows first where the layout cannot be read in place (KvInPlace).
+void run_decode_by_head(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
                         void* scratch, std::byte* slots, std::int32_t* counters);
-// The same for decode v8 (decode_v8.cpp); layouts it cannot read in place run v6.
-void run_decode_task_v8(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
+// grouped (decode_grouped.cpp): blocks walked in memory order in steps of eight keys across every
+// head, the rows of a GQA group served together, K/V streamed with a software prefetch.
+void run_decode_grouped(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
                         void* scratch, std::byte* slots, std::int32_t* counters);
-// The same for decode v9 (decode_v9.cpp); layouts it cannot read in place run v6.
-void run_decode_task_v9(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
-                        void* scratch, std::byte* slots, std::int32_t* counters);
-// The same for decode v10 (decode_v9.cpp: v9 with its dots on 256-bit halves on AVX-512).
-void run_decode_task_v10(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
-                         void* scratch, std::byte* slots, std::int32_t* counters);
-// Keys per step of decode v9 on the SIMD target in use (its float lanes: 16 on AVX-512).
-int decode_v9_step_keys();
+// lanes / lanes_half_dots (decode_lanes.cpp): the grouped walk in steps of one key per vector lane,
+// the second with its dots on 256-bit halves on AVX-512.
+void run_decode_lanes(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task, void* scratch,
+                      std::byte* slots, std::int32_t* counters);
+void run_decode_lanes_half_dots(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
+                                void* scratch, std::byte* slots, std::int32_t* counters);
+// Float lanes of the SIMD target in use (16 on AVX-512): the lanes kernels' step.
+int decode_lane_keys();
 
 // The L1 data cache that decode_short_steps assumes: 64 sets of 64-byte lines (32 KiB 8-way on
 // Zen 4 and Skylake, 48 KiB 12-way on Golden Cove).
@@ -294,50 +270,52 @@ inline int step_lines_per_set(std::int64_t stride, std::int64_t bytes, std::int6
   return most;
 }
 
-// Whether decode v9 / v10 on AVX-512 walk K/V in steps of 8 keys instead of 16: when the call
+// Whether the lanes kernels on AVX-512 walk K/V in steps of 8 keys instead of 16: when the call
 // reads more than kDecodeShortStepsMinBytes of K/V (kv_bytes) and one head's rows of a 16-key step
 // put more than two lines into one L1 set (a quarter of its ways; four for MHA, whose short steps
 // run narrower passes), as K/V rows 1 or 2 KiB apart do (8 KV heads of D64 or D128 f16). A step's
 // rows are read head by head, so they must stay in L1 until every head is done; crowded sets
-// evict them. 2-core Zen 4 EPYC, session 23, kallpa bench attention -b cpu-flash -t 2 --spec
-// b=1,sq=1,skv=N,hq=H,hkv=8,d=D,dtype=T with KALLPA_CPU_FLASH_STEP=16|8, alternated, ms:
-//   from DRAM: 32/8 D128 bf16, 262144 keys (1 GiB) 47.2-52.4 vs 36.3-38.5; 32/8 D64 f16, 524288
-//   keys 36.4-37.4 vs 34.3-36.0; 8/8 D128 f16, 262144 keys 30.3-32.4 vs 25.3 (42.5 vs 36.5 while
-//   the host's DRAM was in its slow phase); 8/8 D64 f16, 524288 keys (4 lines a set) 22.1-23.8
-//   vs 23.4-24.9, so MHA keeps 16 there; rows 384 bytes apart (SmolLM2's 3 KV heads of D64 f16,
-//   paged page=16, 1048576 keys, one line a set) even, 34.1-38.5 vs 34.4-36.3.
-//   in cache, 32/8 D64 f16: 1024 keys (2 MiB) 0.063 vs 0.066-0.067, 4096 (8 MiB) 0.249-0.293 vs
-//   0.260-0.303, 8192 and 16384 mixed (0.504-0.540 vs 0.510-0.516; 1.05-1.17 vs 1.09-1.24),
-//   32768 (64 MiB, a throwaway build) 2.25-2.31 vs 2.15-2.21; 32/8 D128 bf16, 4096 keys (16 MiB)
-//   0.479-0.506 vs 0.471-0.473. Hence the 8 MiB floor.
-// In throwaway builds (not kept), steps of 32 or 64 keys were 1.4x and 1.9x slower for 32/8 D64,
-// 4 keys 1.1x for 32/8 D128. Options::decode_step (KALLPA_CPU_FLASH_STEP) overrides the choice.
+// evict them. Below 8 MiB the call's K/V stay in L2/L3 and the long step is as fast.
 inline constexpr double kDecodeShortStepsMinBytes = 8.0 * 1024 * 1024;
-inline constexpr std::int64_t kDecodeLongStepKeys = 16;  // v9 / v10's step on AVX-512 (its lanes)
+inline constexpr std::int64_t kDecodeLongStepKeys = 16;  // the lanes kernels' step on AVX-512 (its lanes)
+// Whether one head's rows of a 16-key step crowd an L1 set, as decode_short_steps judges it.
+bool decode_steps_crowd_l1(const ValidatedProblem& problem);
 bool decode_short_steps(const ValidatedProblem& problem, double kv_bytes);
 
-// The automatic decode kernel for a call that reads kv_bytes of K/V: on 16-lane targets v9, in
-// cache and streamed alike; elsewhere v4 up to kDecodeDirectMaxBytes, v8 beyond. On the AVX-512
-// Xeon (session 15, build/bench/cpu_flash_bench --benchmark_filter='^decode(_gqa|_gqa3)?/.*skv512/
-// (v4_direct|v8_grouped8|v9_lanes)' --benchmark_repetitions=6
-// --benchmark_enable_random_interleaving=true, medians): one thread,
-// 512 keys (in L2), v9 against v4 / v8: 8/8 heads D64 f16 23.6 vs 20.3 / 19.8 GFLOP/s, 9/3 heads
-// 38.5 vs 34.1 / 26.6; all threads, 32/8 heads 60-71 vs 46-66 on f16/bf16 D64/D128; 4096 keys
-// (in L3) and 256 MiB from DRAM it is even with v8 within the noise (8/8 D128 11.1 vs 11.3 GB/s,
-// 32/8 D64 7.4 vs 6.9). AVX2 keeps its measured choices: v9 there is v8's walk, unmeasured.
-// On AMD, v10 instead of v9 (its dots on 256-bit halves: Zen 4 runs 512-bit operations as two
-// halves, where the full-width tree competes with the FMAs). 2-core Zen 4 EPYC, session 22,
-// KALLPA_CPU_FLASH_DECODE=v9|v10 kallpa bench attention -b cpu-flash -t 2 --spec
-// b=1,sq=1,skv=32768,hq=32,hkv=8,d=64,dtype=f16 (and the heads, d, dtype, skv and kv=paged,page=16
-// below), alternated, ms:
-// 32/8 D64 f16 32768 keys 2.29-2.63 vs 2.58-2.67; 8/8 D128 f16 5.45-6.28 vs 5.97-6.59; paged 9/3
-// D64 0.70-0.72 vs 0.74; 32/8 D128 bf16 6.78-7.68 vs 7.12-7.35; 8/8 D64 2048 keys 0.059 vs 0.062.
-inline DecodeKernel automatic_decode_kernel(double kv_bytes) {
-  if (decode_v9_step_keys() >= 16) return cpu_is_amd() ? DecodeKernel::half_dots : DecodeKernel::lanes;
-  return kv_bytes <= kDecodeDirectMaxBytes ? kDecodeAutoInCache : kDecodeAutoStreamed;
-}
+// The facts the decode kernel choice depends on; all of it, so that the rule is a pure function.
+struct DecodeFacts {
+  int simd_lanes = 8;        // float lanes of the SIMD target in use (decode_lane_keys)
+  bool amd = false;          // cpu_is_amd()
+  bool kv_in_place = true;   // the kernels can read K/V where they lie (KvInPlace)
+  double kv_bytes = 0.0;     // K/V bytes the call reads (DecodePlan::kv_bytes)
+  bool steps_crowd_l1 = false;  // decode_steps_crowd_l1
+};
+struct DecodeChoice {
+  DecodeKernel kernel = DecodeKernel::by_head;
+  bool short_steps = false;  // DecodePlan::short_steps: the lanes kernels on AVX-512 in steps of 8
+  friend bool operator==(const DecodeChoice&, const DecodeChoice&) = default;
+};
 
-// The prefill v3 softmax exp on n values (for tests).
+// The rule:
+//   - layouts that cannot be read in place: by_head (it converts each block to f32 first);
+//   - 16-lane targets (AVX-512): lanes, or lanes_half_dots on AMD (Zen 4 runs 512-bit operations
+//     as two halves, where the half-width reduction tree is cheaper), in cache and streamed alike;
+//   - narrower targets (AVX2 and below): by_head up to kDecodeInCacheMaxBytes of K/V, grouped beyond.
+// Steps of 8 keys for the lanes kernels on AVX-512 where more than kDecodeShortStepsMinBytes of K/V
+// crowd the L1 sets (decode_short_steps).
+constexpr DecodeChoice choose_decode_kernel(const DecodeFacts& f) {
+  DecodeChoice c;
+  c.short_steps = f.simd_lanes >= kDecodeLongStepKeys && f.kv_bytes > kDecodeShortStepsMinBytes && f.steps_crowd_l1;
+  if (!f.kv_in_place) c.kernel = DecodeKernel::by_head;
+  else if (f.simd_lanes >= 16) c.kernel = f.amd ? DecodeKernel::lanes_half_dots : DecodeKernel::lanes;
+  else c.kernel = f.kv_bytes <= kDecodeInCacheMaxBytes ? DecodeKernel::by_head : DecodeKernel::grouped;
+  if (c.kernel != DecodeKernel::lanes && c.kernel != DecodeKernel::lanes_half_dots) c.short_steps = false;
+  return c;
+}
+// The facts of a call on this machine.
+DecodeFacts decode_facts(const ValidatedProblem& problem, const DecodePlan& plan);
+
+// The online softmax's exp (FastExp) on n values (for tests).
 void fast_exp(const float* x, float* y, std::size_t n);
 
 std::string fast_target_name();              // the target the dispatcher uses now

@@ -1,20 +1,20 @@
-// cpu-flash decode kernels (few query rows per KV head, long KV), compiled once per Highway target
-// and dispatched at run time.
+// cpu-flash decode, head by head (DecodeKernel::by_head): the kernel for calls whose K/V stay in
+// cache on targets narrower than 16 lanes, and for every K/V layout that the other decode kernels
+// cannot read in place. Compiled once per Highway target and dispatched at run time.
 //
-// Decode reads every K/V byte once for very little arithmetic, so the kernel is built around the
-// memory stream: a task walks its chunk of keys in blocks of kDecodeBlock key rows, and for each
-// block handles every KV head while the block's rows are in L1/L2 (a key row of a dense, packed or
-// paged cache holds all heads side by side), prefetching the next block head by head. Per head it
-// converts the block to f32 once (F16C / bf16 shifts) and serves all the query rows of the GQA
-// group from it: dot products four keys at a time with a transposing reduction, an online softmax
-// vectorised over keys, and a register-blocked P·V with lanes along the head dim. Rows of one
-// query position go three at a time (GQA groups of 3, e.g. SmolLM2's 9/3 heads), else two.
-//
-// v5 (stream, the choice once K/V outgrow the caches) walks each block in memory order instead:
-// four key rows across every head at a time, and K and V are each prefetched a fixed number of
-// keys ahead into L2 as one forward stream per thread (see StreamBlock).
+// A task walks its chunk of keys in blocks of kDecodeBlock key rows, and for each block handles
+// every KV head while the block's rows are in L1/L2 (a key row of a dense, packed or paged cache
+// holds all heads side by side), prefetching the next block head by head. K/V rows are read in
+// place where the layout allows it (KvInPlace: F16C / bf16 promotion in registers); otherwise each
+// head's block is first converted to f32 rows in scratch. All the query rows of the GQA group are
+// served from each key: dot products four keys at a time with a transposing reduction, an online
+// softmax vectorised over keys, and a register-blocked P·V with lanes along the head dim. Rows of
+// one query position go three at a time (GQA groups of 3, e.g. SmolLM2's 9/3 heads), else two.
+// Head by head needs the fewest instructions per key while the call's K/V are in cache; from
+// beyond the caches the memory-order walks of decode_grouped.cpp and decode_lanes.cpp keep the
+// memory busier (docs/cpu-flash.md).
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "backends/cpu-flash/flash_decode.cpp"
+#define HWY_TARGET_INCLUDE "backends/cpu-flash/decode_by_head.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/cache_control.h"
@@ -254,183 +254,10 @@ void DirectHead(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, cons
   ProcessBlock<T>(c, kvh, j0, nb, a_i, e_i, kr, c.D, vr, c.Dv, &pf);
 }
 
-// ---------------------------------------------------------------------------------------------
-// v5 stream: a block is walked in memory order. Scores go four keys at a time across every KV
-// head (the four key rows, all heads, are a few KiB side by side), then the softmax of every row,
-// then P·V four keys at a time across every head; so K and V are each read as one forward stream
-// per thread, and a software prefetch runs a fixed number of keys ahead of each stream into L2.
-
-
-// s[rb][j + u] = <q[rb], k[u]> for u < 4 (RB rows of one KV head against four key rows).
-template <int RB, typename T>
-HWY_INLINE void StreamDots(Ctx& c, std::int64_t kvh, std::int64_t first_row, const T* const* k, std::int64_t nk,
-                           std::int64_t j, float* s_rows) {
-  const float* q[RB];
-  float* s[RB];
-  for (int rb = 0; rb < RB; ++rb) {
-    q[rb] = c.q + (kvh * c.R + first_row + rb) * c.Dp;
-    s[rb] = s_rows + (first_row + rb) * kDecodeBlock + j;
-  }
-  if (nk == 4) {
-    Dots4<RB>(q, k, c.D, 0, s);
-  } else {
-    for (std::int64_t u = 0; u < nk; ++u) {
-      float* su[RB];
-      for (int rb = 0; rb < RB; ++rb) su[rb] = s[rb] + u;
-      Dots1<RB>(q, k + u, c.D, 0, su);
-    }
-  }
-}
-
-template <int RB, typename T>
-HWY_INLINE void StreamPv(Ctx& c, std::int64_t kvh, std::int64_t first_row, const T* const* v, std::int64_t a,
-                         std::int64_t e, const float* s_rows) {
-  const float* p[RB];
-  float* o[RB];
-  for (int rb = 0; rb < RB; ++rb) {
-    p[rb] = s_rows + (first_row + rb) * kDecodeBlock;
-    o[rb] = c.acc + (kvh * c.R + first_row + rb) * c.Dvp;
-  }
-  Pv<RB>(v, c.Dv, p, a, e, o);
-}
-
-// The P.V half of a streamed block (v5 and v6): 4 value rows across every KV head at a time, in
-// memory order, V prefetched `ahead` keys in front, a slice of a step's rows per head.
-template <typename T>
-void StreamPvPass(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i, const std::int64_t* e_i,
-                  const std::int64_t* voff, StreamPrefetcher& vpf, std::int64_t ahead) {
-  const T* vb = static_cast<const T*>(c.p->v.data);
-  for (std::int64_t u0 = 0; u0 < nb; u0 += 4) {
-    const std::int64_t nk = std::min<std::int64_t>(4, nb - u0);
-    for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
-      vpf.until(j0 + u0 + ahead + (kvh + 1) * nk / c.hkv);
-      const T* v[kDecodeBlock];
-      for (std::int64_t u = u0; u < u0 + nk; ++u) v[u] = vb + voff[u] + kvh * c.vhs;
-      const float* s_rows = c.s_all + kvh * c.R * kDecodeBlock;
-      ForRowGroups(c, a_i, e_i, [&](std::int64_t i, std::int64_t row, auto rb) {
-        // Only the row's visible keys: a masked value may be NaN and must not be read.
-        const std::int64_t a = std::max(a_i[i], u0), e = std::min(e_i[i], u0 + nk - 1);
-        if (a <= e) StreamPv<decltype(rb)::value>(c, kvh, row, v, a, e, s_rows);
-      });
-    }
-  }
-}
-
-template <typename T>
-void StreamBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i, const std::int64_t* e_i,
-                 const std::int64_t* koff, const std::int64_t* voff, StreamPrefetcher& kpf, StreamPrefetcher& vpf) {
-  const T* kb = static_cast<const T*>(c.p->k.data);
-  const std::int64_t ahead = PrefetchKeys(kDecodeStreamPrefetchKeys);
-  for (std::int64_t u0 = 0; u0 < nb; u0 += 4) {
-    const std::int64_t nk = std::min<std::int64_t>(4, nb - u0);
-    kpf.until(j0 + u0 + nk + ahead);
-    for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
-      const T* k[4];
-      for (std::int64_t u = 0; u < nk; ++u) k[u] = kb + koff[u0 + u] + kvh * c.khs;
-      float* s_rows = c.s_all + kvh * c.R * kDecodeBlock;
-      ForRowGroups(c, a_i, e_i, [&](std::int64_t, std::int64_t row, auto rb) {
-        StreamDots<decltype(rb)::value>(c, kvh, row, k, nk, u0, s_rows);
-      });
-    }
-  }
-  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) SoftmaxRows(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * c.R * kDecodeBlock);
-  StreamPvPass<T>(c, j0, nb, a_i, e_i, voff, vpf, ahead);
-}
-
-// ---------------------------------------------------------------------------------------------
-// v6 fused: v5's walk in memory order (from L3 or DRAM it beats v4's head-by-head order 1.5-1.9x,
-// one thread, side by side), with one change: the prefetches of each step are spread over its
-// heads instead of issued as one burst per step (a burst of a step's rows fills the miss queues and
-// stalls the loads behind it: perf shows v6's first, burst-per-step version waiting in the
-// prefetch loop). Everything else is v5's.
-// Tried and dropped (bench/cpu_flash_bench.cpp, side by side): four rows per pass for GQA groups
-// of 4 (each f16 vector converted once; 18% fewer instructions than v5 in callgrind, yet 5-15%
-// slower than v5 when streaming), steps of eight keys (slower), the head-by-head order (slower),
-// three rows by two keys (within 16 registers where v5's 3 x 4 needs 17, but 7% more instructions
-// in callgrind and no gain side by side).
-
-// s[rb][u] = <q[rb], k[u]> for u < KU keys and RB rows, over len elements; each key vector is
-// loaded (and converted) once for all RB rows.
-template <int RB, int KU, typename T>
-HWY_INLINE void DotsRK(const float* const* q, const T* const* k, std::int64_t len, float* const* s) {
-  const DF d;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
-  VF acc[RB][KU];
-  for (int rb = 0; rb < RB; ++rb)
-    for (int u = 0; u < KU; ++u) acc[rb][u] = hn::Zero(d);
-  for (std::int64_t x = 0; x < len; x += N) {
-    VF kv[KU];
-    for (int u = 0; u < KU; ++u) kv[u] = LoadAsF32(k[u] + x);
-    for (int rb = 0; rb < RB; ++rb) {
-      const VF qv = hn::Load(d, q[rb] + x);
-      for (int u = 0; u < KU; ++u) acc[rb][u] = hn::MulAdd(qv, kv[u], acc[rb][u]);
-    }
-  }
-  if constexpr (KU == 4) {
-    for (int rb = 0; rb < RB; ++rb) Sum4(acc[rb][0], acc[rb][1], acc[rb][2], acc[rb][3], s[rb]);
-  } else {
-    for (int rb = 0; rb < RB; ++rb)
-      for (int u = 0; u < KU; ++u) s[rb][u] = SumLanes(d, acc[rb][u]);
-  }
-}
-
-// Keys per dot step for RB rows (v5's four; four rows would take two).
-template <int RB>
-inline constexpr int kFusedKeys = RB >= 4 ? 2 : 4;
-
-template <int RB, typename T>
-HWY_INLINE void FusedScores(const float* const* q, const T* const* k, std::int64_t len, std::int64_t nb,
-                            float* const* s) {
-  constexpr int KU = kFusedKeys<RB>;
-  float* sj[RB];
-  std::int64_t j = 0;
-  for (; j + KU <= nb; j += KU) {
-    for (int rb = 0; rb < RB; ++rb) sj[rb] = s[rb] + j;
-    DotsRK<RB, KU>(q, k + j, len, sj);
-  }
-  for (; j < nb; ++j) {
-    for (int rb = 0; rb < RB; ++rb) sj[rb] = s[rb] + j;
-    DotsRK<RB, 1>(q, k + j, len, sj);
-  }
-}
-
-// One block in memory order: kDecodeFusedStep key rows across every KV head at a time for the
-// scores, the softmax of every row, then StreamPvPass (as v5); K and V each prefetched `ahead`
-// keys in front of the walk, a slice of a step's rows per head.
-template <typename T>
-void FusedBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i, const std::int64_t* e_i,
-                const std::int64_t* koff, const std::int64_t* voff, StreamPrefetcher& kpf, StreamPrefetcher& vpf,
-                std::int64_t ahead) {
-  const T* kb = static_cast<const T*>(c.p->k.data);
-  constexpr std::int64_t kStep = kDecodeFusedStep;
-  for (std::int64_t u0 = 0; u0 < nb; u0 += kStep) {
-    const std::int64_t nk = std::min(kStep, nb - u0);
-    for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
-      kpf.until(j0 + u0 + ahead + (kvh + 1) * nk / c.hkv);
-      const T* k[kStep];
-      for (std::int64_t u = 0; u < nk; ++u) k[u] = kb + koff[u0 + u] + kvh * c.khs;
-      float* s_rows = c.s_all + kvh * c.R * kDecodeBlock;
-      ForRowGroups(c, a_i, e_i, [&](std::int64_t, std::int64_t r, auto rb) {
-        constexpr int RB = decltype(rb)::value;
-        const float* q[RB];
-        float* s[RB];
-        for (int u = 0; u < RB; ++u) {
-          q[u] = c.q + (kvh * c.R + r + u) * c.Dp;
-          s[u] = s_rows + (r + u) * kDecodeBlock + u0;
-        }
-        FusedScores<RB>(q, k, c.D, nk, s);
-      });
-    }
-  }
-  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) SoftmaxRows(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * c.R * kDecodeBlock);
-  StreamPvPass<T>(c, j0, nb, a_i, e_i, voff, vpf, ahead);
-}
-
-
 }  // namespace
 
 void RunDecodeTaskImpl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
-                       std::byte* slots, std::int32_t* counters, DecodeKernel kernel) {
+                       std::byte* slots, std::int32_t* counters) {
   const AttentionProblem& p = vp.problem();
   Ctx c;
   InitTask(c, vp, plan, t, scratch);
@@ -441,19 +268,11 @@ void RunDecodeTaskImpl(const ValidatedProblem& vp, const DecodePlan& plan, const
   const std::int64_t v_bytes = ((c.Dv - 1) * c.vds + 1) * ves;
   // Direct: the kernels read K/V rows where they lie; otherwise each block is first converted to
   // f32 rows in scratch.
-  const bool direct = kernel != DecodeKernel::staged && KvInPlace(vp);
+  const bool direct = KvInPlace(vp);
   int cur = 0;
   if (t.k_begin < t.k_end)
     FillOffsets(c, t.k_begin, std::min(kDecodeBlock, t.k_end - t.k_begin), c.koff, c.voff);
   std::int64_t a_i[kDecodeMaxRows], e_i[kDecodeMaxRows];
-  const bool stream = direct && kernel == DecodeKernel::stream;
-  const bool fused = direct && kernel == DecodeKernel::fused;
-  const std::int64_t fused_ahead = PrefetchKeys(kDecodeStreamPrefetchKeys);
-  StreamPrefetcher kstream, vstream;
-  if (stream || fused) {
-    kstream.init(c, p.k, true, t.k_begin, t.k_end);
-    vstream.init(c, p.v, false, t.k_begin, t.k_end);
-  }
   for (std::int64_t j0 = t.k_begin; j0 < t.k_end; j0 += kDecodeBlock) {
     const std::int64_t nb = std::min(kDecodeBlock, t.k_end - j0);
     const std::int64_t jn = j0 + nb;
@@ -462,28 +281,14 @@ void RunDecodeTaskImpl(const ValidatedProblem& vp, const DecodePlan& plan, const
     const std::int64_t* voff = c.voff + cur * kDecodeBlock;
     std::int64_t* koffn = c.koff + (1 - cur) * kDecodeBlock;
     std::int64_t* voffn = c.voff + (1 - cur) * kDecodeBlock;
-    if (nbn > 0 && !stream && !fused) FillOffsets(c, jn, nbn, koffn, voffn);
+    if (nbn > 0) FillOffsets(c, jn, nbn, koffn, voffn);
     bool any = false;
     for (std::int64_t i = 0; i < c.sq; ++i) {
       a_i[i] = std::max(c.lo[i], j0) - j0;
       e_i[i] = std::min(c.hi[i], jn - 1) - j0;
       any |= a_i[i] <= e_i[i];
     }
-    if (fused) {
-      FillOffsets(c, j0, nb, c.koff, c.voff);
-      if (any) {
-        ForKvType(p.k.dtype, [&](auto type) {
-          FusedBlock<decltype(type)>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream, fused_ahead);
-        });
-      }
-    } else if (stream) {
-      FillOffsets(c, j0, nb, c.koff, c.voff);
-      if (any) {
-        ForKvType(p.k.dtype, [&](auto type) {
-          StreamBlock<decltype(type)>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream);
-        });
-      }
-    } else if (any) {
+    if (any) {
       for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
         const PrefetchList kpf{koffn, nbn, k_bytes}, vpf{voffn, nbn, v_bytes};
         switch (direct ? p.k.dtype : DType::f32) {
@@ -527,9 +332,9 @@ namespace kallpa::cpu_flash {
 
 HWY_EXPORT(RunDecodeTaskImpl);
 
-void run_decode_task(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task, void* scratch,
-                     std::byte* slots, std::int32_t* counters, DecodeKernel kernel) {
-  HWY_DYNAMIC_DISPATCH(RunDecodeTaskImpl)(problem, plan, task, scratch, slots, counters, kernel);
+void run_decode_by_head(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
+                        void* scratch, std::byte* slots, std::int32_t* counters) {
+  HWY_DYNAMIC_DISPATCH(RunDecodeTaskImpl)(problem, plan, task, scratch, slots, counters);
 }
 
 }  // namespace kallpa::cpu_flash

@@ -1,21 +1,20 @@
-// cpu-flash SIMD kernels, compiled once per Highway target and dispatched at run time.
+// cpu-flash's tiled path (prefill, and every problem that is not decode-shaped), compiled once per
+// Highway target and dispatched at run time.
 //
 // Two kernels share the tile loaders (any dtype, stride and KV layout -> contiguous f32 tiles):
 //  * rows kernel (a task has at least one vector of query rows): vectorised across query rows.
 //    q^T [D][Rp] is built once per task; per key tile S[j][r] = sum_d K[j][d] q^T[d][r] and
 //    o^T[dv][r] += sum_j V[j][dv] P[j][r] are register-blocked outer products (broadcast K/V,
 //    vectors of rows), and the online softmax runs vertically, one lane per row: no transposes of
-//    K or V and no horizontal reductions.
-//    Generation v3 (the default; v2 stays selectable, PrefillKernel) gives every tile a row stride
-//    of an odd number of cache lines: with v2's 512-byte strides a 128-row strip of q^T, S or V
-//    mapped to an eighth of the L1 sets and was evicted before its reuse (cachegrind, 32 KiB
-//    8-way L1, prefill D128 512x512: 18.7M D1 misses for v2, 3.3M for v3). It also folds the
-//    rescale of o into the P·V pass, skips the store pass of the softmax when a tile's scores are
-//    used as they are, and uses a cheaper exp (FastExp).
+//    K or V and no horizontal reductions. Every tile has a row stride of an odd number of cache
+//    lines (conflict_free_stride), so that a 128-row strip of q^T, S or V spreads over all the L1
+//    sets instead of an eighth of them; the rescale of o rides on the P·V pass, a tile whose
+//    scores are used as they are needs only a max pass, and the exp is FastExp.
 //  * decode kernel (few rows, e.g. Sq = 1): vectorised along the head dim, dot products of a few
 //    keys at once, per-row exact visible ranges.
+// docs/cpu-flash.md gives the reasoning and bench/results/cpu-flash-*.md the measurements.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "backends/cpu-flash/flash_kernels.cpp"
+#define HWY_TARGET_INCLUDE "backends/cpu-flash/prefill.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/cache_control.h"
@@ -47,10 +46,9 @@ using DI = hn::RebindToSigned<DF>;
 constexpr int kKB = 6;  // 32 vector registers: 6 x 4 accumulators + 4 row vectors + 1 broadcast
 constexpr int kC = 4;
 #else
-// 16 vector registers: 6 x 2 accumulators + 2 row vectors + 1 broadcast. The 4 x 3 block it
-// replaced left a one-vector panel of a 128-row task (16 vectors = 5 x 3 + 1) with 4 accumulators,
-// too few to cover the FMA latency, and ran D128 prefill ~20% slower on Zen 3 (one thread, best of
-// repeated runs, 512 and 2048 keys, causal or not); D64 was even.
+// 16 vector registers: 6 x 2 accumulators + 2 row vectors + 1 broadcast. Two row vectors rather
+// than three, so that a one-vector panel of a 128-row task (16 vectors) still has six
+// accumulators, enough FMA chains to cover the latency.
 constexpr int kKB = 6;
 constexpr int kC = 2;
 #endif
@@ -77,7 +75,7 @@ inline void StoreScalar(const TensorView& t, std::int64_t idx, float v) {
 }
 
 // t.data[off + x * stride] = src[x] for x < n, converted to t's dtype (f16 by F16C where the row is
-// contiguous: a scalar conversion per element was a tenth of a prefill task's instructions).
+// contiguous: a scalar conversion per element would be a tenth of a prefill task's instructions).
 void StoreRow(const TensorView& t, std::int64_t off, std::int64_t stride, std::int64_t n, const float* HWY_RESTRICT src) {
   std::int64_t x = 0;
   if (stride == 1 && t.dtype == DType::f32) {
@@ -186,22 +184,6 @@ HWY_INLINE void GemmColsAny(std::size_t vecs, const float* a, std::size_t a_kk, 
   GemmCols<1>(a, a_kk, a_l, b, b_l, L, out, out_kk, K, accumulate, colscale);
 }
 
-// out[kk][r] (+)= sum_l A(kk, l) B[l][r] for kk < K, r < rvecs * N (out, b row strides in floats);
-// with colscale, out[kk][r] = colscale[r] * out[kk][r] + sum_l ...
-void Gemm(const float* a, std::size_t a_kk, std::size_t a_l, const float* b, std::size_t b_l, std::size_t L,
-          float* out, std::size_t out_kk, std::size_t K, std::size_t rvecs, bool accumulate,
-          const float* colscale = nullptr) {
-  const DF d;
-  const std::size_t N = hn::Lanes(d);
-  auto cs = [&](std::size_t rv) { return colscale == nullptr ? nullptr : colscale + rv * N; };
-  std::size_t rv = 0;
-  for (; rv + kC <= rvecs; rv += kC)
-    GemmCols<kC>(a, a_kk, a_l, b + rv * N, b_l, L, out + rv * N, out_kk, K, accumulate, cs(rv));
-  for (; rv + 2 <= rvecs; rv += 2)
-    GemmCols<2>(a, a_kk, a_l, b + rv * N, b_l, L, out + rv * N, out_kk, K, accumulate, cs(rv));
-  for (; rv < rvecs; ++rv) GemmCols<1>(a, a_kk, a_l, b + rv * N, b_l, L, out + rv * N, out_kk, K, accumulate, cs(rv));
-}
-
 struct TaskCtx {
   const ValidatedProblem* vp;
   const AttentionProblem* p;
@@ -209,7 +191,6 @@ struct TaskCtx {
   ScratchLayout L;
   std::int64_t R, Rp, D, Dv, Dp, Dvp;
   std::int64_t Rs, Ks, Vs;  // row strides of q^T/S/o^T, the key tile and the value tile (floats)
-  bool v3;                  // prefill v3: folded rescale, fast exp
   float* alpha;
   float* q;
   float* s;
@@ -301,7 +282,6 @@ void RowsKernel(TaskCtx& c) {
   const std::int64_t Rp = c.Rp, Rs = c.Rs;
   const std::size_t rvecs = static_cast<std::size_t>(Rp / N);
   const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-  auto exp = [&](VF x) { return c.v3 ? FastExp(d, x) : ExpKeepNaN(d, x); };
 
   // Row panels of the register-blocked products (as Gemm splits them) and the keys their rows see.
   struct Panel {
@@ -309,7 +289,7 @@ void RowsKernel(TaskCtx& c) {
     std::int64_t lo = 0, hi = -1;
   };
   std::vector<Panel> panels;
-  if (c.v3) {
+  {
     std::size_t rv = 0;
     auto add = [&](std::size_t vecs) {
       Panel pn{rv, vecs, std::numeric_limits<std::int64_t>::max(), -1};
@@ -344,26 +324,21 @@ void RowsKernel(TaskCtx& c) {
     if (!any) continue;
     const bool v_bad = LoadKvTile(c, j0, nk, !full);
 
-    // S[jj][r] = sum_d K[jj][d] q^T[d][r]; v3: per row panel, only the keys a row of the panel
+    // S[jj][r] = sum_d K[jj][d] q^T[d][r], per row panel over only the keys a row of the panel
     // sees (on a causal diagonal tile about half the tile); the rest of S is masked below.
-    if (c.v3) {
-      for (std::size_t pi = 0; pi < panels.size(); ++pi) {
-        const Panel& pn = panels[pi];
-        const std::int64_t kb = std::clamp<std::int64_t>(pn.lo - j0, 0, nk), ke = std::min<std::int64_t>(pn.hi - j0 + 1, nk);
-        if (kb >= ke) continue;
-        GemmColsAny(pn.vecs, c.k + kb * c.Ks, static_cast<std::size_t>(c.Ks), 1, c.q + pn.rv * N,
-                    static_cast<std::size_t>(Rs), static_cast<std::size_t>(c.D), c.s + kb * Rs + pn.rv * N,
-                    static_cast<std::size_t>(Rs), static_cast<std::size_t>(ke - kb), false, nullptr);
-      }
-    } else {
-      Gemm(c.k, static_cast<std::size_t>(c.Ks), 1, c.q, static_cast<std::size_t>(Rs), static_cast<std::size_t>(c.D), c.s,
-           static_cast<std::size_t>(Rs), static_cast<std::size_t>(nk), rvecs, false);
+    for (std::size_t pi = 0; pi < panels.size(); ++pi) {
+      const Panel& pn = panels[pi];
+      const std::int64_t kb = std::clamp<std::int64_t>(pn.lo - j0, 0, nk), ke = std::min<std::int64_t>(pn.hi - j0 + 1, nk);
+      if (kb >= ke) continue;
+      GemmColsAny(pn.vecs, c.k + kb * c.Ks, static_cast<std::size_t>(c.Ks), 1, c.q + pn.rv * N,
+                  static_cast<std::size_t>(Rs), static_cast<std::size_t>(c.D), c.s + kb * Rs + pn.rv * N,
+                  static_cast<std::size_t>(Rs), static_cast<std::size_t>(ke - kb), false, nullptr);
     }
 
     // Online softmax, one lane per row.
-    const bool fold = c.v3 && !v_bad;  // the rescale of o rides on the P·V pass
-    // v3: scores used as they are (no softcap, ALiBi or mask in this tile) need only a max pass.
-    const bool plain = c.v3 && full && !(c.softcap > 0.0f) && !c.alibi;
+    const bool fold = !v_bad;  // the rescale of o rides on the P·V pass
+    // Scores used as they are (no softcap, ALiBi or mask in this tile) need only a max pass.
+    const bool plain = full && !(c.softcap > 0.0f) && !c.alibi;
     for (std::int64_t r0 = 0; r0 < Rp; r0 += N) {
       VF mt = neg_inf;
       if (plain) {
@@ -394,22 +369,13 @@ void RowsKernel(TaskCtx& c) {
       const VF m_old = hn::Load(d, c.m + r0);
       const VF m_new = hn::Max(m_old, mt);
       const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
-      const VF alpha = exp(hn::Sub(m_old, m_use));
+      const VF alpha = FastExp(d, hn::Sub(m_old, m_use));
       VF sum = hn::Zero(d);
-      if (c.v3) {
-        for (std::int64_t jj = 0; jj < nk; ++jj) {
-          float* sp = c.s + jj * Rs + r0;
-          const VF pj = FastExp(d, hn::Sub(hn::Load(d, sp), m_use));
-          hn::Store(pj, d, sp);
-          sum = hn::Add(sum, pj);
-        }
-      } else {
-        for (std::int64_t jj = 0; jj < nk; ++jj) {
-          float* sp = c.s + jj * Rs + r0;
-          const VF pj = ExpKeepNaN(d, hn::Sub(hn::Load(d, sp), m_use));
-          hn::Store(pj, d, sp);
-          sum = hn::Add(sum, pj);
-        }
+      for (std::int64_t jj = 0; jj < nk; ++jj) {
+        float* sp = c.s + jj * Rs + r0;
+        const VF pj = FastExp(d, hn::Sub(hn::Load(d, sp), m_use));
+        hn::Store(pj, d, sp);
+        sum = hn::Add(sum, pj);
       }
       hn::Store(hn::MulAdd(hn::Load(d, c.l + r0), alpha, sum), d, c.l + r0);
       hn::Store(m_new, d, c.m + r0);
@@ -424,21 +390,16 @@ void RowsKernel(TaskCtx& c) {
     }
 
     if (!v_bad) {
-      // o^T[dv][r] (= alpha[r] o^T[dv][r]) += sum_jj V[jj][dv] P[jj][r]; v3: over the keys the
-      // panel sees (P is exactly 0 elsewhere; an empty range still applies the rescale).
-      if (c.v3) {
-        for (std::size_t pi = 0; pi < panels.size(); ++pi) {
-          const Panel& pn = panels[pi];
-          const std::int64_t kb = std::clamp<std::int64_t>(pn.lo - j0, 0, nk);  // lo: INT64_MAX when empty
-          const std::int64_t ke = std::max(kb, std::min<std::int64_t>(pn.hi - j0 + 1, nk));
-          GemmColsAny(pn.vecs, c.v + kb * c.Vs, 1, static_cast<std::size_t>(c.Vs), c.s + kb * Rs + pn.rv * N,
-                      static_cast<std::size_t>(Rs), static_cast<std::size_t>(ke - kb), c.o + pn.rv * N,
-                      static_cast<std::size_t>(Rs), static_cast<std::size_t>(c.Dv), true,
-                      fold ? c.alpha + pn.rv * N : nullptr);
-        }
-      } else {
-        Gemm(c.v, 1, static_cast<std::size_t>(c.Vs), c.s, static_cast<std::size_t>(Rs), static_cast<std::size_t>(nk), c.o,
-             static_cast<std::size_t>(Rs), static_cast<std::size_t>(c.Dv), rvecs, true, fold ? c.alpha : nullptr);
+      // o^T[dv][r] (= alpha[r] o^T[dv][r]) += sum_jj V[jj][dv] P[jj][r] over the keys the panel
+      // sees (P is exactly 0 elsewhere; an empty range still applies the rescale).
+      for (std::size_t pi = 0; pi < panels.size(); ++pi) {
+        const Panel& pn = panels[pi];
+        const std::int64_t kb = std::clamp<std::int64_t>(pn.lo - j0, 0, nk);  // lo: INT64_MAX when empty
+        const std::int64_t ke = std::max(kb, std::min<std::int64_t>(pn.hi - j0 + 1, nk));
+        GemmColsAny(pn.vecs, c.v + kb * c.Vs, 1, static_cast<std::size_t>(c.Vs), c.s + kb * Rs + pn.rv * N,
+                    static_cast<std::size_t>(Rs), static_cast<std::size_t>(ke - kb), c.o + pn.rv * N,
+                    static_cast<std::size_t>(Rs), static_cast<std::size_t>(c.Dv), true,
+                    fold ? c.alpha + pn.rv * N : nullptr);
       }
     } else {
       // Non-finite values in a partly masked tile: never touch a value a row cannot see.
@@ -587,8 +548,7 @@ void FastExpArray(const float* x, float* y, std::size_t n) {
 
 // ---------------------------------------------------------------------------------------------
 
-void RunFastTaskImpl(const ValidatedProblem& vp, const Plan& plan, const Task& t, void* scratch, float* partial,
-                     PrefillKernel kernel) {
+void RunFastTaskImpl(const ValidatedProblem& vp, const Plan& plan, const Task& t, void* scratch, float* partial) {
   const DF d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   const AttentionProblem& p = vp.problem();
@@ -618,10 +578,10 @@ void RunFastTaskImpl(const ValidatedProblem& vp, const Plan& plan, const Task& t
   c.alibi = p.alibi_slopes != nullptr;
   const bool rows_kernel = c.R >= N;
   c.Rp = rows_kernel ? round_up(c.R, N) : c.R;
-  c.v3 = rows_kernel && kernel == PrefillKernel::padded;
-  c.Rs = c.v3 ? c.L.rs : c.Rp;
-  c.Ks = c.v3 ? c.L.ks : c.Dp;
-  c.Vs = c.v3 ? c.L.vs : c.Dvp;
+  // The rows kernel's tiles take the conflict-free strides; the decode kernel's the padded dims.
+  c.Rs = rows_kernel ? c.L.rs : c.Rp;
+  c.Ks = rows_kernel ? c.L.ks : c.Dp;
+  c.Vs = rows_kernel ? c.L.vs : c.Dvp;
   c.alpha = reinterpret_cast<float*>(base + c.L.alpha);
 
   const std::int32_t group = vp.group_size();
@@ -707,8 +667,8 @@ HWY_EXPORT(FastExpArray);
 void fast_exp(const float* x, float* y, std::size_t n) { HWY_DYNAMIC_DISPATCH(FastExpArray)(x, y, n); }
 
 void run_fast_task(const ValidatedProblem& problem, const Plan& plan, const Task& task, void* scratch,
-                   float* partial, PrefillKernel kernel) {
-  HWY_DYNAMIC_DISPATCH(RunFastTaskImpl)(problem, plan, task, scratch, partial, kernel);
+                   float* partial) {
+  HWY_DYNAMIC_DISPATCH(RunFastTaskImpl)(problem, plan, task, scratch, partial);
 }
 
 std::vector<std::string> fast_target_names() {

@@ -1,5 +1,5 @@
-// cpu-flash decode v7 ("grouped"): the query heads that share a KV head are served together from
-// each K/V element loaded once.
+// cpu-flash kernel lab: decode v7 ("grouped"), the first kernel to serve the query heads that
+// share a KV head together from each K/V element loaded once.
 //
 // v5/v6 walk a block in memory order (four key rows across every head at a time), which streams
 // from DRAM well, but their kernels take the rows of a GQA group two at a time, so each K/V vector
@@ -10,24 +10,55 @@
 //   - scores: up to four rows of one query position against two keys at a time (one conversion of
 //     each K vector feeds every row; RB x KU accumulators within 16 vector registers), only over
 //     the keys each query can see, with pairwise transposing reductions;
-//   - the online softmax of v5 with prefill v3's cheaper exp, over the visible keys' vectors;
+//   - the online softmax of v5 with the prefill's cheaper exp, over the visible keys' vectors, every
+//     row through the masking pass (GroupedSoftmaxMasked);
 //   - P·V with the accumulators of up to four rows x a slice of the head dim in registers over
 //     the step's eight keys (one conversion of each V vector per slice).
-// Callgrind, 32/8 heads D64 f16, 512 keys: 590k instructions against v5's 826k and v4's 573k.
-// A walk head by head over the whole block (the accumulators in registers for 64 keys) needs 475k,
-// yet ran 1.5-2x slower than this walk from beyond the caches, side by side.
-// Layouts that the kernels cannot read in place (strided head dims, head dims that are not whole
-// vectors, mixed K/V dtypes) go to v6, which converts them first.
+// Production's grouped kernel is v7 with fewer instructions per key (one reduction tree per step,
+// whole steps of P·V unrolled, row groups planned once per task, the masking pass skipped for rows
+// that see a whole block, lazy rescaling); its lanes kernels widen the step to the vector's lanes.
+//
+// Checks itself against the reference, then times itself against production (the automatic choice
+// and the grouped kernel): build with -DKALLPA_BUILD_LAB=ON, run build/bench/lab/cpu-flash/
+// cpu_flash_lab_decode_v7.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "backends/cpu-flash/decode_v7.cpp"
+#define HWY_TARGET_INCLUDE "bench/lab/cpu-flash/decode_v7.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "backends/cpu-flash/decode_grouped-inl.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "bench/lab/cpu-flash/lab.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kallpa::cpu_flash {
 namespace HWY_NAMESPACE {
 namespace {
+
+// Online softmax of the rows of KV head kvh over the block's keys [j0, j0 + nb), every row through
+// the masking pass (production's GroupedSoftmax skips it for rows that see the whole block).
+void GroupedSoftmaxMasked(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
+                          const std::int64_t* e_i, float* s_rows) {
+  const DF d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  (void)nb;
+  ForSeeingRows(c, a_i, e_i, [&](std::int64_t r, std::int64_t i, std::int64_t a, std::int64_t e) {
+    const std::int64_t row = kvh * c.R + r;
+    float* s = s_rows + r * kDecodeGroupedBlock;
+    const std::int64_t x0 = a / N * N;
+    const float m_old = c.m[row];
+    const std::int32_t h = static_cast<std::int32_t>(kvh * c.G + r % c.G);
+    const float m_new = MaskScoresAndMax(c, s, x0, e + 1, h, i, j0, a, e, m_old);
+    const float m_use = m_new == kNegInf ? 0.0f : m_new;
+    const VF sum = ExpInPlaceAndSum(s, x0, e + 1, m_use);
+    UpdateRow(c, row, m_new, std::exp(m_old - m_use), SumLanes(d, sum));
+  });
+}
 
 constexpr std::int64_t kB7 = kDecodeGroupedBlock;
 // Keys per step of the walk across every head: a multiple of every dot kernel's key count.
@@ -175,7 +206,7 @@ void GroupedBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* 
     }
   }
   for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh)
-    GroupedSoftmax<false>(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * c.R * kB7);
+    GroupedSoftmaxMasked(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * c.R * kB7);
   for (std::int64_t u0 = 0; u0 < nb; u0 += kGroupStep) {
     const std::int64_t nk = std::min(kGroupStep, nb - u0);
     for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
@@ -194,11 +225,9 @@ void GroupedBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* 
   }
 }
 
-}  // namespace
-
-void RunDecodeTaskV7Impl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
-                         std::byte* slots, std::int32_t* counters) {
-  const std::int64_t ahead = PrefetchKeys(grouped_prefetch_keys());
+void RunDecodeV7(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
+                 std::byte* slots, std::int32_t* counters) {
+  const std::int64_t ahead = grouped_prefetch_keys();
   RunGroupedTask(vp, plan, t, scratch, slots, counters, kB7,
                  [&](auto type, Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
                      const std::int64_t* e_i, StreamPrefetcher& kpf, StreamPrefetcher& vpf) {
@@ -206,10 +235,42 @@ void RunDecodeTaskV7Impl(const ValidatedProblem& vp, const DecodePlan& plan, con
                  });
 }
 
+}  // namespace
 }  // namespace HWY_NAMESPACE
 }  // namespace kallpa::cpu_flash
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-KALLPA_CPU_FLASH_DECODE_ENTRY(run_decode_task_v7, RunDecodeTaskV7Impl)
+namespace kallpa::cpu_flash {
+HWY_EXPORT(RunDecodeV7);
+namespace {
+
+void run_lab_kernel(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task, void* scratch,
+                    std::byte* slots, std::int32_t* counters) {
+  HWY_DYNAMIC_DISPATCH(RunDecodeV7)(problem, plan, task, scratch, slots, counters);
+}
+
+}  // namespace
+}  // namespace kallpa::cpu_flash
+
+int main() {
+  using namespace kallpa;
+  using namespace kallpa::cpu_flash;
+  const lab::Runner kernel = [](const ValidatedProblem& vp) { lab::run_decode(vp, &run_lab_kernel); };
+  const std::vector<lab::Shape> checks = {
+      {.b = 1, .sq = 1, .skv = 700, .hq = 8, .hkv = 8, .d = 64, .dt = DType::f16},
+      {.b = 2, .sq = 1, .skv = 5000, .hq = 32, .hkv = 8, .d = 128, .dt = DType::bf16},
+      {.b = 1, .sq = 2, .skv = 900, .hq = 9, .hkv = 3, .d = 64, .dt = DType::f16, .page = 16, .causal = true},
+      {.b = 1, .sq = 1, .skv = 300, .hq = 8, .hkv = 2, .d = 64, .dt = DType::f32},
+  };
+  std::printf("cpu-flash lab: decode v7 (grouped) (SIMD target %s)\n", CpuFlashBackend::simd_target().c_str());
+  if (!lab::check("decode v7", checks, kernel)) return 1;
+  const std::vector<lab::Shape> timed = {
+      {.b = 1, .sq = 1, .skv = 65536, .hq = 32, .hkv = 8, .d = 64, .dt = DType::f16},
+      {.b = 1, .sq = 1, .skv = 2048, .hq = 9, .hkv = 3, .d = 64, .dt = DType::f16, .page = 16},
+  };
+  lab::bench("decode v7", kernel, "production", Options{}, timed, 20);
+  lab::bench("decode v7", kernel, "grouped", Options{0, Path::fast, DecodeKernel::grouped}, timed, 20);
+  return 0;
+}
 #endif  // HWY_ONCE

@@ -1,50 +1,31 @@
-// cpu-flash decode v9 ("lanes"): v8's memory-order walk (StepWalk), block size and prefetch, with
-// a step of one key per vector lane, written for AVX-512, where v8's eight-key steps left most of
-// each core to overheads (perf annotate, 8/8 heads D64 f16, 512 keys in L2, one thread: ~30 cycles
-// per key and head, against ~12 for the f16 conversions and FMAs themselves).
-//   - A step is N keys (N = lanes: 16 on AVX-512; 8 on AVX2, where this is v8's walk). A pass of
-//     the dots holds RB rows x KU keys = N accumulators (three rows pad to four) and one
-//     transposing tree reduces them to one vector of N dots, stored to the score rows as pieces of
-//     KU lanes (v8 on AVX-512: two 4-way reductions per eight keys, a scratch array, scalar copies).
+// cpu-flash decode in steps of one key per vector lane (DecodeKernel::lanes and lanes_half_dots):
+// the decode kernel on 16-lane targets (AVX-512), in cache and streamed alike. Compiled once per
+// Highway target and dispatched at run time.
+//
+// The grouped kernel's memory-order walk (StepWalk), block size and prefetch, with a step of one
+// key per vector lane, so that on AVX-512 the overheads around the f16 conversions and FMAs shrink
+// to a small share of each key:
+//   - A step is N keys (N = lanes: 16 on AVX-512; 8 on AVX2). A pass of the dots holds RB rows x
+//     KU keys = N accumulators (three rows pad to four) and one transposing tree reduces them to
+//     one vector of N dots, stored to the score rows as pieces of KU lanes.
 //   - The dots hold a slice of each query row in registers while the pass's keys go over it, so a
-//     key's row pointer is read once per slice (v8: once per vector), unrolled so that GCC keeps
-//     the accumulators in registers.
+//     key's row pointer is read once per slice, unrolled so that GCC keeps the accumulators in
+//     registers.
 //   - P·V slices hold up to eight head-dim vectors for one or two rows (32 registers), and keys go
-//     round-robin to two or four accumulator sets when the slice has fewer than eight FMA chains:
-//     one D64 row on AVX-512 (four chains) was FMA-latency-bound, a third of the time.
-//   - No prefetch for a call whose K/V fits in cache (~8% of the time, fetching nothing).
-// On this Xeon the conversions bound it: vcvtph2ps + FMA sustain 48-54 GB/s of f16 per core
-// (build/bench/cpu_flash_bench --benchmark_filter=BM_F16ConvertFma1Core), and MHA decode reads
-// each K/V byte for one flop.
-// Decode v10 ("half_dots", the default on AMD) is this file's second entry: v9 with its dots on
-// 256-bit halves on AVX-512 (DotsTag, kDotsSets, KeepInRegister), for cores that run 512-bit
-// operations as two halves (Zen 4); everything else is v9's.
+//     round-robin to two or four accumulator sets when the slice has fewer than eight FMA chains
+//     (one D64 row on AVX-512 has four), so that the FMA latency stays hidden.
+//   - No prefetch for a call whose K/V fits in cache: there the prefetches fetch nothing.
+// With K/V in cache, the f16 conversions and FMAs bound it: MHA decode reads each K/V byte for one
+// flop. lanes_half_dots is this file's second entry: the dots on 256-bit halves on AVX-512
+// (DotsTag, kDotsSets, KeepInRegister), for cores that run 512-bit operations as two halves (AMD
+// Zen 4); everything else is shared.
 // On AVX-512 either kernel walks in steps of 8 keys instead of 16 where a 16-key step's rows would
 // crowd the L1 sets they map to (decode_short_steps, DecodePlan::short_steps; DotsShape narrows a
 // pass that would hold more keys than a step).
-// Tried on the 2-core Zen 4 in session 23 and not kept (32/8 D64 f16; decode_l1 = build/bench/
-// cpu_flash_bench --benchmark_filter='decode_l1_gqa/f16/d64/h32_8/sq1_skv65536/v10_half_dots_t1$',
-// DRAM = kallpa bench attention -b cpu-flash --spec b=1,sq=1,skv=524288,hq=32,hkv=8,d=64,dtype=f16):
-//   - the exp on each pass's dots (256-bit, before they are stored): decode_l1 7.97 ms against 7.35;
-//   - each step's softmax and P·V right after its dots (a step-wise lazy softmax with per-lane
-//     sums): decode_l1 7.12 against 6.85, one thread from DRAM 66.9-67.7 against 64.7-67.0 ms;
-//   - P·V in steps of 16 behind dots in steps of 8: even (decode_l1 7.05 against 7.0, DRAM
-//     34.5-35.6 against 34.3-35.6 ms);
-//   - prefetching every other line (for the adjacent-line prefetcher): DRAM 3.6x slower;
-//   - the prefetch distance in steps of 8 (16 to 64 keys): even, 34.0-35.7 ms.
-// Where decode_l1's 7.0 ms go (session 25: throwaway builds with StepWalk's call to the dots, to
-// P·V or to GroupedSoftmax removed, run through LD_LIBRARY_PATH alternately with the shipped
-// library, medians of 3): without the dots 4.28, without P·V 4.35-4.45, without the softmax
-// 6.25-6.33, without dots and P·V 1.65-1.86 ms. So dots ~2.7 and P·V ~2.65 ms against an FMA
-// floor of 2.33 each (one 512-bit FMA per cycle at ~3.6 GHz), softmax ~0.7, and the rest, the walk
-// (prefetch, row pointers, loop), ~0.9. Even a walk and softmax that cost nothing would leave the
-// kernel at ~87% of the FMA peak in L1 (it is at 66%) and, at the ~81% of its decode_l1 rate that
-// two threads keep in DRAM (session 23), ~71% from DRAM, where 70% of a 57-62 GB/s read asks 69-75%
-// of two cores doing 4 flops per K/V byte (their FMA peak, ~232 GFLOP/s by `kallpa bench peak`,
-// streams at most ~58 GB/s).
-// Layouts that the kernels cannot read in place run v6, as for v7 and v8.
+// Layouts that the kernels cannot read in place run by_head. docs/cpu-flash.md gives the design
+// reasoning; bench/results/cpu-flash-decode-lanes.md the measurements behind it.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "backends/cpu-flash/decode_v9.cpp"
+#define HWY_TARGET_INCLUDE "backends/cpu-flash/decode_lanes.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "backends/cpu-flash/decode_grouped-inl.h"
@@ -54,7 +35,7 @@ namespace kallpa::cpu_flash {
 namespace HWY_NAMESPACE {
 namespace {
 
-constexpr std::int64_t kB9 = kDecodeGroupedBlock;
+constexpr std::int64_t kBlock = kDecodeGroupedBlock;
 constexpr int kLanes = static_cast<int>(hn::MaxLanes(DF()));
 // Keys per step where a step of kLanes keys would crowd the L1 sets its rows map to
 // (decode_short_steps).
@@ -72,19 +53,14 @@ template <int RB>
 inline constexpr int kPaddedRows = RB == 3 ? 4 : RB;
 // Keys per dot pass on vectors of L lanes: RB x KU = one accumulator per lane. Zero where a
 // vector has fewer lanes than rows (the scalar target): the step then runs one key at a time.
-// With S sets of L accumulators (v10: two), RB x KU = S x L.
+// With S sets of L accumulators (half-width dots: two), RB x KU = S x L.
 template <int RB, int L, int S = 1>
-inline constexpr int kPassKeys9 = L >= kPaddedRows<RB> ? S * L / kPaddedRows<RB> : 0;
+inline constexpr int kPassKeys = L >= kPaddedRows<RB> ? S * L / kPaddedRows<RB> : 0;
 
-// The dots' vectors: full width (v9), or for v10 256-bit halves where vectors have 16 lanes. On a
-// core that runs 512-bit operations as two 256-bit halves (AMD Zen 4) the FMAs cost the same
-// either way, and the two 8-way trees of a half-width pass cost far less than the 16-way tree of
-// a full-width one. In the kernels (2-core EPYC, session 22, build/bench/cpu_flash_bench
-// --benchmark_filter='decode_l1_gqa/f16/d64/h32_8/sq1_skv4096/v(9_lanes|10_half_dots)_t1$'):
-// 15.6 GB/s v9, 17.8 v10 with K/V in L1. In a throwaway probe (not kept) of one pass of 4 rows x
-// 4 keys, D64 f16, keys in L1: 63.7 TSC cycles full width, 49.6 in halves, 45.9 for the FMAs with a
-// plain sum instead of the tree. Why, without performance counters, is not known: in another
-// throwaway probe every 256-bit shuffle, add and conversion overlapped with 256-bit FMAs.
+// The dots' vectors: full width (lanes), or 256-bit halves where vectors have 16 lanes
+// (lanes_half_dots). On a core that runs 512-bit operations as two 256-bit halves (AMD Zen 4) the
+// FMAs cost the same either way, and the two 8-way trees of a half-width pass cost far less than
+// the 16-way tree of a full-width one.
 template <bool kHalf>
 using DotsTag = std::conditional_t<kHalf && kLanes >= 16, hn::CappedTag<float, 8>, DF>;
 // Accumulator sets of a half-width pass: two trees of eight, so that a pass covers as many keys
@@ -93,12 +69,7 @@ template <bool kHalf>
 inline constexpr int kDotsSets = kHalf && kLanes >= 16 ? 2 : 1;
 
 // Pins a query vector in a register: without it GCC folds the load into every FMA that uses it
-// (a memory operand per FMA, seen in objdump -d of decode_v9.cpp.o), and the pass is bound by
-// loads (throwaway probe, not kept: half-width pass of 4 rows x 4 keys, D64 f16, keys in L1,
-// session 22: 60.1 TSC cycles folded, 51.6 pinned, 49.6 with every query vector held across
-// passes). In the kernel, half-width dots without the pin gave 0.522 ms against v9's 0.540-0.553
-// (`kallpa bench attention -b cpu-flash -t 1 --spec b=1,sq=1,skv=4096,hq=32,hkv=8,d=64,dtype=f16`,
-// KALLPA_CPU_FLASH_DECODE=v9|v10), with it 0.493-0.500.
+// (a memory operand per FMA, as objdump -d shows), and the pass is bound by loads.
 template <class V>
 HWY_INLINE void KeepInRegister(V& v) {
 #if HWY_ARCH_X86 && (defined(__GNUC__) || defined(__clang__)) && HWY_TARGET != HWY_SCALAR
@@ -111,7 +82,7 @@ HWY_INLINE void KeepInRegister(V& v) {
 // Head-dim vectors per P·V slice for RB rows: RB x C accumulators and C value vectors in the
 // target's registers.
 template <int RB>
-inline constexpr int kSlice9 = kVectorRegisters == 32 ? (RB <= 2 ? 8 : 4) : (RB == 1 ? 8 : RB == 2 ? 4 : RB == 3 ? 3 : 2);
+inline constexpr int kSlice = kVectorRegisters == 32 ? (RB <= 2 ? 8 : 4) : (RB == 1 ? 8 : RB == 2 ? 4 : RB == 3 ? 3 : 2);
 
 // Lane t of the result = the sum of the lanes of acc[t], for as many accumulators as lanes: one
 // transposing tree (within 128-bit blocks, then across them).
@@ -146,9 +117,9 @@ HWY_INLINE hn::Vec<DD> ReduceEachToLane(DD d, const hn::Vec<DD>* acc) {
 
 // Head-dim vectors of the query rows held in registers while the keys of a dot pass go over them:
 // RB x XC query vectors beside the kLanes accumulators, so that each key's row pointer is read
-// once per slice (not once per vector: v8 kept the keys outermost only within a vector).
+// once per slice, not once per vector.
 template <int RB>
-inline constexpr int kQuerySlice9 = kVectorRegisters == 32 ? (RB == 1 ? 8 : RB == 2 ? 4 : 2)
+inline constexpr int kQuerySlice = kVectorRegisters == 32 ? (RB == 1 ? 8 : RB == 2 ? 4 : 2)
                                                            : (RB == 1 ? 4 : RB == 2 ? 2 : 1);
 
 // acc[rb * KU + u] += <q[rb][x0, x0 + XC N), k[u][x0, x0 + XC N)> on vectors of N lanes (DD).
@@ -160,7 +131,7 @@ HWY_INLINE void DotsSlice(DD d, const float* HWY_RESTRICT q, std::int64_t qs, co
   for (int rb = 0; rb < RB; ++rb)
     for (int c = 0; c < XC; ++c) {
       qv[rb][c] = hn::Load(d, q + rb * qs + x0 + c * N);
-      if constexpr (N < kLanes) KeepInRegister(qv[rb][c]);  // v10 only: v9 stays as measured
+      if constexpr (N < kLanes) KeepInRegister(qv[rb][c]);  // half-width dots only
     }
   // Fully unrolled, or GCC keeps the accumulators in memory (one store per key and slice).
   HWY_UNROLL(16)
@@ -175,16 +146,16 @@ HWY_INLINE void DotsSlice(DD d, const float* HWY_RESTRICT q, std::int64_t qs, co
 }
 
 // Stores the pieces of KU lanes of v (lane rb * KU + u: row rb, key u) to the score rows: piece
-// `first` + i to out + (first + i) * kB9, for the rows below RB (a three-row pass pads to four).
+// `first` + i to out + (first + i) * kBlock, for the rows below RB (a three-row pass pads to four).
 // Halves of halves down to KU lanes: one store per row, where a scratch array and KU scalar copies
 // per row cost GQA's four-row passes (KU = 4 on AVX-512) more than their reduction.
 template <int RB, int KU, class D>
 HWY_INLINE void StoreRowPieces(D d, hn::Vec<D> v, float* HWY_RESTRICT out, int first) {
   constexpr int L = static_cast<int>(hn::MaxLanes(D()));
   if constexpr (L == KU) {
-    if (first < RB) hn::StoreU(v, d, out + first * kB9);
+    if (first < RB) hn::StoreU(v, d, out + first * kBlock);
   } else {
-#if HWY_TARGET != HWY_SCALAR  // one lane: every pass is one key (kPassKeys9 is 0 there)
+#if HWY_TARGET != HWY_SCALAR  // one lane: every pass is one key (kPassKeys is 0 there)
     const hn::Half<D> dh;
     StoreRowPieces<RB, KU>(dh, hn::LowerHalf(dh, v), out, first);
     StoreRowPieces<RB, KU>(dh, hn::UpperHalf(dh, v), out, first + L / KU / 2);
@@ -192,20 +163,20 @@ HWY_INLINE void StoreRowPieces(D d, hn::Vec<D> v, float* HWY_RESTRICT out, int f
   }
 }
 
-// s[rb * kB9 + u] = <q[rb], k[u]> for the RB rows (q rows qs floats apart) and the kStep keys of
+// s[rb * kBlock + u] = <q[rb], k[u]> for the RB rows (q rows qs floats apart) and the kStep keys of
 // a step, in passes of KU keys whose RB x KU dots (one per lane of S vectors of DD) reduce in S
 // trees: set j holds the dots rb * KU + u in [j N, j N + N).
 template <int RB, class DD, int S, int kStep, typename T>
 HWY_INLINE void DotsStep(const float* HWY_RESTRICT q, std::int64_t qs, const T* const* k, std::int64_t len,
                          float* HWY_RESTRICT s) {
   constexpr int N = static_cast<int>(hn::MaxLanes(DD()));
-  constexpr int KU = kPassKeys9<RB, N, S>;
+  constexpr int KU = kPassKeys<RB, N, S>;
   if constexpr (KU == 0) {
     DotsPart<RB>(q, qs, k, kStep, len, s);
   } else {
     static_assert(KU <= kStep && kStep % KU == 0, "a step is whole passes");
     const DD d;
-    constexpr int XC = kQuerySlice9<RB>;
+    constexpr int XC = kQuerySlice<RB>;
     for (int k0 = 0; k0 < kStep; k0 += KU) {
       hn::Vec<DD> acc[S * N];
       for (int t = 0; t < S * N; ++t) acc[t] = hn::Zero(d);
@@ -221,7 +192,7 @@ HWY_INLINE void DotsStep(const float* HWY_RESTRICT q, std::int64_t qs, const T* 
       for (int j = 0; j < S; ++j) {
         const hn::Vec<DD> dots = ReduceEachToLane(d, acc + j * N);
         if constexpr (KU >= N) {  // one row's keys [(j N) % KU, + N)
-          hn::StoreU(dots, d, s + (j * N / KU) * kB9 + k0 + (j * N) % KU);
+          hn::StoreU(dots, d, s + (j * N / KU) * kBlock + k0 + (j * N) % KU);
         } else {
           StoreRowPieces<RB, KU>(d, dots, s + k0, j * N / KU);
         }
@@ -232,18 +203,18 @@ HWY_INLINE void DotsStep(const float* HWY_RESTRICT q, std::int64_t qs, const T* 
 
 // Accumulator sets of a P·V slice: FMA chains in flight (RB x C x S) of at least eight, two FMA
 // ports times four cycles of latency; with one set, one row of D64 on AVX-512 (four chains, each
-// key's FMA waiting on the last) was latency-bound, a third of v9's first version's time.
+// key's FMA waiting on the last) is latency-bound.
 template <int RB, int C>
-inline constexpr int kPvSets9 = RB * C >= 8 ? 1 : RB * C >= 4 ? 2 : 4;
+inline constexpr int kPvSets = RB * C >= 8 ? 1 : RB * C >= 4 ? 2 : 4;
 
-// o[rb][x0 + c N] += sum_u p[rb * kB9 + u] v[u][x0 + c N] over the keys u < n, the accumulators
+// o[rb][x0 + c N] += sum_u p[rb * kBlock + u] v[u][x0 + c N] over the keys u < n, the accumulators
 // in registers (keys dealt round-robin to S sets, added at the end); KN > 0 fixes n at compile
 // time (a whole step: no per-key loop control).
 template <int RB, int C, int KN, typename T>
-HWY_INLINE void PvSlice9(const T* const* v, const float* HWY_RESTRICT p, std::int64_t n, float* HWY_RESTRICT o,
+HWY_INLINE void PvSlice(const T* const* v, const float* HWY_RESTRICT p, std::int64_t n, float* HWY_RESTRICT o,
                          std::int64_t os, std::int64_t x0) {
   const DF d;
-  constexpr int S = KN > 0 && KN % kPvSets9<RB, C> == 0 ? kPvSets9<RB, C> : 1;
+  constexpr int S = KN > 0 && KN % kPvSets<RB, C> == 0 ? kPvSets<RB, C> : 1;
   VF acc[S][RB][C];
   for (int rb = 0; rb < RB; ++rb)
     for (int c = 0; c < C; ++c) {
@@ -258,7 +229,7 @@ HWY_INLINE void PvSlice9(const T* const* v, const float* HWY_RESTRICT p, std::in
       VF vv[C];
       for (int c = 0; c < C; ++c) vv[c] = LoadAsF32(v[u] + x0 + c * kLanes);
       for (int rb = 0; rb < RB; ++rb) {
-        const VF pb = hn::Set(d, p[rb * kB9 + u]);
+        const VF pb = hn::Set(d, p[rb * kBlock + u]);
         for (int c = 0; c < C; ++c) acc[st][rb][c] = hn::MulAdd(pb, vv[c], acc[st][rb][c]);
       }
     }
@@ -274,32 +245,32 @@ HWY_INLINE void PvSlice9(const T* const* v, const float* HWY_RESTRICT p, std::in
 template <int RB, int KN, typename T>
 HWY_INLINE void PvStep(const T* const* v, const float* p, std::int64_t n, float* o, std::int64_t os,
                        std::int64_t len) {
-  constexpr int C = kSlice9<RB>;
+  constexpr int C = kSlice<RB>;
   std::int64_t x = 0;
-  for (; x + C * kLanes <= len; x += C * kLanes) PvSlice9<RB, C, KN>(v, p, n, o, os, x);
+  for (; x + C * kLanes <= len; x += C * kLanes) PvSlice<RB, C, KN>(v, p, n, o, os, x);
   if constexpr (C > 4) {
-    for (; x + 4 * kLanes <= len; x += 4 * kLanes) PvSlice9<RB, 4, KN>(v, p, n, o, os, x);
+    for (; x + 4 * kLanes <= len; x += 4 * kLanes) PvSlice<RB, 4, KN>(v, p, n, o, os, x);
   }
   if constexpr (C > 2) {
-    for (; x + 2 * kLanes <= len; x += 2 * kLanes) PvSlice9<RB, 2, KN>(v, p, n, o, os, x);
+    for (; x + 2 * kLanes <= len; x += 2 * kLanes) PvSlice<RB, 2, KN>(v, p, n, o, os, x);
   }
-  for (; x < len; x += kLanes) PvSlice9<RB, 1, KN>(v, p, n, o, os, x);
+  for (; x < len; x += kLanes) PvSlice<RB, 1, KN>(v, p, n, o, os, x);
 }
 
 // The dots' vectors (Tag) and accumulator sets (S) of a pass of RB rows within steps of kStep
-// keys: v9's or v10's (DotsTag, kDotsSets), narrowed while a pass would hold more keys than a step
-// (one set, then 256-bit vectors: one row in steps of 8 on AVX-512).
+// keys: full width or halves (DotsTag, kDotsSets), narrowed while a pass would hold more keys
+// than a step (one set, then 256-bit vectors: one row in steps of 8 on AVX-512).
 template <bool kHalf, int RB, int kStep>
 struct DotsShape {
   static constexpr int kWide = static_cast<int>(hn::MaxLanes(DotsTag<kHalf>()));
-  static constexpr bool kOneSet = kPassKeys9<RB, kWide, kDotsSets<kHalf>> > kStep;
+  static constexpr bool kOneSet = kPassKeys<RB, kWide, kDotsSets<kHalf>> > kStep;
   static constexpr int S = kOneSet ? 1 : kDotsSets<kHalf>;
-  static constexpr bool kNarrow = kPassKeys9<RB, kWide, S> > kStep;
+  static constexpr bool kNarrow = kPassKeys<RB, kWide, S> > kStep;
   using Tag = std::conditional_t<kNarrow, hn::CappedTag<float, (kNarrow ? kWide / 2 : kWide)>, DotsTag<kHalf>>;
 };
 
-// v9 (kHalf false) or v10 (kHalf true: the dots on 256-bit halves, DotsTag), in steps of kStep
-// keys.
+// lanes (kHalf false) or lanes_half_dots (kHalf true: the dots on 256-bit halves, DotsTag), in
+// steps of kStep keys.
 template <bool kHalf, int kStep>
 HWY_INLINE void RunLanesSteps(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t,
                               void* scratch, std::byte* slots, std::int32_t* counters, std::int64_t ahead) {
@@ -315,11 +286,9 @@ HWY_INLINE void RunLanesSteps(const ValidatedProblem& vp, const DecodePlan& plan
 template <bool kHalf>
 HWY_INLINE void RunLanesTask(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
                              std::byte* slots, std::int32_t* counters) {
-  // The grouped kernels' distance (grouped_prefetch_keys); none for a call whose K/V fits in
-  // cache, where the prefetches were ~8% of the time and fetched nothing (8/8 heads D64 f16, 512
-  // keys, one thread).
-  const std::int64_t ahead =
-      plan.kv_bytes <= kDecodeDirectMaxBytes ? -1 : PrefetchKeys(grouped_prefetch_keys());
+  // The grouped kernel's distance (grouped_prefetch_keys); none for a call whose K/V fits in
+  // cache, where prefetches only cost instructions.
+  const std::int64_t ahead = plan.kv_bytes <= kDecodeInCacheMaxBytes ? -1 : grouped_prefetch_keys();
   if constexpr (kLanes > kShortStep) {
     if (plan.short_steps) {
       RunLanesSteps<kHalf, kShortStep>(vp, plan, t, scratch, slots, counters, ahead);
@@ -331,27 +300,27 @@ HWY_INLINE void RunLanesTask(const ValidatedProblem& vp, const DecodePlan& plan,
 
 }  // namespace
 
-void RunDecodeTaskV9Impl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
-                         std::byte* slots, std::int32_t* counters) {
+void RunDecodeLanesImpl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
+                        std::byte* slots, std::int32_t* counters) {
   RunLanesTask<false>(vp, plan, t, scratch, slots, counters);
 }
 
-void RunDecodeTaskV10Impl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
-                          std::byte* slots, std::int32_t* counters) {
+void RunDecodeLanesHalfDotsImpl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t,
+                                void* scratch, std::byte* slots, std::int32_t* counters) {
   RunLanesTask<true>(vp, plan, t, scratch, slots, counters);
 }
 
-int DecodeV9LanesImpl() { return kLanes; }
+int DecodeLanesImpl() { return kLanes; }
 
 }  // namespace HWY_NAMESPACE
 }  // namespace kallpa::cpu_flash
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-KALLPA_CPU_FLASH_DECODE_ENTRY(run_decode_task_v9, RunDecodeTaskV9Impl)
-KALLPA_CPU_FLASH_DECODE_ENTRY(run_decode_task_v10, RunDecodeTaskV10Impl)
+KALLPA_CPU_FLASH_KERNEL_ENTRY(run_decode_lanes, RunDecodeLanesImpl)
+KALLPA_CPU_FLASH_KERNEL_ENTRY(run_decode_lanes_half_dots, RunDecodeLanesHalfDotsImpl)
 namespace kallpa::cpu_flash {
-HWY_EXPORT(DecodeV9LanesImpl);
-int decode_v9_step_keys() { return HWY_DYNAMIC_DISPATCH(DecodeV9LanesImpl)(); }
+HWY_EXPORT(DecodeLanesImpl);
+int decode_lane_keys() { return HWY_DYNAMIC_DISPATCH(DecodeLanesImpl)(); }
 }  // namespace kallpa::cpu_flash
 #endif  // HWY_ONCE
