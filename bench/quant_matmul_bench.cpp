@@ -30,9 +30,9 @@
 #include <tuple>
 #include <vector>
 
-#include "kallpa/model/quant.h"
-#include "model/repack.h"
-#include "model/synthetic_llama.h"
+#include "kallpa/ops/quant.h"
+#include "ops/repack.h"
+#include "support/synthetic_llama.h"
 
 namespace {
 

@@ -19,9 +19,9 @@
 
 #include "kallpa/dispatcher.h"
 #include "kallpa/half.h"
-#include "kallpa/model/quant.h"
+#include "kallpa/ops/quant.h"
 #include "kallpa/registry.h"
-#include "kallpa/runtime/ops.h"
+#include "kallpa/ops/ops.h"
 #include "test_problem.h"
 
 namespace kallpa {

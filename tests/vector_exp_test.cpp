@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kallpa/runtime/sampler.h"
-#include "runtime/vector_exp.h"
+#include "ops/vector_exp.h"
 
 namespace kallpa::runtime {
 namespace {

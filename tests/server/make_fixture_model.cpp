@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "model/synthetic_llama.h"
+#include "support/synthetic_llama.h"
 
 int main(int argc, char** argv) {
   if (argc != 2 && argc != 3 && argc != 6) {
