@@ -1,5 +1,5 @@
-// The engine on a device (runtime/ops.h v2): the forward pass over a device's memory, and the CPU
-// fallback for what a device lacks (runtime/fallback_ops.h) — counted, exact, refused when strict.
+// The engine on a device (ops/ops.h v2): the forward pass over a device's memory, and the CPU
+// fallback for what a device lacks (ops/fallback_ops.h) — counted, exact, refused when strict.
 // A test device stands in for a real one: host memory that the model may not touch directly, and
 // ops that say `unsupported` for what it is told to lack. Real devices (OpenCL here) run the same
 // engine checks in EngineOnDevice.

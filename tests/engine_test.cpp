@@ -76,7 +76,7 @@ TEST(Engine, ChunkedPrefillMatchesOneShotAndTokenByToken) {
   EXPECT_LT(max_diff(logits[0], logits[1]), 1e-3);
   EXPECT_LT(max_diff(logits[0], logits[2]), 1e-3);
   // Fed one call per token, as generation feeds its samples, tokens are decode steps, whose
-  // matrix products take 16-bit activations (runtime/ops.h): off by the activation rounding,
+  // matrix products take 16-bit activations (ops/ops.h): off by the activation rounding,
   // relative to the logits' scale.
   auto e = engine_for(file, {}, 256);
   Session s(*e, {.temperature = 0});

@@ -82,7 +82,7 @@ class CpuOps final : public Ops {
     if (bytes > 0) std::memmove(dst, src, bytes);
     return {};
   }
-  // Matrix products read the weights repacked for the SIMD kernels (model/repack.h); lookups read
+  // Matrix products read the weights repacked for the SIMD kernels (ops/repack.h); lookups read
   // them where they are (the model file's mapping), so nothing is copied for them.
   Result<std::shared_ptr<const void>> place_weights(std::span<model::WeightMatrix* const> matrices,
                                                     WeightUse use) override {
@@ -92,7 +92,7 @@ class CpuOps final : public Ops {
     return std::shared_ptr<const void>(std::move(packed));
   }
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  // Activations of quantised matrix products (kallpa/model/quant.h). By default prompt rows are
+  // Activations of quantised matrix products (kallpa/ops/quant.h). By default prompt rows are
   // exact (f32) and decode rows use 16-bit blocks, which is where the f32 path is bound by
   // expanding weights to floats. KALLPA_MATMUL_ACTIVATIONS=f32 makes every row exact, =q8 puts
   // every row through Q8 blocks (llama.cpp's choice; measurably changes greedy answers).

@@ -1,5 +1,5 @@
 // Load-time repacking of quantised weight matrices into the rows4 layout (WeightLayout::rows4,
-// block_ptr in model/quant_kernels.h): groups of 4 rows, block-interleaved, each block's 4 scales
+// block_ptr in ops/quant_kernels.h): groups of 4 rows, block-interleaved, each block's 4 scales
 // (and Q4_1's 4 mins) side by side. The bytes are the same as ggml's, only reordered, so results
 // are bit-identical; the matmul kernels read a 4-row tile from one stream and convert its scales
 // with one instruction instead of four.

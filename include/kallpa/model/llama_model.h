@@ -1,4 +1,4 @@
-// The Llama-family forward pass, written once against the op interface (runtime/ops.h) and the
+// The Llama-family forward pass, written once against the op interface (ops/ops.h) and the
 // attention dispatcher, so that it reads top to bottom like the architecture and never names a
 // device or an attention backend.
 //
@@ -26,7 +26,7 @@ struct ForwardItem {
   std::span<const std::int32_t> tokens;  // the chunk
   std::int64_t start_pos = 0;            // position of tokens[0]; the cache holds [0, start_pos)
   bool want_logits = true;               // logits of the chunk's last token
-  // Prompt rows take exact activations, decode steps cheaper ones (runtime/ops.h). A chunk of
+  // Prompt rows take exact activations, decode steps cheaper ones (ops/ops.h). A chunk of
   // several tokens is always prompt; a one-token chunk is a decode step unless this says it is
   // the last piece of a prompt, whose K/V must not depend on where the chunks fell (the prefix
   // cache hands them to other requests as exact prompt rows).

@@ -69,7 +69,7 @@ class Ops {
                          std::int64_t dim) = 0;
   // y[rows, w.rows] = x[rows, w.cols] . W^T. The last `decode_rows` rows are single-token decode
   // steps, the rows before them prompt tokens. A device may compute the two kinds differently (the
-  // CPU ops quantise decode rows' activations to 16 bits, model/quant.h, and keep prompt rows
+  // CPU ops quantise decode rows' activations to 16 bits, ops/quant.h, and keep prompt rows
   // exact), but each row's result must depend only on the row and its kind, never on the rest of
   // the batch: that is what makes a sequence's tokens the same alone and batched.
   virtual Status matmul(const model::WeightMatrix& w, const float* x, std::int64_t rows, float* y,

@@ -18,7 +18,7 @@
 //     round-to-nearest-even), so the activation error is max|x_block| / 65534 per element, 256x
 //     below q8's, and the products are exact int32 sums (two halves per block). About as fast as
 //     q8 for decode GEMVs, where the f32 path is bound by expanding weights to floats; the engine
-//     uses it for decode rows (see runtime/ops.h), f32 for prompt rows.
+//     uses it for decode rows (see ops/ops.h), f32 for prompt rows.
 // F32/F16/BF16 weights always use f32 x directly (the option is ignored for them).
 //
 // Every output element is computed by the same sequence of operations whatever batch size, batch
@@ -41,7 +41,7 @@ namespace kallpa::model {
 // How a quantised matrix's blocks are laid out in memory.
 enum class WeightLayout : std::uint8_t {
   rows,   // ggml's: row after row, each row its blocks in order (as in a GGUF file)
-  rows4,  // kallpa's repacked one (model/repack.h): groups of 4 rows, block-interleaved, scales
+  rows4,  // kallpa's repacked one (ops/repack.h): groups of 4 rows, block-interleaved, scales
           // gathered per block, for SIMD kernels; same bytes per 4 rows, rows % 4 == 0
 };
 

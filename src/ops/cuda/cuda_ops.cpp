@@ -1,4 +1,4 @@
-// The engine's op set on a CUDA device (runtime/ops.h v2), registered for "cuda[:N]".
+// The engine's op set on a CUDA device (ops/ops.h v2), registered for "cuda[:N]".
 //
 // Memory comes from the device's CudaMemory (cuda_device.h), the allocator cuda-flash and cudnn
 // check their tensors against, so the forward pass hands its activations and KV cache to attention

@@ -1,4 +1,4 @@
-// The engine's op set (runtime/ops.h) on an OpenCL device; opencl_ops.cpp plans the launches.
+// The engine's op set (ops/ops.h) on an OpenCL device; opencl_ops.cpp plans the launches.
 // OpenCL C 1.2, f32 arithmetic. f16 is read with vload_half, so cl_khr_fp16 is not needed; double
 // is used only where the device has cl_khr_fp64 (RMSNorm's sum of squares, RoPE's angles).
 //
@@ -15,7 +15,7 @@
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #endif
 
-// GgmlType values (model/ggml_type.h).
+// GgmlType values (ops/ggml_type.h).
 #define T_F32 0
 #define T_F16 1
 #define T_Q4_0 2

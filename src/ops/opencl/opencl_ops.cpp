@@ -1,4 +1,4 @@
-// The engine's op set (runtime/ops.h) on the OpenCL device: memory through the process's one
+// The engine's op set (ops/ops.h) on the OpenCL device: memory through the process's one
 // OpenClMemory (so activations and the KV cache it hands out are what opencl-flash's run()
 // accepts), compute through the kernels of engine_ops.cl, all enqueued on the Runtime's one
 // in-order queue without waiting; download() is what waits.
