@@ -138,6 +138,7 @@ Status LlamaModel::forward(std::span<const ForwardItem> items, runtime::KvCache&
   // The decode rows must form the tail that the ops may compute with cheaper activations
   // (ops/ops.h). Rows stay in the caller's order, so the logits come out in it with no reshuffle;
   // the caller, which knows each item's kind when it builds the batch, puts prompt chunks first.
+  // A row's kind depends only on its own item, so a sequence gets the same numbers alone or batched.
   std::int64_t decode_rows = 0;
   for (const ForwardItem& it : items) {
     if (is_decode_step(it)) {

@@ -61,7 +61,9 @@ class LlamaModel {
   // The caller owns the batch's order and the cache's space: prompt chunks come first, then decode
   // steps (is_decode_step), whose rows form the tail the ops compute with cheaper activations; and
   // every item's positions are reserved already (KvCache::reserve up to start_pos + its tokens).
-  // Either broken is invalid_argument, before anything runs.
+  // Either broken is invalid_argument, before anything runs. Rejected rather than fixed here: a
+  // reorder would need its undo for the logits (a copy through host memory on a device), and the
+  // order is one decision, the batch builder's.
   Status forward(std::span<const ForwardItem> items, runtime::KvCache& cache, Dispatcher& attention, float* logits);
 
  private:
