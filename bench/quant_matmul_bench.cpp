@@ -12,7 +12,7 @@
 //   1: ggml's layout (rows of 20/34-byte blocks, as in the file). f32: fused in-register
 //      dequantisation, 4 rows x 1-2 columns per tile (decode); dequantised rows + 3 x 4 f32
 //      micro-kernel (prefill). q8: the integer (maddubs) kernels, 4 x 1 / 2 x 4 tiles.
-//   2: the same kernels on weights repacked at load (WeightLayout::rows4, model/repack.h): 4 rows'
+//   2: the same kernels on weights repacked at load (WeightLayout::rows4, ops/repack.h): 4 rows'
 //      blocks interleaved, their scales side by side (one f16->f32 convert per 4-row tile and block,
 //      aligned 16-byte quant loads). Bit-identical results.
 // avx2:1 caps the kernels at AVX2, beside the default (the widest ISA): batched Q16 products have
@@ -24,9 +24,9 @@
 #include <tuple>
 #include <vector>
 
-#include "kallpa/model/quant.h"
-#include "model/repack.h"
-#include "model/synthetic_llama.h"
+#include "kallpa/ops/quant.h"
+#include "ops/repack.h"
+#include "support/synthetic_llama.h"
 
 namespace {
 

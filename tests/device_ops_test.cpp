@@ -1,5 +1,5 @@
-// The engine on a device (runtime/ops.h v2): the forward pass over a device's memory, and the CPU
-// fallback for what a device lacks (runtime/fallback_ops.h) — counted, exact, refused when strict.
+// The engine on a device (ops/ops.h v2): the forward pass over a device's memory, and the CPU
+// fallback for what a device lacks (ops/fallback_ops.h) — counted, exact, refused when strict.
 // A test device stands in for a real one: host memory that the model may not touch directly, and
 // ops that say `unsupported` for what it is told to lack. Real devices (OpenCL here) run the same
 // engine checks in EngineOnDevice.
@@ -12,8 +12,8 @@
 #include "kallpa/model/gguf.h"
 #include "kallpa/model/llama_model.h"
 #include "kallpa/runtime/engine.h"
-#include "model/synthetic_llama.h"
-#include "runtime/fallback_ops.h"
+#include "support/synthetic_llama.h"
+#include "ops/fallback_ops.h"
 
 namespace kallpa::runtime {
 namespace {
@@ -91,12 +91,14 @@ std::vector<float> run(Ops& ops) {
   const std::vector<std::int32_t> prompt_a{5, 17, 42, 9, 100, 7, 3}, prompt_b{11, 12};
   std::vector<float> all, logits(2 * vocab);
   model::ForwardItem items[] = {{a, prompt_a, 0, true}, {b, prompt_b, 0, true}};
+  EXPECT_TRUE((*cache)->reserve(a, 7 + 3));
+  EXPECT_TRUE((*cache)->reserve(b, 2 + 3));
   EXPECT_TRUE((*model)->forward(items, **cache, dispatcher, logits.data()));
   all.insert(all.end(), logits.begin(), logits.end());
   std::int64_t pa = 7, pb = 2;
   for (std::int32_t step = 0; step < 3; ++step) {
     const std::int32_t ta[] = {20 + step}, tb[] = {30 + step};
-    // b's step comes first: forward() reorders nothing here, but a prompt chunk beside them would.
+    // b's step comes first: forward() keeps the caller's order.
     model::ForwardItem steps[] = {{b, tb, pb++, true}, {a, ta, pa++, true}};
     EXPECT_TRUE((*model)->forward(steps, **cache, dispatcher, logits.data()));
     all.insert(all.end(), logits.begin(), logits.end());
@@ -144,6 +146,7 @@ TEST(DeviceOps, StrictModeRefusesInsteadOfFallingBack) {
   std::vector<float> logits(static_cast<std::size_t>((*m)->config().vocab_size));
   const std::int32_t tokens[] = {5, 6, 7};
   model::ForwardItem item{(*cache)->add_sequence(), tokens, 0, true};
+  ASSERT_TRUE((*cache)->reserve(item.seq, 3));
   const Status s = (*m)->forward({&item, 1}, **cache, dispatcher, logits.data());
   EXPECT_EQ(s.code(), ErrorCode::unsupported);
   EXPECT_EQ(s.field(), "rope");

@@ -10,7 +10,7 @@
 #include "kallpa/model/gguf.h"
 #include "kallpa/registry.h"
 #include "kallpa/runtime/engine.h"
-#include "model/synthetic_llama.h"
+#include "support/synthetic_llama.h"
 
 namespace kallpa::runtime {
 namespace {
@@ -76,7 +76,7 @@ TEST(Engine, ChunkedPrefillMatchesOneShotAndTokenByToken) {
   EXPECT_LT(max_diff(logits[0], logits[1]), 1e-3);
   EXPECT_LT(max_diff(logits[0], logits[2]), 1e-3);
   // Fed one call per token, as generation feeds its samples, tokens are decode steps, whose
-  // matrix products take 16-bit activations (runtime/ops.h): off by the activation rounding,
+  // matrix products take 16-bit activations (ops/ops.h): off by the activation rounding,
   // relative to the logits' scale.
   auto e = engine_for(file, {}, 256);
   Session s(*e, {.temperature = 0});
@@ -103,11 +103,37 @@ TEST(Engine, BatchedForwardMatchesSeparateSequences) {
   auto& cache = e->cache();
   const SeqId s1 = cache.add_sequence(), s2 = cache.add_sequence();
   model::ForwardItem items[2] = {{s1, a, 0, true}, {s2, b, 0, true}};
+  ASSERT_TRUE(cache.reserve(s1, static_cast<std::int64_t>(a.size())));
+  ASSERT_TRUE(cache.reserve(s2, static_cast<std::int64_t>(b.size())));
   std::vector<float> both(2 * e->config().vocab_size);
   ASSERT_TRUE(e->model().forward(items, cache, e->dispatcher(), both.data()));
   const std::span<const float> all(both);
   EXPECT_LT(max_diff(all.first(alone_a.size()), alone_a), 1e-3);
   EXPECT_LT(max_diff(all.subspan(alone_a.size()), alone_b), 1e-3);
+  cache.remove(s1);
+  cache.remove(s2);
+}
+
+// The caller owns the batch's order and the cache's space (model/llama_model.h): forward() takes
+// prompt chunks before decode steps and writes only into reserved positions, rejecting anything
+// else before it runs.
+TEST(Engine, ForwardTakesPromptChunksFirstIntoReservedPositions) {
+  auto file = synthetic_file();
+  auto e = engine_for(file);
+  auto& cache = e->cache();
+  const auto prompt = some_tokens(5);
+  const std::int32_t step[] = {7};
+  const SeqId s1 = cache.add_sequence(), s2 = cache.add_sequence();
+  std::vector<float> logits(2 * e->config().vocab_size);
+  model::ForwardItem unreserved[1] = {{s1, prompt, 0, true}};
+  EXPECT_EQ(e->model().forward(unreserved, cache, e->dispatcher(), logits.data()).code(), ErrorCode::invalid_argument);
+  ASSERT_TRUE(cache.reserve(s1, static_cast<std::int64_t>(prompt.size()) + 1));
+  ASSERT_TRUE(cache.reserve(s2, static_cast<std::int64_t>(prompt.size())));
+  ASSERT_TRUE(e->model().forward(unreserved, cache, e->dispatcher(), logits.data()));
+  model::ForwardItem decode_first[2] = {{s1, step, static_cast<std::int64_t>(prompt.size()), true}, {s2, prompt, 0, true}};
+  EXPECT_EQ(e->model().forward(decode_first, cache, e->dispatcher(), logits.data()).code(), ErrorCode::invalid_argument);
+  model::ForwardItem prompt_first[2] = {decode_first[1], decode_first[0]};
+  EXPECT_TRUE(e->model().forward(prompt_first, cache, e->dispatcher(), logits.data()));
   cache.remove(s1);
   cache.remove(s2);
 }

@@ -16,8 +16,8 @@
 
 #include "kallpa/model/gguf.h"
 #include "kallpa/model/llama.h"
-#include "kallpa/model/quant.h"
-#include "model/synthetic_llama.h"
+#include "kallpa/ops/quant.h"
+#include "support/synthetic_llama.h"
 
 namespace {
 

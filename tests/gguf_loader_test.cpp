@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "kallpa/model/gguf.h"
-#include "model/gguf_writer.h"
+#include "support/gguf_writer.h"
 
 namespace {
 

@@ -83,6 +83,32 @@ struct CheckedRegistry {
   CheckedRegistry() { registry.set_health_check(run_canaries); }
 };
 
+// The core names no backend: the suite and the health check take their oracle from the registry,
+// whichever backend says it is one (reference, in-tree).
+class ShiftedOracle final : public AttentionOracle {
+ public:
+  ExactOutput compute_exact(const ValidatedProblem& p) const override {
+    ExactOutput r = BackendRegistry::global().oracle()->compute_exact(p);
+    for (double& v : r.o) v += 0.5;
+    return r;
+  }
+};
+
+TEST(HealthCheck, TheOracleIsFoundThroughTheRegistry) {
+  const AttentionOracle* oracle = BackendRegistry::global().oracle();
+  ASSERT_NE(oracle, nullptr);
+  EXPECT_EQ(oracle, BackendRegistry::global().find("reference")->oracle());
+  CheckedRegistry checked;
+  checked.add("mutant-right", 10, Fault::none);
+  EXPECT_EQ(checked.registry.oracle(), nullptr);  // none of its backends is an oracle
+  // The oracle given is what judges: a wrong one fails the reference itself.
+  AttentionBackend& reference = *BackendRegistry::global().find("reference");
+  const conformance::Case c = conformance::canary_cases().front();
+  EXPECT_TRUE(conformance::run_case(reference, c).passed);
+  const ShiftedOracle shifted;
+  EXPECT_FALSE(conformance::run_case(reference, c, &shifted).passed);
+}
+
 TEST(HealthCheck, CanariesAreAFewSmallCasesOfTheSuite) {
   const auto canaries = conformance::canary_cases();
   EXPECT_GE(canaries.size(), 6u);

@@ -11,7 +11,7 @@
 #include <random>
 
 #include "kallpa/half.h"
-#include "kallpa/runtime/kv_cache.h"
+#include "kallpa/ops/kv_cache.h"
 
 namespace kallpa::runtime {
 namespace {

@@ -1,4 +1,4 @@
-// The engine's op set on OpenCL (src/backends/opencl/opencl_ops.cpp) against the CPU ops and exact
+// The engine's op set on OpenCL (src/ops/opencl/opencl_ops.cpp) against the CPU ops and exact
 // references: memory round trips and bad addresses, weight placement, embedding for every weight
 // type, RMSNorm, matmul (every type, decode- and prompt-sized batches, row independence), RoPE at
 // long positions with and without double, SwiGLU, add, gather and scatter (bit-exact f16/bf16
@@ -19,9 +19,9 @@
 
 #include "kallpa/dispatcher.h"
 #include "kallpa/half.h"
-#include "kallpa/model/quant.h"
+#include "kallpa/ops/quant.h"
 #include "kallpa/registry.h"
-#include "kallpa/runtime/ops.h"
+#include "kallpa/ops/ops.h"
 #include "test_problem.h"
 
 namespace kallpa {

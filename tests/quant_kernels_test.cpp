@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "kallpa/half.h"
-#include "kallpa/model/quant.h"
-#include "model/quant_kernels.h"
-#include "model/quant_types.h"
-#include "model/repack.h"
-#include "model/synthetic_llama.h"
+#include "kallpa/ops/quant.h"
+#include "ops/quant_kernels.h"
+#include "ops/quant_types.h"
+#include "ops/repack.h"
+#include "support/synthetic_llama.h"
 
 namespace {
 

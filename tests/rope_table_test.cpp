@@ -9,8 +9,8 @@
 
 #include <gtest/gtest.h>
 
-#include "kallpa/runtime/ops.h"
-#include "runtime/rope_table.h"
+#include "kallpa/ops/ops.h"
+#include "ops/rope_table.h"
 
 namespace kallpa::runtime {
 namespace {

@@ -1,4 +1,4 @@
-// The engine's vectorised exp, max and softmax weights (runtime/vector_exp.h) against scalar
+// The engine's vectorised exp, max and softmax weights (ops/vector_exp.h) against scalar
 // math, and the sampler's use of them: masked (-inf) logits are never drawn.
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kallpa/runtime/sampler.h"
-#include "runtime/vector_exp.h"
+#include "ops/vector_exp.h"
 
 namespace kallpa::runtime {
 namespace {

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "kallpa/attention.h"
 #include "kallpa/status.h"
@@ -28,6 +29,23 @@ struct Support {
 struct Workspace {
   void* data = nullptr;
   std::size_t bytes = 0;
+};
+
+// The exact answer to a problem in double precision, in logical order: row r = (sum of Sq over
+// earlier sequences) + i.
+struct ExactOutput {
+  std::vector<double> o;    // [total_q, hq, dv]
+  std::vector<double> lse;  // [total_q, hq]; -inf for rows with no visible key
+};
+
+// What makes a backend the oracle: the exact answer that the conformance suite and the health
+// check judge every backend against. The core and the suite find it through the registry
+// (BackendRegistry::oracle()), never by a backend's name.
+class AttentionOracle {
+ public:
+  virtual ~AttentionOracle() = default;
+  // Every feature of the contract; may throw std::bad_alloc.
+  virtual ExactOutput compute_exact(const ValidatedProblem& problem) const = 0;
 };
 
 class AttentionBackend {
@@ -53,6 +71,9 @@ class AttentionBackend {
   // there; nullptr for host backends, and for a device backend whose device is unavailable.
   // The workspace handed to run() stays host memory for every backend.
   virtual DeviceMemory* device_memory() const noexcept { return nullptr; }
+
+  // Non-null for the one backend that is the oracle (reference, in-tree); nullptr for every other.
+  virtual const AttentionOracle* oracle() const noexcept { return nullptr; }
 };
 
 }  // namespace kallpa

@@ -94,7 +94,9 @@ struct CaseResult {
 // A backend on another device is run on its device: each buffer, guards included, is mirrored
 // there through its device_memory() (device.h) and downloaded back before judging, so every check
 // above holds on the device too; a device backend without device memory gets the case skipped.
-CaseResult run_case(AttentionBackend& backend, const Case& c);
+// The reference values come from `oracle`, or when it is null from the global registry's oracle
+// (BackendRegistry::oracle()); without one every case fails, saying so.
+CaseResult run_case(AttentionBackend& backend, const Case& c, const AttentionOracle* oracle = nullptr);
 
 struct Report {
   std::string backend;
@@ -107,13 +109,15 @@ struct Report {
 
 // Runs every case; `progress` (optional) is called after each one.
 Report run_suite(AttentionBackend& backend, const std::vector<Case>& cases,
-                 const std::function<void(const CaseResult&)>& progress = {});
+                 const std::function<void(const CaseResult&)>& progress = {},
+                 const AttentionOracle* oracle = nullptr);
 
 // Runs every case on each backend (one Report per backend, in the given order). Each case's inputs
 // and double-precision reference are built once and shared by all backends, which is what makes
 // running the full matrix over many backends affordable.
 std::vector<Report> run_suites(const std::vector<AttentionBackend*>& backends,
                                const std::vector<Case>& cases,
-                               const std::function<void(const CaseResult&)>& progress = {});
+                               const std::function<void(const CaseResult&)>& progress = {},
+                               const AttentionOracle* oracle = nullptr);
 
 }  // namespace kallpa::conformance

@@ -18,9 +18,11 @@ namespace kallpa {
 // built once and shared by the batch.
 using HealthCheck = std::function<std::vector<HealthReport>(const std::vector<AttentionBackend*>&)>;
 
-// The canary check (conformance::canary_cases() through conformance::run_suites). A device
-// backend's canaries are staged onto its device through device_memory() (device.h); one without
-// device memory stays unchecked, as "unavailable: WHY" when its supports() refuses its device.
+// The canary check (conformance::canary_cases() through conformance::run_suites), judged against
+// the global registry's oracle (BackendRegistry::oracle()); with no oracle registered every backend
+// stays unchecked, saying so. A device backend's canaries are staged onto its device through
+// device_memory() (device.h); one without device memory stays unchecked, as "unavailable: WHY"
+// when its supports() refuses its device.
 std::vector<HealthReport> run_canaries(const std::vector<AttentionBackend*>& backends);
 
 // A check that runs nothing: every backend stays unchecked with reason "health check skipped by

@@ -69,6 +69,9 @@ class BackendRegistry {
   // Snapshot, sorted by descending priority then name (the automatic selection order).
   std::vector<BackendInfo> list() const;
   AttentionBackend* find(std::string_view name) const;
+  // The oracle: the first backend, in selection order, whose oracle() is non-null; nullptr when
+  // none is registered.
+  const AttentionOracle* oracle() const;
   Result<BackendInfo> info(std::string_view name) const;
 
   Status set_health(std::string_view name, Health health, std::string reason = {});

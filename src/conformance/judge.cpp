@@ -51,7 +51,7 @@ double self_check_limit(DType dtype) noexcept {
 
 }  // namespace
 
-Bounds bounds_for(const CaseData& data, const reference::Output64& ref, const NaiveOutput& naive) {
+Bounds bounds_for(const CaseData& data, const ExactOutput& ref, const NaiveOutput& naive) {
   Bounds b;
   const Tolerance tol = tolerance_for(data.spec.dtype);
   b.rtol = tol.rtol;
@@ -90,7 +90,7 @@ Bounds bounds_for(const CaseData& data, const reference::Output64& ref, const Na
   return b;
 }
 
-Verdict judge_outputs(const CaseData& data, const reference::Output64& ref, const Bounds& bounds) {
+Verdict judge_outputs(const CaseData& data, const ExactOutput& ref, const Bounds& bounds) {
   Verdict v;
   const DType dt = data.spec.dtype;
   const std::uint32_t poison = poison_bits(dt);

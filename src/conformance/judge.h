@@ -5,9 +5,9 @@
 
 #include <string>
 
-#include "backends/reference/reference.h"
 #include "conformance/case_data.h"
 #include "conformance/naive.h"
+#include "kallpa/backend.h"
 #include "kallpa/conformance.h"
 
 namespace kallpa::conformance::detail {
@@ -24,7 +24,7 @@ struct Bounds {
   std::string self_check_failure;
 };
 
-Bounds bounds_for(const CaseData& data, const reference::Output64& ref, const NaiveOutput& naive);
+Bounds bounds_for(const CaseData& data, const ExactOutput& ref, const NaiveOutput& naive);
 
 struct Verdict {
   bool passed = true;
@@ -34,6 +34,6 @@ struct Verdict {
 
 // Reads o (and lse) from the case's output buffers and judges them. Also checks that no output
 // element was left unwritten and that packed rows beyond the last sequence were left alone.
-Verdict judge_outputs(const CaseData& data, const reference::Output64& ref, const Bounds& bounds);
+Verdict judge_outputs(const CaseData& data, const ExactOutput& ref, const Bounds& bounds);
 
 }  // namespace kallpa::conformance::detail

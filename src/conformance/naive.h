@@ -9,7 +9,7 @@
 
 namespace kallpa::conformance::detail {
 
-// Same layout as reference::Output64: o [total_q, hq, dv], lse [total_q, hq].
+// Same layout as ExactOutput (kallpa/backend.h): o [total_q, hq, dv], lse [total_q, hq].
 struct NaiveOutput {
   std::vector<double> o;
   std::vector<double> lse;

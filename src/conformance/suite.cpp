@@ -12,12 +12,12 @@
 
 #include <fmt/format.h>
 
-#include "backends/reference/reference.h"
 #include "conformance/case_data.h"
 #include "conformance/judge.h"
 #include "conformance/naive.h"
 #include "kallpa/conformance.h"
 #include "kallpa/device.h"
+#include "kallpa/registry.h"
 
 namespace kallpa::conformance {
 
@@ -52,14 +52,18 @@ struct Prepared {
   const Case* c = nullptr;
   std::unique_ptr<CaseData> data;
   std::optional<ValidatedProblem> problem;
-  reference::Output64 ref;
+  ExactOutput ref;
   Bounds bounds;
   std::string setup_failure;  // a suite (or core) bug: every backend fails the case with it
 };
 
-Prepared prepare(const Case& c) {
+Prepared prepare(const Case& c, const AttentionOracle* oracle) {
   Prepared p;
   p.c = &c;
+  if (oracle == nullptr) {
+    p.setup_failure = "no oracle: no registered backend is the oracle (BackendRegistry::oracle())";
+    return p;
+  }
   try {
     p.data = detail::build_case_data(c);
     Result<ValidatedProblem> v = validate(p.data->problem);
@@ -68,7 +72,7 @@ Prepared prepare(const Case& c) {
       return p;
     }
     p.problem.emplace(std::move(v).value());
-    p.ref = reference::compute_f64(*p.problem);
+    p.ref = oracle->compute_exact(*p.problem);
     p.bounds = detail::bounds_for(*p.data, p.ref, detail::naive_attention(*p.data));
     p.setup_failure = p.bounds.self_check_failure;
   } catch (const std::exception& e) {
@@ -208,14 +212,22 @@ double Report::max_abs_error() const {
   return m;
 }
 
-CaseResult run_case(AttentionBackend& backend, const Case& c) {
-  Prepared p = prepare(c);
+namespace {
+const AttentionOracle* oracle_or_global(const AttentionOracle* oracle) {
+  return oracle != nullptr ? oracle : BackendRegistry::global().oracle();
+}
+}  // namespace
+
+CaseResult run_case(AttentionBackend& backend, const Case& c, const AttentionOracle* oracle) {
+  Prepared p = prepare(c, oracle_or_global(oracle));
   return run_prepared(backend, p);
 }
 
 std::vector<Report> run_suites(const std::vector<AttentionBackend*>& backends,
                                const std::vector<Case>& cases,
-                               const std::function<void(const CaseResult&)>& progress) {
+                               const std::function<void(const CaseResult&)>& progress,
+                               const AttentionOracle* oracle) {
+  oracle = oracle_or_global(oracle);
   std::vector<Report> reports(backends.size());
   for (std::size_t n = 0; n < backends.size(); ++n) {
     reports[n].backend = std::string(backends[n]->name());
@@ -225,10 +237,10 @@ std::vector<Report> run_suites(const std::vector<AttentionBackend*>& backends,
   // second thread while the backends run the current one. The oracle is most of the suite's
   // cost, so this nearly halves the wall time on two cores and costs nothing on one.
   std::future<Prepared> next;
-  if (!cases.empty()) next = std::async(std::launch::async, prepare, std::cref(cases.front()));
+  if (!cases.empty()) next = std::async(std::launch::async, prepare, std::cref(cases.front()), oracle);
   for (std::size_t c = 0; c < cases.size(); ++c) {
     Prepared p = next.get();
-    if (c + 1 < cases.size()) next = std::async(std::launch::async, prepare, std::cref(cases[c + 1]));
+    if (c + 1 < cases.size()) next = std::async(std::launch::async, prepare, std::cref(cases[c + 1]), oracle);
     for (std::size_t n = 0; n < backends.size(); ++n) {
       reports[n].results.push_back(run_prepared(*backends[n], p));
       if (progress) progress(reports[n].results.back());
@@ -238,8 +250,8 @@ std::vector<Report> run_suites(const std::vector<AttentionBackend*>& backends,
 }
 
 Report run_suite(AttentionBackend& backend, const std::vector<Case>& cases,
-                 const std::function<void(const CaseResult&)>& progress) {
-  return std::move(run_suites({&backend}, cases, progress).front());
+                 const std::function<void(const CaseResult&)>& progress, const AttentionOracle* oracle) {
+  return std::move(run_suites({&backend}, cases, progress, oracle).front());
 }
 
 }  // namespace kallpa::conformance

@@ -13,6 +13,12 @@ namespace kallpa {
 
 std::vector<HealthReport> run_canaries(const std::vector<AttentionBackend*>& backends) {
   std::vector<HealthReport> reports(backends.size());
+  // The oracle is whichever registered backend says it is one; the core names no backend.
+  const AttentionOracle* oracle = BackendRegistry::global().oracle();
+  if (oracle == nullptr) {
+    for (HealthReport& r : reports) r.reason = "no oracle registered to judge the canaries against";
+    return reports;
+  }
   // The canaries are built in host memory; the suite stages them onto a device backend's device
   // through its device_memory(). A device backend without one cannot be checked: unavailable (its
   // supports() says why) or not staged-capable.
@@ -35,7 +41,7 @@ std::vector<HealthReport> run_canaries(const std::vector<AttentionBackend*>& bac
   if (runnable.empty()) return reports;
 
   const std::vector<conformance::Case> cases = conformance::canary_cases();
-  const std::vector<conformance::Report> results = conformance::run_suites(runnable, cases);
+  const std::vector<conformance::Report> results = conformance::run_suites(runnable, cases, {}, oracle);
   for (std::size_t n = 0; n < runnable.size(); ++n) {
     HealthReport& r = reports[slot[n]];
     for (const conformance::CaseResult& c : results[n].results) {

@@ -70,6 +70,14 @@ AttentionBackend* BackendRegistry::find(std::string_view name) const {
   return nullptr;
 }
 
+const AttentionOracle* BackendRegistry::oracle() const {
+  std::lock_guard lock(mu_);
+  for (const Entry& e : entries_) {
+    if (const AttentionOracle* o = e.backend->oracle(); o != nullptr) return o;
+  }
+  return nullptr;
+}
+
 Result<BackendInfo> BackendRegistry::info(std::string_view name) const {
   std::lock_guard lock(mu_);
   for (const Entry& e : entries_) {

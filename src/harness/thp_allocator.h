@@ -1,5 +1,5 @@
 // An allocator for the benchmark's big buffers (K/V, the DRAM bandwidth probe): 2 MiB-aligned
-// and advised for transparent huge pages, as the engine's KV cache is (src/model/huge_buffer.h).
+// and advised for transparent huge pages, as the engine's KV cache is (src/ops/huge_buffer.h).
 // Without the advice a machine in THP `madvise` mode maps them with 4 KiB pages, which costs
 // streaming kernels a TLB miss every 4 KiB and stops the hardware prefetchers at every page
 // boundary: decode attention would be measured slower than the engine runs it.

@@ -710,4 +710,24 @@ Result<const TensorView*> GgufFile::tensor(std::string_view name) const {
   return t;
 }
 
+Result<WeightMatrix> as_weight_matrix(const TensorView& t) {
+  if (t.ne[2] != 1 || t.ne[3] != 1) {
+    return Status(ErrorCode::invalid_argument, std::string(t.name),
+                  fmt::format("tensor '{}' of shape {} is not a matrix", t.name, t.shape_string()));
+  }
+  if (!is_compute_supported(t.type)) {
+    return Status(ErrorCode::unsupported, std::string(t.name),
+                  fmt::format("tensor '{}' has type {}, which has no kernels (supported: F32, F16, BF16, Q8_0, "
+                              "Q4_0, Q4_1)",
+                              t.name, ggml_type_name(t.type)));
+  }
+  WeightMatrix w;
+  w.type = t.type;
+  w.data = t.data;
+  w.cols = t.ne[0];
+  w.rows = t.ne[1];
+  w.row_bytes = row_size(t.type, t.ne[0]);
+  return w;
+}
+
 }  // namespace kallpa::model

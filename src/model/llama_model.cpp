@@ -132,20 +132,21 @@ Result<std::unique_ptr<runtime::KvCache>> LlamaModel::make_cache(runtime::KvCach
                                   static_cast<std::int32_t>(config_.head_dim), options, ops_);
 }
 
-Status LlamaModel::forward(std::span<const ForwardItem> given, runtime::KvCache& cache, Dispatcher& dispatcher,
+Status LlamaModel::forward(std::span<const ForwardItem> items, runtime::KvCache& cache, Dispatcher& dispatcher,
                            float* logits) {
   runtime::Ops& ops = *ops_;
-  // Prompt chunks first, then single-token decode steps, so that the decode rows form the tail the
-  // ops may compute with cheaper activations (runtime/ops.h). A row's kind depends only on its own
-  // item, so a sequence gets the same numbers alone or batched.
-  order_.resize(given.size());
-  for (std::size_t i = 0; i < given.size(); ++i) order_[i] = i;
-  std::stable_partition(order_.begin(), order_.end(), [&](std::size_t i) { return !is_decode_step(given[i]); });
-  ordered_.clear();
-  for (std::size_t i : order_) ordered_.push_back(given[i]);
-  const std::span<const ForwardItem> items(ordered_);
+  // The decode rows must form the tail that the ops may compute with cheaper activations
+  // (ops/ops.h). Rows stay in the caller's order, so the logits come out in it with no reshuffle;
+  // the caller, which knows each item's kind when it builds the batch, puts prompt chunks first.
+  // A row's kind depends only on its own item, so a sequence gets the same numbers alone or batched.
   std::int64_t decode_rows = 0;
-  for (const ForwardItem& it : items) decode_rows += is_decode_step(it) ? 1 : 0;
+  for (const ForwardItem& it : items) {
+    if (is_decode_step(it)) {
+      ++decode_rows;
+    } else if (decode_rows > 0) {
+      return Status::invalid("items", "a prompt chunk follows a decode step; forward() takes prompt chunks first");
+    }
+  }
 
   const std::int64_t embd = config_.n_embd, qd = config_.q_dim(), kvd = config_.kv_dim(), ff = config_.n_ff;
   std::int64_t total = 0;
@@ -157,8 +158,11 @@ Status LlamaModel::forward(std::span<const ForwardItem> given, runtime::KvCache&
       return Status::invalid("tokens", fmt::format("{} positions exceed the model's context length {}", end,
                                                    config_.context_length));
     }
-    Status s = cache.reserve(it.seq, end);
-    if (!s) return s;
+    if (cache.capacity(it.seq) < end) {
+      return Status::invalid("cache", fmt::format("sequence {} holds {} positions, its chunk ends at {}: the caller "
+                                                  "reserves them first (KvCache::reserve)",
+                                                  it.seq, cache.capacity(it.seq), end));
+    }
     total += static_cast<std::int64_t>(it.tokens.size());
   }
   if (total == 0) return {};
@@ -207,9 +211,8 @@ Status LlamaModel::forward(std::span<const ForwardItem> given, runtime::KvCache&
     }
   }
 
-  // Output head, only for the rows whose logits are wanted, written back in the caller's item order.
+  // Output head, only for the rows whose logits are wanted.
   std::int64_t row = 0, wanted_decode = 0;
-  bool reordered = false;
   wanted_rows_.clear();
   for (std::size_t i = 0; i < items.size(); ++i) {
     const ForwardItem& it = items[i];
@@ -218,7 +221,6 @@ Status LlamaModel::forward(std::span<const ForwardItem> given, runtime::KvCache&
       wanted_rows_.push_back(row - 1);
       wanted_decode += is_decode_step(it) ? 1 : 0;
     }
-    reordered = reordered || order_[i] != i;
   }
   const auto wanted = static_cast<std::int64_t>(wanted_rows_.size());
   if (wanted == 0) return {};
@@ -226,24 +228,12 @@ Status LlamaModel::forward(std::span<const ForwardItem> given, runtime::KvCache&
       !(s = ops.rmsnorm(h, static_cast<const float*>(output_norm_.data), eps, h, wanted, embd))) {
     return s;
   }
-  if (!reordered && ops.host_addressable()) return ops.matmul(output_, h, wanted, logits, wanted_decode);
+  if (ops.host_addressable()) return ops.matmul(output_, h, wanted, logits, wanted_decode);
   if (!(s = logits_.reserve(ops, wanted * vocab, "logits")) ||
       !(s = ops.matmul(output_, h, wanted, logits_.get(), wanted_decode))) {
     return s;
   }
-  if (!reordered) return ops.download(logits, logits_.get(), static_cast<std::size_t>(wanted * vocab) * sizeof(float));
-  host_logits_.resize(static_cast<std::size_t>(wanted * vocab));
-  if (!(s = ops.download(host_logits_.data(), logits_.get(), host_logits_.size() * sizeof(float)))) return s;
-  // The caller's rank of each wanted item: its slot in `logits`.
-  std::vector<std::int64_t> slot(given.size(), -1);
-  for (std::size_t i = 0, n = 0; i < given.size(); ++i) {
-    if (given[i].want_logits) slot[i] = static_cast<std::int64_t>(n++);
-  }
-  for (std::size_t i = 0, w = 0; i < items.size(); ++i) {
-    if (!items[i].want_logits) continue;
-    std::copy_n(host_logits_.data() + static_cast<std::int64_t>(w++) * vocab, vocab, logits + slot[order_[i]] * vocab);
-  }
-  return {};
+  return ops.download(logits, logits_.get(), static_cast<std::size_t>(wanted * vocab) * sizeof(float));
 }
 
 void LlamaModel::plan_attention(std::span<const ForwardItem> items, const runtime::KvCache& cache) {

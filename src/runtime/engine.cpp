@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "kallpa/model/gguf_tokenizer.h"
-#include "runtime/fallback_ops.h"
+#include "ops/fallback_ops.h"
 
 namespace kallpa::runtime {
 
@@ -116,7 +116,12 @@ Status Session::feed(std::span<const std::int32_t> tokens) {
     item.want_logits = done + n == tokens.size();
     item.prompt = tokens.size() > 1;  // a prompt's one-token last chunk is still a prompt row
     logits_.resize(static_cast<std::size_t>(vocab));
-    Status s = engine_->model().forward({&item, 1}, engine_->cache(), engine_->dispatcher(), logits_.data());
+    // The session owns its sequence's space in the cache; forward() writes into it. A chunk past the
+    // model's context is not reserved for: forward() rejects it as such.
+    const std::int64_t end = item.start_pos + static_cast<std::int64_t>(n);
+    Status s;
+    if (end <= engine_->config().context_length) s = engine_->cache().reserve(seq_, end);
+    if (s) s = engine_->model().forward({&item, 1}, engine_->cache(), engine_->dispatcher(), logits_.data());
     if (!s) {
       engine_->cache().truncate(seq_, position());  // the failed chunk never happened
       return s;

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/vector_exp.h"
+#include "ops/vector_exp.h"
 
 namespace kallpa::runtime {
 

@@ -312,8 +312,9 @@ bool Scheduler::step() {
   }
   if (plan.empty()) return false;
 
-  // Reserve per item, so that a failure ends only its own request (admission makes it rare: only
-  // a cache shared with someone else can run dry).
+  // The scheduler owns the cache's space (forward() only writes into it). Reserve per item, so that
+  // a failure ends only its own request (admission makes it rare: only a cache shared with someone
+  // else can run dry).
   std::vector<model::ForwardItem> items;
   std::vector<Active*> owners;
   std::int64_t tokens = 0, with_logits = 0;
@@ -329,8 +330,8 @@ bool Scheduler::step() {
     if (p.item.want_logits) ++with_logits;
   }
   if (items.empty()) return true;
-  // Prompt chunks first, as forward() orders its rows (model/llama_model.h), so that the logits
-  // come back in this order without a reshuffle.
+  // The batch's order is decided here, once: prompt chunks first, then decode steps, as forward()
+  // requires (model/llama_model.h); the logits come back in this order.
   std::vector<std::size_t> order(items.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_partition(order.begin(), order.end(), [&](std::size_t i) { return !model::is_decode_step(items[i]); });
@@ -361,7 +362,7 @@ bool Scheduler::step() {
     Active& a = *owners[i];
     a.fed += static_cast<std::int64_t>(items[i].tokens.size());
     // Only prompt positions: their K/V come from exact prompt rows, which a later request's
-    // prompt would compute identically; generated positions were decode rows (runtime/ops.h).
+    // prompt would compute identically; generated positions were decode rows (ops/ops.h).
     if (options_.prefix_cache) {
       const auto written = static_cast<std::size_t>(std::min(a.fed, a.prompt_size()));
       engine_.cache().publish(a.seq, std::span<const std::int32_t>(a.request.prompt).first(written));

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kallpa/runtime/engine.h"
-#include "model/synthetic_llama.h"
+#include "support/synthetic_llama.h"
 
 int main(int argc, char** argv) {
   using namespace kallpa;

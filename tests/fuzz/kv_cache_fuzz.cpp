@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "fuzz_target.h"
-#include "kallpa/runtime/kv_cache.h"
+#include "kallpa/ops/kv_cache.h"
 
 namespace {
 

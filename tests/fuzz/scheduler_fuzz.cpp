@@ -16,7 +16,7 @@
 #include "kallpa/model/gguf.h"
 #include "kallpa/runtime/engine.h"
 #include "kallpa/runtime/scheduler.h"
-#include "model/synthetic_llama.h"
+#include "support/synthetic_llama.h"
 
 namespace {
 

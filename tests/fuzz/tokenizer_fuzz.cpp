@@ -18,7 +18,7 @@
 #include "kallpa/model/gguf.h"
 #include "kallpa/model/gguf_tokenizer.h"
 #include "kallpa/tokenizer/chat.h"
-#include "model/synthetic_llama.h"
+#include "support/synthetic_llama.h"
 #include "tokenizer/utf8.h"
 
 namespace {

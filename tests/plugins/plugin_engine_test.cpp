@@ -13,7 +13,7 @@
 #include "kallpa/plugin.h"
 #include "kallpa/registry.h"
 #include "kallpa/runtime/engine.h"
-#include "model/synthetic_llama.h"
+#include "support/synthetic_llama.h"
 
 namespace kallpa::runtime {
 namespace {

@@ -1,4 +1,4 @@
-// Writes the tiny synthetic Llama (src/model/synthetic_llama.h) as a GGUF file, for the server
+// Writes the tiny synthetic Llama (tests/support/synthetic_llama.h) as a GGUF file, for the server
 // tests: kallpa_server_fixture OUT.gguf [CONTEXT_LENGTH [N_LAYER N_EMBD N_FF]]. Random weights, so
 // the text is noise, but it is deterministic, tokenizes, speaks ChatML's markers and runs in
 // milliseconds. The larger shape is for tests that need a stream to outlast a signal.
@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "model/synthetic_llama.h"
+#include "support/synthetic_llama.h"
 
 int main(int argc, char** argv) {
   if (argc != 2 && argc != 3 && argc != 6) {

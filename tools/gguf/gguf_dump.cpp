@@ -16,7 +16,7 @@
 
 #include "kallpa/model/gguf.h"
 #include "kallpa/model/llama.h"
-#include "kallpa/model/quant.h"
+#include "kallpa/ops/quant.h"
 
 using nlohmann::json;
 using namespace kallpa::model;

@@ -141,6 +141,7 @@ Status run_batched(runtime::Engine& engine, const BenchModelOptions& o, std::int
   for (std::int64_t i = 0; i < o.gen_tokens; ++i) {
     for (std::size_t b = 0; b < n; ++b) {
       items[b] = {sessions[b]->seq(), std::span<const std::int32_t>(&next[b], 1), position[b], true};
+      if (Status s = engine.cache().reserve(items[b].seq, position[b] + 1); !s) return s;
     }
     if (Status s = engine.model().forward(items, engine.cache(), engine.dispatcher(), logits.data()); !s) return s;
     for (std::size_t b = 0; b < n; ++b) {

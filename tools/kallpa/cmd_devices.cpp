@@ -9,7 +9,7 @@
 
 #include "cli.h"
 #include "kallpa/registry.h"
-#include "kallpa/runtime/ops.h"
+#include "kallpa/ops/ops.h"
 #include "output.h"
 
 namespace kallpa::cli {

@@ -28,13 +28,8 @@
 
 #include <immintrin.h>
 
-#if __has_include("ops/quant_kernels.h")
 #include "ops/quant_kernels.h"
 #include "ops/repack.h"
-#else
-#include "model/quant_kernels.h"
-#include "model/repack.h"
-#endif
 
 namespace lab {
 

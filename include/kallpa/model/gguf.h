@@ -28,7 +28,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kallpa/model/ggml_type.h"
+#include "kallpa/ops/ggml_type.h"
+#include "kallpa/ops/quant.h"
 #include "kallpa/status.h"
 
 namespace kallpa::model {
@@ -117,6 +118,10 @@ struct TensorView {
   // "[576, 49152]"
   std::string shape_string() const;
 };
+
+// The 2-D view of a tensor (ne = {cols, rows}); invalid_argument (field = tensor name) if it has
+// more than two non-trivial dims, unsupported if its type has no kernels.
+Result<WeightMatrix> as_weight_matrix(const TensorView& t);
 
 class GgufFile {
  public:

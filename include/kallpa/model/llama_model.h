@@ -1,4 +1,4 @@
-// The Llama-family forward pass, written once against the op interface (runtime/ops.h) and the
+// The Llama-family forward pass, written once against the op interface (ops/ops.h) and the
 // attention dispatcher, so that it reads top to bottom like the architecture and never names a
 // device or an attention backend.
 //
@@ -15,9 +15,9 @@
 #include "kallpa/dispatcher.h"
 #include "kallpa/model/gguf.h"
 #include "kallpa/model/llama.h"
-#include "kallpa/model/quant.h"
-#include "kallpa/runtime/kv_cache.h"
-#include "kallpa/runtime/ops.h"
+#include "kallpa/ops/quant.h"
+#include "kallpa/ops/kv_cache.h"
+#include "kallpa/ops/ops.h"
 
 namespace kallpa::model {
 
@@ -26,7 +26,7 @@ struct ForwardItem {
   std::span<const std::int32_t> tokens;  // the chunk
   std::int64_t start_pos = 0;            // position of tokens[0]; the cache holds [0, start_pos)
   bool want_logits = true;               // logits of the chunk's last token
-  // Prompt rows take exact activations, decode steps cheaper ones (runtime/ops.h). A chunk of
+  // Prompt rows take exact activations, decode steps cheaper ones (ops/ops.h). A chunk of
   // several tokens is always prompt; a one-token chunk is a decode step unless this says it is
   // the last piece of a prompt, whose K/V must not depend on where the chunks fell (the prefix
   // cache hands them to other requests as exact prompt rows).
@@ -58,6 +58,12 @@ class LlamaModel {
   // token's logits (vocab_size floats) into `logits`, in item order. Not reentrant: one forward()
   // at a time per model (it reuses its activation buffers).
   // `logits` is host memory whatever the device.
+  // The caller owns the batch's order and the cache's space: prompt chunks come first, then decode
+  // steps (is_decode_step), whose rows form the tail the ops compute with cheaper activations; and
+  // every item's positions are reserved already (KvCache::reserve up to start_pos + its tokens).
+  // Either broken is invalid_argument, before anything runs. Rejected rather than fixed here: a
+  // reorder would need its undo for the logits (a copy through host memory on a device), and the
+  // order is one decision, the batch builder's.
   Status forward(std::span<const ForwardItem> items, runtime::KvCache& cache, Dispatcher& attention, float* logits);
 
  private:
@@ -98,9 +104,6 @@ class LlamaModel {
 
   // Activations: x (residual), h (normed), q/k/v, att, ffn gate/up, tmp, logits of the wanted rows.
   Scratch x_, h_, q_, k_, v_, att_, gate_, up_, tmp_, logits_;
-  std::vector<float> host_logits_;
-  std::vector<std::size_t> order_;  // forward()'s item order: prompt chunks, then decode steps
-  std::vector<ForwardItem> ordered_;
   std::vector<std::int32_t> tokens_, positions_, cu_q_, block_table_, seqlens_k_;
   std::vector<std::int64_t> kv_slots_, wanted_rows_;  // cache slot of each row; rows whose logits are wanted
   std::int32_t max_blocks_ = 0;

@@ -17,8 +17,8 @@
 #include "kallpa/dispatcher.h"
 #include "kallpa/model/llama_model.h"
 #include "kallpa/observer.h"
-#include "kallpa/runtime/kv_cache.h"
-#include "kallpa/runtime/ops.h"
+#include "kallpa/ops/kv_cache.h"
+#include "kallpa/ops/ops.h"
 #include "kallpa/runtime/sampler.h"
 #include "kallpa/tokenizer/chat.h"
 #include "kallpa/tokenizer/tokenizer.h"
@@ -35,7 +35,7 @@ struct EngineOptions {
   std::string model_path;
   // Called from the loading thread as weights are paged in (never after load returns).
   std::function<void(const LoadProgress&)> on_progress;
-  // Where the model runs: "cpu", "opencl[:N]", "cuda[:N]" (runtime/ops.h). On a device, an op it
+  // Where the model runs: "cpu", "opencl[:N]", "cuda[:N]" (ops/ops.h). On a device, an op it
   // lacks runs on the CPU with copies (counted: Engine::op_fallbacks()) unless strict_device.
   std::string device = "cpu";
   bool strict_device = false;
@@ -87,7 +87,7 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   // Runs tokens through the model (in chunks), after what is already there. Several tokens are a
-  // prompt (exact activations in every chunk); one token is a decode step (runtime/ops.h).
+  // prompt (exact activations in every chunk); one token is a decode step (ops/ops.h).
   Status feed(std::span<const std::int32_t> tokens);
   // Picks the next token from the last logits (does not feed it).
   Result<std::int32_t> sample();

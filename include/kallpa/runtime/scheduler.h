@@ -18,7 +18,7 @@
 // scheduler's part is exact: prefill chunk boundaries are fixed positions (multiples of
 // prefill_chunk) whatever else is in the batch, and the rest of the forward pass is row-wise
 // (quantised matmul whose numerics depend only on the row and its kind: exact f32 activations for
-// prompt rows, 16-bit activations for decode steps, runtime/ops.h; norms, RoPE), so alone and
+// prompt rows, 16-bit activations for decode steps, ops/ops.h; norms, RoPE), so alone and
 // batched differ only
 // where an attention backend sums a sequence's keys in a batch-dependent order (cpu-flash sizes its
 // split-KV decode chunks from the whole batch, and picks its decode kernel by the batch's longest

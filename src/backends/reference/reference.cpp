@@ -86,7 +86,7 @@ Output64 compute_f64(const ValidatedProblem& vp) {
 
 namespace {
 
-class ReferenceBackend final : public AttentionBackend {
+class ReferenceBackend final : public AttentionBackend, public AttentionOracle {
  public:
   std::string_view name() const noexcept override { return "reference"; }
   std::string_view version() const noexcept override { return "1.0.0"; }
@@ -100,6 +100,9 @@ class ReferenceBackend final : public AttentionBackend {
     if (sig.device.kind != DeviceKind::cpu) return Support::no("reference runs on host memory only");
     return Support::yes();
   }
+
+  const AttentionOracle* oracle() const noexcept override { return this; }
+  ExactOutput compute_exact(const ValidatedProblem& vp) const override { return compute_f64(vp); }
 
   Status run(const ValidatedProblem& vp, Workspace) noexcept override {
     try {

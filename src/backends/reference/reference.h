@@ -5,14 +5,12 @@
 #include <vector>
 
 #include "kallpa/attention.h"
+#include "kallpa/backend.h"
 
 namespace kallpa::reference {
 
 // Results in logical order: row r = (sum of Sq over earlier sequences) + i.
-struct Output64 {
-  std::vector<double> o;    // [total_q, hq, dv]
-  std::vector<double> lse;  // [total_q, hq]; -inf for rows with no visible key
-};
+using Output64 = ExactOutput;
 
 Output64 compute_f64(const ValidatedProblem& problem);
 

@@ -1,0 +1,460 @@
+// AVX-512 VNNI kernel for batched Q16 products (gemm_q16 with several activation rows: a server's
+// batch of decode streams), run-time selected above the AVX2 kernels (see quant_kernels.h).
+//
+// AVX2's folding tile (gemm_q16_rows) keeps a weight row's 32 products in the lanes of one register
+// and folds them to the block's two halves E and O with shuffles, per block and activation row;
+// that fold and the separate multiply and add bound it. Here the lanes are weight rows instead (as
+// in AVX2's gemm_q16_lanes, 8 rows per vector there, madd + add for vpdpwssd): 16 rows per vector,
+// and vpdpwssd adds a pair of int16 products per lane straight into an int32 accumulator. Pairs
+// are (element j, element j + 16), both in the same half (j mod 4 == (j + 16) mod 4), which is the
+// low and the high nibble of one Q4 quant byte, and the activation side broadcasts the matching
+// pair from memory. So E and O come out per row without any fold, exactly (integer sums do not
+// depend on order), and the float steps per lane are those of tile_q16_row: acc_e = fma(float(E),
+// d_w * d_x, acc_e), acc_o likewise, macc = fma(m_w, s_x, macc) in block order, y = (acc_e +
+// acc_o) + macc. The result is bit for bit the AVX2 and scalar kernels', whatever kernel or tile a
+// row lands in.
+//
+// Making rows the lanes takes a transpose: a 16-row group's blocks are widened once per call into
+// a per-thread buffer (byte permutes for the repacked rows4 layout, a 16 x 16 dword transpose for
+// ggml's) and swept by every activation row, so its cost is shared by the batch; one activation
+// row alone goes to the AVX2 kernel. bench/quant_matmul_bench compares the two (avx2:0 vs avx2:1).
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "ops/quant_kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KALLPA_X86 1
+#endif
+
+namespace kallpa::model::kernels {
+
+#if KALLPA_X86
+
+bool avx512_vnni_available() noexcept {
+  static const bool ok = avx2_available() && __builtin_cpu_supports("avx512f") &&
+                         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+  return ok;
+}
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")
+// GCC 12's AVX-512 headers initialise their "undefined" vectors from themselves, which
+// -Wmaybe-uninitialized reports at every inlined intrinsic (GCC bug 105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace {
+
+constexpr int kGroupRows = 16;
+// Per block of a widened group: 16 vectors of (row lanes x one element pair), then 16 d_w and 16
+// m_w as floats.
+constexpr std::int64_t kWideVectors = 16;
+constexpr std::int64_t kWideBlockBytes = kWideVectors * 64 + 2 * 64;
+
+// Row r's block as 16 dwords, lane j = (int16 element j) | (int16 element j + 16) << 16.
+template <GgmlType T>
+inline __m512i row_pairs(const std::byte* qs) {
+  if constexpr (T == GgmlType::q8_0) {
+    const __m512i lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+    const __m512i hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16)));
+    // (lo & 0xffff) | (hi << 16)
+    return _mm512_ternarylogic_epi32(_mm512_slli_epi32(hi, 16), lo, _mm512_set1_epi32(0xffff), 0xF8);
+  } else {
+    // Byte j: element j in its low nibble, j + 16 in its high one. (v | v << 12) & 0x000f000f puts
+    // them in the low and high halves of the dword.
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+    return _mm512_and_si512(_mm512_or_si512(v, _mm512_slli_epi32(v, 12)), _mm512_set1_epi32(0x000f000f));
+  }
+}
+
+// In place: m[r] lane j -> m[j] lane r.
+inline void transpose16x16(__m512i (&m)[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(m[i], m[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(m[i], m[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    m[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    m[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    m[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    m[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // Now m[4a + c] holds, in its 128-bit lane q, element 4q + c of rows 4a..4a+3; we want m[4q + c]
+  // to hold that in lane a: a 4 x 4 transpose of 128-bit lanes, two rounds of lane shuffles.
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_i32x4(m[i], m[4 + i], 0x88);
+    t[4 + i] = _mm512_shuffle_i32x4(m[i], m[4 + i], 0xdd);
+    t[8 + i] = _mm512_shuffle_i32x4(m[8 + i], m[12 + i], 0x88);
+    t[12 + i] = _mm512_shuffle_i32x4(m[8 + i], m[12 + i], 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    m[i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0x88);
+    m[8 + i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0xdd);
+    m[4 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0x88);
+    m[12 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0xdd);
+  }
+}
+
+// The 16 scales d_w of rows r0 .. r0+15 at block b, and their constant terms m_w (Q4_1's mins,
+// Q4_0's -8 d, Q8_0's none), as floats, for any layout.
+template <GgmlType T, WeightLayout L>
+inline void group_scales(const std::byte* w, std::size_t row_bytes, std::int64_t r0, std::int64_t b, __m512& d,
+                         __m512& m) {
+  constexpr BlockGeom g = block_geom(T);
+  if constexpr (L == WeightLayout::rows4) {
+    // Each 4-row group has its 4 d (and then 4 m) side by side: four 8-byte loads, one convert.
+    auto halves = [&](std::size_t offset) {
+      const std::byte* p[4];
+      for (int i = 0; i < 4; ++i) {
+        p[i] = w + static_cast<std::size_t>(r0 + 4 * i) * row_bytes + static_cast<std::size_t>(b) * 4 * g.bytes + offset;
+      }
+      auto two = [](const std::byte* a, const std::byte* c) {
+        return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
+                                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
+      };
+      return _mm512_cvtph_ps(_mm256_set_m128i(two(p[2], p[3]), two(p[0], p[1])));
+    };
+    d = halves(0);
+    if constexpr (g.has_m) m = halves(8);
+  } else {
+    alignas(64) float dv[16], mv[16];
+    for (int r = 0; r < kGroupRows; ++r) {
+      const BlockPtr p = block_ptr(g, L, w, row_bytes, r0 + r, b);
+      std::uint16_t h;
+      std::memcpy(&h, p.d, 2);
+      dv[r] = _cvtsh_ss(h);
+      if constexpr (g.has_m) {
+        std::memcpy(&h, p.m, 2);
+        mv[r] = _cvtsh_ss(h);
+      }
+    }
+    d = _mm512_load_ps(dv);
+    if constexpr (g.has_m) m = _mm512_load_ps(mv);
+  }
+  if constexpr (T == GgmlType::q4_0) m = _mm512_mul_ps(_mm512_set1_ps(-8.0f), d);
+  if constexpr (T == GgmlType::q8_0) m = _mm512_setzero_ps();
+}
+
+// Index vectors of the byte shuffles in widen_rows4, built once.
+struct ByteShuffles {
+  __m512i a_lo, a_hi, b01, b23, w[4], q8_lo, q8_hi;
+};
+inline ByteShuffles make_byte_shuffles() {
+  alignas(64) std::uint8_t a_lo[64], a_hi[64], b01[64], b23[64], wv[4][64], q8_lo[64], q8_hi[64];
+  for (int j = 0; j < 8; ++j) {
+    for (int r = 0; r < 8; ++r) {  // rows 0..7 (or 8..15) of the two sources: (r / 4) picks one
+      a_lo[8 * j + r] = static_cast<std::uint8_t>((r < 4 ? 0 : 64) + 16 * (r % 4) + j);
+      a_hi[8 * j + r] = static_cast<std::uint8_t>((r < 4 ? 0 : 64) + 16 * (r % 4) + j + 8);
+    }
+  }
+  for (int c = 0; c < 4; ++c) {
+    for (int r = 0; r < 16; ++r) {
+      b01[16 * c + r] = static_cast<std::uint8_t>((r < 8 ? 0 : 64) + 8 * c + r % 8);
+      b23[16 * c + r] = static_cast<std::uint8_t>((r < 8 ? 0 : 64) + 8 * (4 + c) + r % 8);
+      wv[c][4 * r] = static_cast<std::uint8_t>(16 * c + r);
+      wv[c][4 * r + 1] = 0;
+      wv[c][4 * r + 2] = static_cast<std::uint8_t>(64 + 16 * c + r);
+      wv[c][4 * r + 3] = 0;
+    }
+  }
+  for (int i = 0; i < 4; ++i) {  // Q8_0: row i's bytes 0..15 (lo) or 16..31 (hi) of 4 x 32
+    for (int j = 0; j < 16; ++j) {
+      q8_lo[16 * i + j] = static_cast<std::uint8_t>(32 * i + j);
+      q8_hi[16 * i + j] = static_cast<std::uint8_t>(32 * i + j + 16);
+    }
+  }
+  ByteShuffles s;
+  s.a_lo = _mm512_load_si512(a_lo);
+  s.a_hi = _mm512_load_si512(a_hi);
+  s.b01 = _mm512_load_si512(b01);
+  s.b23 = _mm512_load_si512(b23);
+  for (int c = 0; c < 4; ++c) s.w[c] = _mm512_load_si512(wv[c]);
+  s.q8_lo = _mm512_load_si512(q8_lo);
+  s.q8_hi = _mm512_load_si512(q8_hi);
+  return s;
+}
+
+// 16 rows x 16 bytes, in[g] holding rows 4g..4g+3 (row i's byte j at 16 i + j), transposed into
+// t[q] (byte 16 c + r: row r's byte 4 q + c) by two rounds of two-source byte permutes, 8 in all.
+inline void transpose_bytes16x16(const ByteShuffles& sh, const __m512i (&in)[4], __m512i (&t)[4]) {
+  // Byte 8 j + r: row r (of 0..7, or 8..15 for the b pair) at byte j (lo: j < 8; hi: j - 8).
+  const __m512i a_lo = _mm512_permutex2var_epi8(in[0], sh.a_lo, in[1]);
+  const __m512i a_hi = _mm512_permutex2var_epi8(in[0], sh.a_hi, in[1]);
+  const __m512i b_lo = _mm512_permutex2var_epi8(in[2], sh.a_lo, in[3]);
+  const __m512i b_hi = _mm512_permutex2var_epi8(in[2], sh.a_hi, in[3]);
+  t[0] = _mm512_permutex2var_epi8(a_lo, sh.b01, b_lo);
+  t[1] = _mm512_permutex2var_epi8(a_lo, sh.b23, b_lo);
+  t[2] = _mm512_permutex2var_epi8(a_hi, sh.b01, b_hi);
+  t[3] = _mm512_permutex2var_epi8(a_hi, sh.b23, b_hi);
+}
+
+// Weights in the rows4 layout, where a 4-row group's quants are contiguous: byte transposes
+// instead of row_pairs + transpose16x16 (~50-70 instructions per block instead of ~130-150).
+//   Q4: 64 bytes per group (row i's byte j at 16 i + j: element j in the low nibble, j + 16 in the
+//       high one); the nibbles split on whole vectors, and one zeroing permute per output vector
+//       interleaves them into (j, j + 16) pairs.
+//   Q8_0: 128 bytes per group (row i's 32 bytes at 32 i); its elements 0..15 and 16..31 are
+//       gathered into two Q4-shaped matrices, transposed alike, interleaved, then sign-extended.
+// Each 16-row group also asks for the next one's bytes: decode reads every weight once per step,
+// mostly from DRAM, and the widening otherwise waits on each load.
+template <GgmlType T>
+void widen_rows4(const std::byte* w, std::size_t row_bytes, std::int64_t r0, std::int64_t b0, std::int64_t b1,
+                 std::byte* wide) {
+  constexpr BlockGeom g = block_geom(T);
+  constexpr std::size_t qs_offset = g.has_m ? 16 : 8;
+  static const ByteShuffles sh = make_byte_shuffles();
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
+  const std::byte* group = w + static_cast<std::size_t>(r0) * row_bytes;
+  const std::byte* next = group + kGroupRows * row_bytes;
+  for (std::int64_t b = b0; b < b1; ++b) {
+    const std::byte* blk[4];
+    for (int i = 0; i < 4; ++i) blk[i] = group + 4 * i * row_bytes + static_cast<std::size_t>(b) * 4 * g.bytes;
+    prefetch_lines<kPrefetchToL1>(next + static_cast<std::size_t>(b) * kGroupRows * g.bytes, kGroupRows * g.bytes);
+    std::byte* out = wide + (b - b0) * kWideBlockBytes;
+    if constexpr (T == GgmlType::q8_0) {
+      __m512i lo_in[4], hi_in[4], lo[4], hi[4];
+      for (int i = 0; i < 4; ++i) {
+        const __m512i r01 = _mm512_loadu_si512(blk[i] + qs_offset);
+        const __m512i r23 = _mm512_loadu_si512(blk[i] + qs_offset + 64);
+        lo_in[i] = _mm512_permutex2var_epi8(r01, sh.q8_lo, r23);
+        hi_in[i] = _mm512_permutex2var_epi8(r01, sh.q8_hi, r23);
+      }
+      transpose_bytes16x16(sh, lo_in, lo);
+      transpose_bytes16x16(sh, hi_in, hi);
+      for (int q = 0; q < 4; ++q) {
+        for (int c = 0; c < 4; ++c) {
+          const __m512i bytes = _mm512_maskz_permutex2var_epi8(0x5555555555555555ULL, lo[q], sh.w[c], hi[q]);
+          _mm512_store_si512(out + 64 * (4 * q + c), _mm512_srai_epi16(_mm512_slli_epi16(bytes, 8), 8));
+        }
+      }
+    } else {
+      __m512i in[4], t[4];
+      for (int i = 0; i < 4; ++i) in[i] = _mm512_loadu_si512(blk[i] + qs_offset);
+      transpose_bytes16x16(sh, in, t);
+      for (int q = 0; q < 4; ++q) {
+        const __m512i lo = _mm512_and_si512(t[q], low_nibbles);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(t[q], 4), low_nibbles);
+        for (int c = 0; c < 4; ++c) {
+          _mm512_store_si512(out + 64 * (4 * q + c),
+                             _mm512_maskz_permutex2var_epi8(0x5555555555555555ULL, lo, sh.w[c], hi));
+        }
+      }
+    }
+    __m512 d, m;
+    group_scales<T, WeightLayout::rows4>(w, row_bytes, r0, b, d, m);
+    _mm512_store_ps(out + 64 * kWideVectors, d);
+    _mm512_store_ps(out + 64 * kWideVectors + 64, m);
+  }
+}
+
+// Rows r0 .. r0+15, blocks [b0, b1), into `wide` (kWideBlockBytes per block, block b0 first).
+template <GgmlType T, WeightLayout L>
+void widen_group(const std::byte* w, std::size_t row_bytes, std::int64_t r0, std::int64_t b0, std::int64_t b1,
+                 std::byte* wide) {
+  if constexpr (L == WeightLayout::rows4) {
+    widen_rows4<T>(w, row_bytes, r0, b0, b1, wide);
+  } else {
+    constexpr BlockGeom g = block_geom(T);
+    for (std::int64_t b = b0; b < b1; ++b) {
+      __m512i m[16];
+      for (int r = 0; r < kGroupRows; ++r) m[r] = row_pairs<T>(block_ptr(g, L, w, row_bytes, r0 + r, b).qs);
+      transpose16x16(m);
+      std::byte* out = wide + (b - b0) * kWideBlockBytes;
+      for (int j = 0; j < kWideVectors; ++j) _mm512_store_si512(out + 64 * j, m[j]);
+      __m512 d, mins;
+      group_scales<T, L>(w, row_bytes, r0, b, d, mins);
+      _mm512_store_ps(out + 64 * kWideVectors, d);
+      _mm512_store_ps(out + 64 * kWideVectors + 64, mins);
+    }
+  }
+}
+
+// The float accumulators of one activation row against a 16-row group, carried from one chunk of
+// blocks to the next.
+struct alignas(64) RowAcc {
+  __m512 e, o, m;
+};
+
+// NX activation rows against blocks [b0, b1) of a widened group (wide holds block b0 first): the
+// float steps of tile_q16_row per lane (= row). Each pair's weight vector is loaded once and
+// multiplied into every activation row's half. The accumulators start at zero for b0 = 0 (else
+// from acc) and end in y for b1 = nb (else in acc), so chunking changes no operation's order.
+template <int NX>
+void tile_group(const std::byte* wide, const std::int32_t* xp, const BlockQ16x* xq, std::int64_t nb,
+                std::int64_t b0, std::int64_t b1, RowAcc* acc, float* y, std::int64_t ldy) {
+  __m512 acc_e[NX], acc_o[NX], macc[NX];
+  for (int x = 0; x < NX; ++x) {
+    if (b0 == 0) {
+      acc_e[x] = acc_o[x] = macc[x] = _mm512_setzero_ps();
+    } else {
+      acc_e[x] = acc[x].e;
+      acc_o[x] = acc[x].o;
+      macc[x] = acc[x].m;
+    }
+  }
+  for (std::int64_t b = b0; b < b1; ++b) {
+    const std::byte* wb = wide + (b - b0) * kWideBlockBytes;
+    __m512i e[NX], o[NX];
+    for (int x = 0; x < NX; ++x) e[x] = o[x] = _mm512_setzero_si512();
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j += 4) {  // j, j + 1 in E; j + 2, j + 3 in O
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        const __m512i wv = _mm512_load_si512(wb + 64 * (j + p));
+        for (int x = 0; x < NX; ++x) {
+          const __m512i xv = _mm512_set1_epi32(xp[(x * nb + b) * 16 + j + p]);
+          if (p < 2) {
+            e[x] = _mm512_dpwssd_epi32(e[x], wv, xv);
+          } else {
+            o[x] = _mm512_dpwssd_epi32(o[x], wv, xv);
+          }
+        }
+      }
+    }
+    const __m512 dw = _mm512_load_ps(wb + 64 * kWideVectors);
+    const __m512 mw = _mm512_load_ps(wb + 64 * kWideVectors + 64);
+    for (int x = 0; x < NX; ++x) {
+      const BlockQ16x& blk = xq[x * nb + b];
+      const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(blk.d));
+      acc_e[x] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(e[x]), s, acc_e[x]);
+      acc_o[x] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(o[x]), s, acc_o[x]);
+      macc[x] = _mm512_fmadd_ps(mw, _mm512_set1_ps(blk.s), macc[x]);
+    }
+  }
+  for (int x = 0; x < NX; ++x) {
+    if (b1 == nb) {
+      _mm512_storeu_ps(y + x * ldy, _mm512_add_ps(_mm512_add_ps(acc_e[x], acc_o[x]), macc[x]));
+    } else {
+      acc[x] = RowAcc{acc_e[x], acc_o[x], macc[x]};
+    }
+  }
+}
+
+// Rows longer than kChunkMaxBlocks blocks are widened and swept kChunkBlocks at a time, so that a
+// chunk's widened weights (16 x 1152 bytes) and every activation row's pairs for it (16 x 64 bytes
+// each) stay in L1 while the batch's tiles sweep them; whole rows of SmolLM2's down projection
+// (k = 1536: 55 KB widened + 49 KB of pairs for 16 rows) would spill to L2 and slow its tiles
+// (bench/results/quant-matmul.md).
+constexpr std::int64_t kChunkBlocks = 16;
+constexpr std::int64_t kChunkMaxBlocks = 24;
+
+template <GgmlType T, WeightLayout L>
+void gemm_q16_groups(const std::byte* w, std::size_t row_bytes, std::int64_t n_groups, const BlockQ16x* xq,
+                     const std::int32_t* xp, std::int64_t nx, std::int64_t nb, float* y, std::int64_t ldy) {
+  const std::int64_t chunk = nb > kChunkMaxBlocks ? kChunkBlocks : nb;
+  // Per-thread, reused across calls; plain pointers below (thread_local in a shared library costs
+  // a __tls_get_addr per access).
+  struct alignas(64) Line {
+    std::byte bytes[64];
+  };
+  thread_local std::vector<Line> wide_buf;
+  thread_local std::vector<RowAcc> acc_buf;
+  wide_buf.resize(static_cast<std::size_t>(chunk * kWideBlockBytes / 64));
+  acc_buf.resize(static_cast<std::size_t>(nx));
+  std::byte* const wide = reinterpret_cast<std::byte*>(wide_buf.data());
+  RowAcc* const acc = acc_buf.data();
+  // The rows4 widening asks for each next group while it widens one, but a task's first group has
+  // no predecessor, and without a prefetch its blocks miss one after another. The whole group at
+  // once, into L2, lets the misses overlap (bench/results/quant-matmul.md).
+  if (n_groups > 0) prefetch_lines<kPrefetchToL2>(w, kGroupRows * row_bytes);
+  for (std::int64_t g = 0; g < n_groups; ++g) {
+    float* yg = y + g * kGroupRows;
+    for (std::int64_t b0 = 0; b0 < nb; b0 += chunk) {
+      const std::int64_t b1 = std::min(nb, b0 + chunk);
+      widen_group<T, L>(w, row_bytes, g * kGroupRows, b0, b1, wide);
+      std::int64_t x = 0;
+      auto tile = [&](auto rows) {
+        constexpr int NX = decltype(rows)::value;
+        tile_group<NX>(wide, xp + x * nb * 16, xq + x * nb, nb, b0, b1, acc + x, yg + x * ldy, ldy);
+      };
+      for (; x + 4 <= nx; x += 4) tile(std::integral_constant<int, 4>());
+      switch (nx - x) {
+        case 3: tile(std::integral_constant<int, 3>()); break;
+        case 2: tile(std::integral_constant<int, 2>()); break;
+        case 1: tile(std::integral_constant<int, 1>()); break;
+        default: break;
+      }
+    }
+  }
+}
+
+template <GgmlType T>
+void by_layout(WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t n_groups,
+               const BlockQ16x* xq, const std::int32_t* xp, std::int64_t nx, std::int64_t nb, float* y,
+               std::int64_t ldy) {
+  if (layout == WeightLayout::rows4) {
+    gemm_q16_groups<T, WeightLayout::rows4>(w, row_bytes, n_groups, xq, xp, nx, nb, y, ldy);
+  } else {
+    gemm_q16_groups<T, WeightLayout::rows>(w, row_bytes, n_groups, xq, xp, nx, nb, y, ldy);
+  }
+}
+
+}  // namespace
+
+void pair_q16_activations_avx512(const BlockQ16x* xq, std::int64_t nb, std::int32_t* out) {
+  alignas(64) static constexpr std::int16_t kIdx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i idx = _mm512_load_si512(kIdx);
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const __m512i q = _mm512_loadu_si512(xq[b].qs);
+    _mm512_storeu_si512(out + 16 * b, _mm512_permutexvar_epi16(idx, q));
+  }
+}
+
+void gemm_q16_avx512(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                     const BlockQ16x* xq, const std::int32_t* x_pairs, std::int64_t nx, std::int64_t k, float* y,
+                     std::int64_t ldy) {
+  // One activation row cannot share a group's widening: the AVX2 kernel reads the weights once.
+  const std::int64_t n_groups = nx >= kQ16Avx512MinBatch && x_pairs != nullptr ? nw / kGroupRows : 0;
+  const std::int64_t nb = k / kQK;
+  switch (type) {
+    case GgmlType::q8_0: by_layout<GgmlType::q8_0>(layout, w, row_bytes, n_groups, xq, x_pairs, nx, nb, y, ldy); break;
+    case GgmlType::q4_0: by_layout<GgmlType::q4_0>(layout, w, row_bytes, n_groups, xq, x_pairs, nx, nb, y, ldy); break;
+    case GgmlType::q4_1: by_layout<GgmlType::q4_1>(layout, w, row_bytes, n_groups, xq, x_pairs, nx, nb, y, ldy); break;
+    default: return;
+  }
+  const std::int64_t done = n_groups * kGroupRows;
+  if (done < nw) {
+    gemm_q16_avx2(type, layout, w + static_cast<std::size_t>(done) * row_bytes, row_bytes, nw - done, xq, nx, k,
+                  y + done, ldy);
+  }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+#else  // not x86
+
+bool avx512_vnni_available() noexcept { return false; }
+void pair_q16_activations_avx512(const BlockQ16x* xq, std::int64_t nb, std::int32_t* out) {
+  for (std::int64_t b = 0; b < nb; ++b) {
+    for (int j = 0; j < 16; ++j) {
+      out[16 * b + j] = static_cast<std::int32_t>(static_cast<std::uint16_t>(xq[b].qs[j]) |
+                                                  static_cast<std::uint32_t>(static_cast<std::uint16_t>(xq[b].qs[j + 16])) << 16);
+    }
+  }
+}
+void gemm_q16_avx512(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                     const BlockQ16x* xq, const std::int32_t* x_pairs, std::int64_t nx, std::int64_t k, float* y,
+                     std::int64_t ldy) {
+  gemm_q16_scalar(type, layout, w, row_bytes, nw, xq, nx, k, y, ldy);
+}
+
+#endif
+
+}  // namespace kallpa::model::kernels
