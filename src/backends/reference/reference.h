@@ -14,7 +14,7 @@ struct Output64 {
   std::vector<double> lse;  // [total_q, hq]; -inf for rows with no visible key
 };
 
-Output64 compute_f64(const ValidatedProblem& problem);
+Output64 compute_f64(const ValidatedProblem& vp);
 
 // Loads element `index` (in elements from data) of a tensor as double.
 double load(const TensorView& t, std::int64_t index) noexcept;
