@@ -16,8 +16,6 @@
 namespace kallpa {
 namespace {
 
-constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
-
 Status bad(std::string field, std::string message) {
   return Status::invalid(std::move(field), std::move(message));
 }

@@ -204,7 +204,7 @@ Server::Server(runtime::Engine& engine, ServerOptions options)
     write_error(res, e);
     return httplib::Server::HandlerResponse::Handled;
   }));
-  s.http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+  s.http.set_exception_handler([](const httplib::Request&, httplib::Response& res, const std::exception_ptr& ep) {
     ApiError e;
     e.status = 500;
     e.type = "server_error";

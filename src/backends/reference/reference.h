@@ -12,7 +12,7 @@ namespace kallpa::reference {
 // Results in logical order: row r = (sum of Sq over earlier sequences) + i.
 using Output64 = ExactOutput;
 
-Output64 compute_f64(const ValidatedProblem& problem);
+Output64 compute_f64(const ValidatedProblem& vp);
 
 // Loads element `index` (in elements from data) of a tensor as double.
 double load(const TensorView& t, std::int64_t index) noexcept;
