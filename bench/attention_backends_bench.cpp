@@ -30,8 +30,7 @@ void run_backend(benchmark::State& state, const std::string& backend, const std:
       return;
     }
   }
-  state.counters["GFLOP/s"] =
-      benchmark::Counter((*inst)->flops() / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] = benchmark::Counter((*inst)->flops() / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["KV_GB/s"] =
       benchmark::Counter((*inst)->kv_bytes() / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }

@@ -89,8 +89,9 @@ std::unique_ptr<Problem> make(const Shape& s) {
 
 // One problem per shape, built on first use: the 256 MiB decode_dram shapes take seconds to fill.
 const Problem& problem_for(const Shape& s) {
-  static std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, int, bool>,
-                  std::unique_ptr<Problem>>
+  static std::map<
+      std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, int, bool>,
+      std::unique_ptr<Problem>>
       cache;
   auto& slot = cache[{s.b, s.sq, s.skv, s.hq, s.hkv, s.d, s.causal, static_cast<int>(s.dt), s.one_key_row}];
   if (!slot) slot = make(s);
@@ -118,7 +119,8 @@ __attribute__((target("avx2"))) std::uint64_t sum_two_avx2(const std::uint64_t* 
     }
   }
   alignas(32) std::uint64_t out[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(out), _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3)));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out),
+                     _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3)));
   return out[0] + out[1] + out[2] + out[3] + tail;
 }
 
@@ -202,19 +204,20 @@ void register_decode_kernels(const std::string& name, const Shape& s) {
     if (!be) be = std::make_unique<cpu_flash::CpuFlashBackend>(cpu_flash::Options{threads, cpu_flash::Path::fast, k});
     return be.get();
   };
-  const bool l1 = name.rfind("decode_l1", 0) == 0;     // the memory-order kernels' ceilings, one thread
+  const bool l1 = name.rfind("decode_l1", 0) == 0;      // the memory-order kernels' ceilings, one thread
   const bool dram = name.rfind("decode_dram", 0) == 0;  // all threads, beside the plain read
   for (const Entry& e : kernels) {
     if ((l1 || dram) && (e.kernel == DecodeKernel::automatic || e.kernel == DecodeKernel::by_head)) continue;
     if (!dram) {
       cpu_flash::CpuFlashBackend* be = backend(e.kernel, 1);
-      benchmark::RegisterBenchmark((name + "/" + e.name + "_t1").c_str(),
-                                   [s, be](benchmark::State& st) { run_backend(st, *be, s); })
-          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark((name + "/" + e.name + "_t1").c_str(), [s, be](benchmark::State& st) {
+        run_backend(st, *be, s);
+      })->Unit(benchmark::kMillisecond);
     }
     if (!l1) {
       cpu_flash::CpuFlashBackend* be = backend(e.kernel, 0);
-      benchmark::RegisterBenchmark((name + "/" + e.name).c_str(), [s, be](benchmark::State& st) { run_backend(st, *be, s); })
+      benchmark::RegisterBenchmark((name + "/" + e.name).c_str(),
+                                   [s, be](benchmark::State& st) { run_backend(st, *be, s); })
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
     }
@@ -236,20 +239,23 @@ void register_shape(const std::string& kind, const Shape& s, bool with_generic) 
     register_decode_kernels(name, s);
   } else {
     // One thread, CPU time: per-core efficiency, robust on a busy machine.
-    benchmark::RegisterBenchmark((name + "/fast_t1").c_str(), [s](benchmark::State& st) { run_backend(st, fast1, s); })
-        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((name + "/fast_t1").c_str(), [s](benchmark::State& st) {
+      run_backend(st, fast1, s);
+    })->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark((name + "/fast").c_str(), [s](benchmark::State& st) { run_backend(st, fast, s); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
   if (with_generic)
-    benchmark::RegisterBenchmark((name + "/generic").c_str(), [s](benchmark::State& st) { run_backend(st, generic, s); })
+    benchmark::RegisterBenchmark((name + "/generic").c_str(),
+                                 [s](benchmark::State& st) { run_backend(st, generic, s); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   if (kind.rfind("decode_dram", 0) == 0) return;  // cpu-gemm takes seconds per call there
-  if (s.one_key_row) return;                       // decode_l1: the kernels' ceilings only
+  if (s.one_key_row) return;                      // decode_l1: the kernels' ceilings only
   if (AttentionBackend* gemm = BackendRegistry::global().find("cpu-gemm"))
-    benchmark::RegisterBenchmark((name + "/cpu-gemm").c_str(), [s, gemm](benchmark::State& st) { run_backend(st, *gemm, s); })
+    benchmark::RegisterBenchmark((name + "/cpu-gemm").c_str(),
+                                 [s, gemm](benchmark::State& st) { run_backend(st, *gemm, s); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
 }
@@ -368,7 +374,8 @@ void BM_F16ConvertFma1Core(benchmark::State& state) {
   constexpr int kPasses = 64;
   std::vector<std::uint16_t> buf(kHalves, 0x3c00);  // 1.0
   for (auto _ : state) benchmark::DoNotOptimize(f16_convert_fma_avx512(buf.data(), kHalves, kPasses));
-  state.counters["F16_GB/s"] = benchmark::Counter(2.0 * kHalves * kPasses * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["F16_GB/s"] =
+      benchmark::Counter(2.0 * kHalves * kPasses * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_F16ConvertFma1Core)->Unit(benchmark::kMillisecond);
 
@@ -400,8 +407,7 @@ __attribute__((target("avx512f"))) inline void walk_dots(const std::uint16_t* kh
   for (auto& a : acc) a = _mm512_setzero_ps();
   const __m512 zero = _mm512_setzero_ps();
   for (int c = 0; c < kWalkDim; c += 16) {
-    const __m512 kv =
-        _mm512_mask_cvtph_ps(zero, 0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kh + c)));
+    const __m512 kv = _mm512_mask_cvtph_ps(zero, 0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kh + c)));
     for (int r = 0; r < kWalkRows; ++r) acc[r] = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q + r * kWalkDim + c), acc[r]);
   }
   for (int r = 0; r < kWalkRows; ++r) sink[r] += walk_sum(acc[r]);
@@ -426,7 +432,8 @@ __attribute__((target("avx512f"))) float walk_keys(const std::uint16_t* k, long 
     for (long j0 = 0; j0 < keys; j0 += step) {
       for (int u = 0; u < step; ++u) prefetch_row(j0 + kAhead + u);
       for (int h = 0; h < kWalkHeads; ++h)
-        for (int u = 0; u < step; ++u) walk_dots(k + (j0 + u) * kRow + h * kWalkDim, q + h * kWalkRows * kWalkDim, sink);
+        for (int u = 0; u < step; ++u)
+          walk_dots(k + (j0 + u) * kRow + h * kWalkDim, q + h * kWalkRows * kWalkDim, sink);
     }
   }
   return sink[0] + sink[1] + sink[2] + sink[3];
@@ -475,7 +482,8 @@ void BM_PlainRead1Core(benchmark::State& state) {
   constexpr long kBytes = 512L << 20;
   std::vector<std::uint16_t> buf(kBytes / 2, 0x3c00);
   for (auto _ : state) benchmark::DoNotOptimize(plain_read_avx512(buf.data(), kBytes));
-  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(kBytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] =
+      benchmark::Counter(static_cast<double>(kBytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_PlainRead1Core)->Unit(benchmark::kMillisecond);
 

@@ -77,7 +77,9 @@ void BM_QuantMatmul(benchmark::State& state) {
                                                  benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
   state.counters["wGB/s"] = benchmark::Counter(static_cast<double>(w.size()) * iters, benchmark::Counter::kIsRate,
                                                benchmark::Counter::kIs1000);
-  const char* act_name = act == MatmulOptions::Activations::q8 ? " q8" : act == MatmulOptions::Activations::q16 ? " q16" : " f32";
+  const char* act_name = act == MatmulOptions::Activations::q8    ? " q8"
+                         : act == MatmulOptions::Activations::q16 ? " q16"
+                                                                  : " f32";
   state.SetLabel(std::string(ggml_type_name(t)) + act_name + " v" + std::to_string(version) +
                  (avx2_only ? " avx2" : std::string(" ") + std::string(quant_kernel_isa())));
 }

@@ -7,8 +7,8 @@
 #include <functional>
 #include <limits>
 #include <map>
-#include <ostream>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -32,16 +32,16 @@ enum class Bug {
   no_lse,              // forgets the logsumexp output
   ignore_softcap,
   ignore_alibi,
-  top_left_causal,     // PyTorch's is_causal alignment instead of bottom-right
-  reads_masked_keys,   // weights masked keys by 0 but still multiplies their values in
-  bf16_accumulator,    // accumulates P.V in bf16
-  nan_on_neg_inf_rows, // all-(-inf) rows give exp(-inf - -inf) = NaN
-  wrong_lse_base,      // log2 instead of the natural log
-  write_before_output, // writes the element before the first output row
-  scales_q_in_place,   // "optimises" by scaling q in the caller's buffer
-  workspace_overflow,  // asks for 64 bytes of workspace and uses 65
-  refuses,             // declines every problem: must be skipped, not failed
-  run_fails,           // supports everything, then returns an error from run()
+  top_left_causal,      // PyTorch's is_causal alignment instead of bottom-right
+  reads_masked_keys,    // weights masked keys by 0 but still multiplies their values in
+  bf16_accumulator,     // accumulates P.V in bf16
+  nan_on_neg_inf_rows,  // all-(-inf) rows give exp(-inf - -inf) = NaN
+  wrong_lse_base,       // log2 instead of the natural log
+  write_before_output,  // writes the element before the first output row
+  scales_q_in_place,    // "optimises" by scaling q in the caller's buffer
+  workspace_overflow,   // asks for 64 bytes of workspace and uses 65
+  refuses,              // declines every problem: must be skipped, not failed
+  run_fails,            // supports everything, then returns an error from run()
 };
 
 const std::map<Bug, std::string>& bug_names() {
@@ -87,9 +87,7 @@ void store(const TensorView& t, std::int64_t index, float value) {
   }
 }
 
-std::int64_t stride(const TensorView& t, int from_end) {
-  return t.stride[static_cast<std::size_t>(t.rank - from_end)];
-}
+std::int64_t stride(const TensorView& t, int from_end) { return t.stride[static_cast<std::size_t>(t.rank - from_end)]; }
 
 // A straightforward float implementation of the contract, two passes per row.
 class MutantBackend final : public AttentionBackend {
@@ -144,7 +142,8 @@ class MutantBackend final : public AttentionBackend {
             for (std::int64_t c = 0; c < d; ++c) dot += qrow[static_cast<std::size_t>(c)] * load(p.k, kb + c * k_ds);
             float x = dot * vp.scale();
             if (p.softcap > 0.0f && bug_ != Bug::ignore_softcap) x = p.softcap * std::tanh(x / p.softcap);
-            if (p.alibi_slopes && bug_ != Bug::ignore_alibi) x -= p.alibi_slopes[h] * static_cast<float>(std::llabs(pos - j));
+            if (p.alibi_slopes && bug_ != Bug::ignore_alibi)
+              x -= p.alibi_slopes[h] * static_cast<float>(std::llabs(pos - j));
             s.push_back(x);
             if (j >= first && j <= last && (x > m || std::isnan(x))) m = std::isnan(m) ? m : x;
           }
@@ -152,8 +151,8 @@ class MutantBackend final : public AttentionBackend {
           const bool all_neg_inf = !empty && m == neg_inf;
           float sum = 0.0f;
           for (float& acc_c : acc) acc_c = 0.0f;
-          const bool zero_row = (empty && bug_ != Bug::nan_on_masked_rows) ||
-                                (all_neg_inf && bug_ != Bug::nan_on_neg_inf_rows);
+          const bool zero_row =
+              (empty && bug_ != Bug::nan_on_masked_rows) || (all_neg_inf && bug_ != Bug::nan_on_neg_inf_rows);
           if (!zero_row) {
             for (std::int64_t j = lo; j <= hi; ++j) {
               const bool visible = j >= first && j <= last;
@@ -190,15 +189,18 @@ class MutantBackend final : public AttentionBackend {
 
  private:
   std::int64_t k_row(const ValidatedProblem& vp, std::int32_t b, std::int64_t j, std::int64_t pool_base) const {
-    if (bug_ == Bug::ignore_block_table && vp.problem().kv_layout == KvLayout::paged) return pool_row(vp.problem().k, vp, j, pool_base);
+    if (bug_ == Bug::ignore_block_table && vp.problem().kv_layout == KvLayout::paged)
+      return pool_row(vp.problem().k, vp, j, pool_base);
     return vp.k_row_offset(b, j);
   }
   std::int64_t v_row(const ValidatedProblem& vp, std::int32_t b, std::int64_t j, std::int64_t pool_base) const {
-    if (bug_ == Bug::ignore_block_table && vp.problem().kv_layout == KvLayout::paged) return pool_row(vp.problem().v, vp, j, pool_base);
+    if (bug_ == Bug::ignore_block_table && vp.problem().kv_layout == KvLayout::paged)
+      return pool_row(vp.problem().v, vp, j, pool_base);
     return vp.v_row_offset(b, j);
   }
   // Blocks taken in pool order, sequence after sequence: right only for an identity table.
-  static std::int64_t pool_row(const TensorView& t, const ValidatedProblem& vp, std::int64_t j, std::int64_t pool_base) {
+  static std::int64_t pool_row(const TensorView& t, const ValidatedProblem& vp, std::int64_t j,
+                               std::int64_t pool_base) {
     const std::int64_t page = vp.signature().page_size;
     const std::int64_t block = (pool_base + j / page) % t.shape[0];
     return block * t.stride[0] + (j % page) * t.stride[1];
@@ -236,7 +238,8 @@ const std::vector<Expectation>& expectations() {
       {Bug::top_left_causal, [](const CaseSpec& s) { return s.causal || has_window(s) || s.alibi; }, ""},
       {Bug::reads_masked_keys, nullptr, ""},
       {Bug::bf16_accumulator, nullptr, ""},
-      {Bug::nan_on_neg_inf_rows, [](const CaseSpec& s) { return s.edge == Edge::all_neg_inf_row || s.edge == Edge::neg_inf_keys; }, "NaN where"},
+      {Bug::nan_on_neg_inf_rows,
+       [](const CaseSpec& s) { return s.edge == Edge::all_neg_inf_row || s.edge == Edge::neg_inf_keys; }, "NaN where"},
       {Bug::wrong_lse_base, [](const CaseSpec& s) { return s.lse; }, "lse["},
       {Bug::run_fails, nullptr, "run() failed"},
       {Bug::write_before_output, nullptr, "guard before the view"},
@@ -324,9 +327,7 @@ TEST_P(ConformanceMutantBug, IsCaughtOnlyWhereItMatters) {
   EXPECT_TRUE(message_seen) << "no failure of " << bug_names().at(e.bug) << " mentions \"" << e.message << "\"";
 }
 
-std::string expectation_name(const testing::TestParamInfo<Expectation>& info) {
-  return bug_names().at(info.param.bug);
-}
+std::string expectation_name(const testing::TestParamInfo<Expectation>& info) { return bug_names().at(info.param.bug); }
 
 INSTANTIATE_TEST_SUITE_P(Conformance, ConformanceMutantBug, testing::ValuesIn(expectations()), expectation_name);
 

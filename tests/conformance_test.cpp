@@ -113,7 +113,8 @@ TEST_P(ConformanceBackend, PassesFullMatrix) {
     for (const CaseResult& r : report.results) {
       if (r.skipped) ++reasons[r.skip_reason];
     }
-    for (const auto& [why, n] : reasons) std::printf("  %s skipped %d case(s): %s\n", GetParam().c_str(), n, why.c_str());
+    for (const auto& [why, n] : reasons)
+      std::printf("  %s skipped %d case(s): %s\n", GetParam().c_str(), n, why.c_str());
   }
   std::printf("  %s: %zu passed, %zu failed, %zu skipped, max error %.3g (suite over all backends %.1f s)\n",
               GetParam().c_str(), report.passed(), report.failed(), report.skipped(), report.max_abs_error(),

@@ -4,9 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
@@ -78,7 +78,8 @@ std::int64_t span_of(const TensorView& t) {
   std::int64_t n = 1;
   for (int i = 0; i < t.rank; ++i)
     if (t.shape[static_cast<std::size_t>(i)] == 0) return 1;
-  for (int i = 0; i < t.rank; ++i) n += (t.shape[static_cast<std::size_t>(i)] - 1) * t.stride[static_cast<std::size_t>(i)];
+  for (int i = 0; i < t.rank; ++i)
+    n += (t.shape[static_cast<std::size_t>(i)] - 1) * t.stride[static_cast<std::size_t>(i)];
   return n;
 }
 
@@ -107,7 +108,8 @@ void ramp_keys(const Spec& s, const TensorView& k, std::vector<std::uint16_t>& b
       const float scale = (1.0f + s.key_ramp * static_cast<float>(j)) * (j == 2500 ? 40.0f : 1.0f);
       for (std::int64_t h = 0; h < k.shape[2]; ++h)
         for (std::int64_t x = 0; x < k.shape[3]; ++x) {
-          const auto at = static_cast<std::size_t>(b * k.stride[0] + j * k.stride[1] + h * k.stride[2] + x * k.stride[3]);
+          const auto at =
+              static_cast<std::size_t>(b * k.stride[0] + j * k.stride[1] + h * k.stride[2] + x * k.stride[3]);
           if (s.dt == DType::f32) b32[at] *= scale;
           else if (s.dt == DType::f16) b16[at] = f32_to_f16(f16_to_f32(b16[at]) * scale);
           else b16[at] = f32_to_bf16(bf16_to_f32(b16[at]) * scale);
@@ -250,7 +252,8 @@ void expect_close(const Out& got, const reference::Output64& want, const Spec& s
     // reference lse is [total_q, hq] in logical order, like got.lse
     ASSERT_EQ(got.lse.size(), want.lse.size()) << what;
     for (std::size_t i = 0; i < got.lse.size(); ++i)
-      ASSERT_TRUE(same(got.lse[i], want.lse[i], 1e-4)) << what << " lse[" << i << "] = " << got.lse[i] << " want " << want.lse[i];
+      ASSERT_TRUE(same(got.lse[i], want.lse[i], 1e-4))
+          << what << " lse[" << i << "] = " << got.lse[i] << " want " << want.lse[i];
   }
 }
 
@@ -260,8 +263,8 @@ std::string describe(const Spec& s) {
   for (auto x : s.sq) r += std::to_string(x) + ",";
   r += " skv";
   for (auto x : s.skv) r += std::to_string(x) + ",";
-  r += std::string(" q=") + std::string(q_layout_name(s.ql)) + " kv=" + std::string(kv_layout_name(s.kvl)) +
-       " page" + std::to_string(s.page) + (s.causal ? " causal" : "") + " wl" + std::to_string(s.wl) + " wr" +
+  r += std::string(" q=") + std::string(q_layout_name(s.ql)) + " kv=" + std::string(kv_layout_name(s.kvl)) + " page" +
+       std::to_string(s.page) + (s.causal ? " causal" : "") + " wl" + std::to_string(s.wl) + " wr" +
        std::to_string(s.wr) + (s.softcap > 0 ? " softcap" : "") + (s.alibi ? " alibi" : "") + (s.lse ? " lse" : "") +
        (s.padded ? " padded" : "");
   return r;
@@ -391,7 +394,8 @@ TEST(CpuFlash, DecodeSplitKv) {
 // Each decode kernel in `kernels`, forced, against the reference on every spec; stops at the first
 // fatal failure. The lanes kernels run with each step: the one their geometry chooses, and 8 and 16
 // keys fixed (Options::decode_step).
-void expect_decode_kernels_match(const std::vector<Spec>& specs, std::initializer_list<cpu_flash::DecodeKernel> kernels) {
+void expect_decode_kernels_match(const std::vector<Spec>& specs,
+                                 std::initializer_list<cpu_flash::DecodeKernel> kernels) {
   using cpu_flash::DecodeKernel;
   for (const Spec& s : specs) {
     SCOPED_TRACE(describe(s));
@@ -426,24 +430,75 @@ TEST(CpuFlash, DecodeKernelsMatchReference) {
   std::vector<Spec> specs;
   for (DType dt : {DType::f16, DType::bf16, DType::f32}) {
     // The engine's shape: SmolLM2 decode through a paged f16 cache.
-    specs.push_back({.dt = dt, .sq = {1, 1, 1}, .skv = {37, 700, 1}, .hq = 9, .hkv = 3, .d = 64, .dv = 64,
-                     .ql = QLayout::packed, .kvl = KvLayout::paged, .page = 16, .causal = true, .lse = true});
+    specs.push_back({.dt = dt,
+                     .sq = {1, 1, 1},
+                     .skv = {37, 700, 1},
+                     .hq = 9,
+                     .hkv = 3,
+                     .d = 64,
+                     .dv = 64,
+                     .ql = QLayout::packed,
+                     .kvl = KvLayout::paged,
+                     .page = 16,
+                     .causal = true,
+                     .lse = true});
   }
   specs.push_back(long_dense_decode(4100));
   // 4 queries x group 4 = 16 rows per KV head, causal + window, ALiBi, softcap.
-  specs.push_back({.dt = DType::bf16, .sq = {4}, .skv = {900}, .hq = 8, .hkv = 2, .d = 40, .dv = 24, .causal = true,
-                   .wl = 300, .softcap = 5.0f, .alibi = true, .lse = true});
+  specs.push_back({.dt = DType::bf16,
+                   .sq = {4},
+                   .skv = {900},
+                   .hq = 8,
+                   .hkv = 2,
+                   .d = 40,
+                   .dv = 24,
+                   .causal = true,
+                   .wl = 300,
+                   .softcap = 5.0f,
+                   .alibi = true,
+                   .lse = true});
   // Padded strides, ragged packed KV.
-  specs.push_back({.dt = DType::f32, .sq = {1, 2, 0}, .skv = {300, 33, 5}, .hq = 2, .hkv = 2, .d = 64, .dv = 64,
-                   .ql = QLayout::packed, .kvl = KvLayout::packed, .padded = true, .wl = 50, .wr = 0, .lse = true});
+  specs.push_back({.dt = DType::f32,
+                   .sq = {1, 2, 0},
+                   .skv = {300, 33, 5},
+                   .hq = 2,
+                   .hkv = 2,
+                   .d = 64,
+                   .dv = 64,
+                   .ql = QLayout::packed,
+                   .kvl = KvLayout::packed,
+                   .padded = true,
+                   .wl = 50,
+                   .wr = 0,
+                   .lse = true});
   // The in-place kernels (unit strides, whole vectors) with every option: a group of 4.
-  specs.push_back({.dt = DType::f16, .sq = {3, 1}, .skv = {530, 61}, .hq = 8, .hkv = 2, .d = 64, .dv = 64,
-                   .ql = QLayout::packed, .kvl = KvLayout::paged, .page = 7, .causal = true, .wl = 200,
-                   .softcap = 8.0f, .alibi = true, .lse = true});
+  specs.push_back({.dt = DType::f16,
+                   .sq = {3, 1},
+                   .skv = {530, 61},
+                   .hq = 8,
+                   .hkv = 2,
+                   .d = 64,
+                   .dv = 64,
+                   .ql = QLayout::packed,
+                   .kvl = KvLayout::paged,
+                   .page = 7,
+                   .causal = true,
+                   .wl = 200,
+                   .softcap = 8.0f,
+                   .alibi = true,
+                   .lse = true});
   for (std::int32_t hq : {5, 6, 7}) {
     // GQA groups of 5, 6, 7: row groups of 2 and 3 plus a single row.
-    specs.push_back({.dt = hq == 6 ? DType::bf16 : DType::f16, .sq = {2}, .skv = {1000}, .hq = hq, .hkv = 1, .d = 64,
-                     .dv = 64, .causal = true, .wl = hq == 7 ? 400 : -1, .lse = true});
+    specs.push_back({.dt = hq == 6 ? DType::bf16 : DType::f16,
+                     .sq = {2},
+                     .skv = {1000},
+                     .hq = hq,
+                     .hkv = 1,
+                     .d = 64,
+                     .dv = 64,
+                     .causal = true,
+                     .wl = hq == 7 ? 400 : -1,
+                     .lse = true});
   }
   expect_decode_kernels_match(specs, {DecodeKernel::automatic, DecodeKernel::by_head, DecodeKernel::grouped,
                                       DecodeKernel::lanes, DecodeKernel::lanes_half_dots});
@@ -460,20 +515,38 @@ TEST(CpuFlash, DecodeInPlaceKernelsMatchReference) {
   int n = 0;
   for (DType dt : {DType::f16, DType::bf16, DType::f32})
     for (std::int32_t group : {1, 3, 4, 8}) {
-      Spec s{.dt = dt, .sq = {1, group <= 4 ? 2 : 1, 1}, .skv = {1000, 37, 3}, .hq = 2 * group, .hkv = 2, .d = 64,
-             .dv = 64, .ql = QLayout::packed, .kvl = KvLayout::paged, .page = n % 2 == 0 ? 5 : 13, .causal = true,
-             .lse = true, .seed = static_cast<unsigned>(10 + n)};
+      Spec s{.dt = dt,
+             .sq = {1, group <= 4 ? 2 : 1, 1},
+             .skv = {1000, 37, 3},
+             .hq = 2 * group,
+             .hkv = 2,
+             .d = 64,
+             .dv = 64,
+             .ql = QLayout::packed,
+             .kvl = KvLayout::paged,
+             .page = n % 2 == 0 ? 5 : 13,
+             .causal = true,
+             .lse = true,
+             .seed = static_cast<unsigned>(10 + n)};
       switch (n++ % 4) {
         case 0: break;
         case 1: s.softcap = 6.0f; break;
-        case 2: s.alibi = true; s.wl = 150; break;
-        default: s.wl = 64; s.wr = 0; s.softcap = 3.0f; s.alibi = true; break;
+        case 2:
+          s.alibi = true;
+          s.wl = 150;
+          break;
+        default:
+          s.wl = 64;
+          s.wr = 0;
+          s.softcap = 3.0f;
+          s.alibi = true;
+          break;
       }
       specs.push_back(s);
     }
   specs.push_back(long_dense_decode(5003));
-  expect_decode_kernels_match(specs, {DecodeKernel::by_head, DecodeKernel::grouped, DecodeKernel::lanes,
-                                      DecodeKernel::lanes_half_dots});
+  expect_decode_kernels_match(
+      specs, {DecodeKernel::by_head, DecodeKernel::grouped, DecodeKernel::lanes, DecodeKernel::lanes_half_dots});
 }
 
 // Scores that rise along the keys (Spec::key_ramp), so that the grouped kernels' lazy rescaling
@@ -485,10 +558,25 @@ TEST(CpuFlash, DecodeRisingScoresMatchReference) {
   using cpu_flash::DecodeKernel;
   std::vector<Spec> specs;
   for (DType dt : {DType::f32, DType::f16, DType::bf16})
-    specs.push_back({.dt = dt, .sq = {1}, .skv = {3000}, .hq = 8, .hkv = 2, .d = 64, .dv = 64, .lse = true,
+    specs.push_back({.dt = dt,
+                     .sq = {1},
+                     .skv = {3000},
+                     .hq = 8,
+                     .hkv = 2,
+                     .d = 64,
+                     .dv = 64,
+                     .lse = true,
                      .key_ramp = 1.0f / 400.0f});
-  specs.push_back({.dt = DType::f16, .sq = {2, 2}, .skv = {2700, 2700}, .hq = 12, .hkv = 3, .d = 128, .dv = 128,
-                   .causal = true, .lse = true, .key_ramp = 1.0f / 300.0f});
+  specs.push_back({.dt = DType::f16,
+                   .sq = {2, 2},
+                   .skv = {2700, 2700},
+                   .hq = 12,
+                   .hkv = 3,
+                   .d = 128,
+                   .dv = 128,
+                   .causal = true,
+                   .lse = true,
+                   .key_ramp = 1.0f / 300.0f});
   expect_decode_kernels_match(specs, {DecodeKernel::automatic, DecodeKernel::by_head, DecodeKernel::grouped,
                                       DecodeKernel::lanes, DecodeKernel::lanes_half_dots});
 }
@@ -521,8 +609,17 @@ void expect_nan_where(const Built& b, const Spec& s, Pred&& nan) {
 // one by one): a conversion that truncates, saturates or flushes differs on about half the elements.
 TEST(CpuFlash, DecodeF16OutputIsRoundedF32Output) {
   using cpu_flash::DecodeKernel;
-  Spec s{.dt = DType::f16, .sq = {1, 2}, .skv = {700, 90}, .hq = 8, .hkv = 2, .d = 64, .dv = 72,
-         .ql = QLayout::packed, .kvl = KvLayout::packed, .causal = true, .lse = true};
+  Spec s{.dt = DType::f16,
+         .sq = {1, 2},
+         .skv = {700, 90},
+         .hq = 8,
+         .hkv = 2,
+         .d = 64,
+         .dv = 72,
+         .ql = QLayout::packed,
+         .kvl = KvLayout::packed,
+         .causal = true,
+         .lse = true};
   for (const std::string& target : CpuFlashBackend::simd_targets()) {
     ASSERT_TRUE(CpuFlashBackend::force_simd_target(target));
     for (DecodeKernel k : {DecodeKernel::automatic, DecodeKernel::by_head, DecodeKernel::grouped, DecodeKernel::lanes,
@@ -601,7 +698,8 @@ TEST(CpuFlash, FullyMaskedRows) {
     for (std::int64_t i = 0; i < 20; ++i)
       for (std::int32_t h = 0; h < s.hq; ++h) {
         EXPECT_EQ(out.lse[static_cast<std::size_t>(i * s.hq + h)], -std::numeric_limits<float>::infinity());
-        for (std::int64_t x = 0; x < s.dv; ++x) EXPECT_EQ(out.o[static_cast<std::size_t>((i * s.hq + h) * s.dv + x)], 0.0f);
+        for (std::int64_t x = 0; x < s.dv; ++x)
+          EXPECT_EQ(out.o[static_cast<std::size_t>((i * s.hq + h) * s.dv + x)], 0.0f);
       }
     EXPECT_TRUE(std::isfinite(out.o.back()));
   }
@@ -679,8 +777,8 @@ TEST(CpuFlash, ShortDecodeStepsWhereRowsCrowdL1Sets) {
   EXPECT_EQ(cpu_flash::step_lines_per_set(384, 128, 16), 1);
   EXPECT_EQ(cpu_flash::step_lines_per_set(-1024, 128, 16), 4);
   EXPECT_EQ(cpu_flash::step_lines_per_set(1024, 128, 8), 2);
-  EXPECT_EQ(cpu_flash::step_lines_per_set(0, 128, 16), 1);     // one row read 16 times
-  EXPECT_EQ(cpu_flash::step_lines_per_set(64, 128, 16), 1);    // overlapping rows: 17 consecutive lines
+  EXPECT_EQ(cpu_flash::step_lines_per_set(0, 128, 16), 1);   // one row read 16 times
+  EXPECT_EQ(cpu_flash::step_lines_per_set(64, 128, 16), 1);  // overlapping rows: 17 consecutive lines
   auto short_steps = [](Spec s) {
     Built b;
     build(s, b);
@@ -694,8 +792,15 @@ TEST(CpuFlash, ShortDecodeStepsWhereRowsCrowdL1Sets) {
   EXPECT_TRUE(short_steps({.dt = DType::f16, .sq = {1}, .skv = {64}, .hq = 8, .hkv = 8, .d = 128, .dv = 128}));
   // MHA needs more than four lines in a set (its short steps run narrower passes).
   EXPECT_FALSE(short_steps({.dt = DType::f16, .sq = {1}, .skv = {64}, .hq = 8, .hkv = 8, .d = 64, .dv = 64}));
-  EXPECT_FALSE(short_steps({.dt = DType::f16, .sq = {1}, .skv = {64}, .hq = 9, .hkv = 3, .d = 64, .dv = 64,
-                            .kvl = KvLayout::paged, .page = 16}));
+  EXPECT_FALSE(short_steps({.dt = DType::f16,
+                            .sq = {1},
+                            .skv = {64},
+                            .hq = 9,
+                            .hkv = 3,
+                            .d = 64,
+                            .dv = 64,
+                            .kvl = KvLayout::paged,
+                            .page = 16}));
   EXPECT_FALSE(short_steps({.dt = DType::f16, .sq = {1}, .skv = {64}, .hq = 8, .hkv = 2, .d = 64, .dv = 64}));
   // A call whose K/V stays in cache keeps 16 whatever its geometry.
   Built b;
@@ -777,8 +882,18 @@ TEST(CpuFlash, DecodeKernelRule) {
 // plan depends on, runs right after the other's workspace_size() (with its own scratch), and must
 // match the reference and a run of its own, bit for bit.
 TEST(CpuFlash, PlanOnlyReusedForItsShape) {
-  Spec decode{.dt = DType::f16, .sq = {1, 1}, .skv = {3000, 70}, .hq = 9, .hkv = 3, .d = 64, .dv = 64,
-              .ql = QLayout::packed, .kvl = KvLayout::paged, .page = 16, .causal = true, .lse = true};
+  Spec decode{.dt = DType::f16,
+              .sq = {1, 1},
+              .skv = {3000, 70},
+              .hq = 9,
+              .hkv = 3,
+              .d = 64,
+              .dv = 64,
+              .ql = QLayout::packed,
+              .kvl = KvLayout::paged,
+              .page = 16,
+              .causal = true,
+              .lse = true};
   std::vector<Spec> specs{decode};
   specs.push_back(specs.back());
   specs.back().skv = {3000, 71};  // a sequence length
@@ -906,8 +1021,8 @@ TEST(CpuFlash, EverySimdTarget) {
       // Each decode kernel, forced: in place where the head dims are whole vectors of the target
       // (64 and 128 are for every target), else converted first (72 and 40 are not for AVX-512).
       using cpu_flash::DecodeKernel;
-      for (DecodeKernel k : {DecodeKernel::by_head, DecodeKernel::grouped, DecodeKernel::lanes,
-                             DecodeKernel::lanes_half_dots}) {
+      for (DecodeKernel k :
+           {DecodeKernel::by_head, DecodeKernel::grouped, DecodeKernel::lanes, DecodeKernel::lanes_half_dots}) {
         SCOPED_TRACE(decode_kernel_name(k));
         CpuFlashBackend forced(Options{0, Path::fast, k});
         for (std::int32_t d : {72, 64, 128}) {

@@ -118,9 +118,11 @@ TEST(CudaFlashPlan, TensorCoreKernelTakesAlignedSixteenBitHeadDims64And128) {
     change(x, m);
     return cuda::tensor_core_refusal(x, m);
   };
-  EXPECT_NE(refusal([](cuda::FlashParams& x, auto&) { x.q_dtype = x.kv_dtype = x.o_dtype = cuda::kF32; }).find("f16 or bf16"),
+  EXPECT_NE(
+      refusal([](cuda::FlashParams& x, auto&) { x.q_dtype = x.kv_dtype = x.o_dtype = cuda::kF32; }).find("f16 or bf16"),
+      std::string::npos);
+  EXPECT_NE(refusal([](cuda::FlashParams& x, auto&) { x.o_dtype = cuda::kF32; }).find("bf16/bf16/f32"),
             std::string::npos);
-  EXPECT_NE(refusal([](cuda::FlashParams& x, auto&) { x.o_dtype = cuda::kF32; }).find("bf16/bf16/f32"), std::string::npos);
   EXPECT_NE(refusal([](cuda::FlashParams& x, auto&) { x.d = x.dv = 96; }).find("head dims 96/96"), std::string::npos);
   EXPECT_NE(refusal([](cuda::FlashParams& x, auto&) { x.dv = 64; }).find("head dims 128/64"), std::string::npos);
   EXPECT_NE(refusal([](cuda::FlashParams& x, auto&) { x.k_ds = 2; }).find("unit stride"), std::string::npos);
@@ -180,7 +182,8 @@ TEST(CudaFlashPlan, ChoosesOneKernelByDeviceAndProblem) {
   blackwell.cc_major = 10;
   const cuda::FlashParams prefill = tc_params();
   // A build without sm_90a code (CUDA 11) has no wgmma kernel to choose.
-  const cuda::FlashKernel hopper_prefill = cuda::wgmma_built() ? cuda::FlashKernel::wgmma : cuda::FlashKernel::tensor_core;
+  const cuda::FlashKernel hopper_prefill =
+      cuda::wgmma_built() ? cuda::FlashKernel::wgmma : cuda::FlashKernel::tensor_core;
   EXPECT_EQ(cuda::choose_kernel(prefill, meta, h200).kernel, hopper_prefill);
   EXPECT_EQ(cuda::choose_kernel(prefill, meta, a100).kernel, cuda::FlashKernel::tensor_core);
   EXPECT_NE(cuda::choose_kernel(prefill, meta, a100).why.find("compute capability 8.0"), std::string::npos);
@@ -543,7 +546,7 @@ bool hopper_wgmma_expected(const conformance::Case& c) {
   return cuda::wgmma_refusal(p, *dev).empty();
 }
 
-#define REQUIRE_CUDA(name, var)          \
+#define REQUIRE_CUDA(name, var)               \
   const CudaBackend var = cuda_backend(name); \
   if (!var.why_not.empty()) GTEST_SKIP() << var.why_not
 

@@ -12,8 +12,8 @@
 #include "kallpa/model/gguf.h"
 #include "kallpa/model/llama_model.h"
 #include "kallpa/runtime/engine.h"
-#include "support/synthetic_llama.h"
 #include "ops/fallback_ops.h"
+#include "support/synthetic_llama.h"
 
 namespace kallpa::runtime {
 namespace {
@@ -123,7 +123,8 @@ TEST(DeviceOps, WhatADeviceLacksRunsOnTheCpuCountedAndExact) {
   FallbackOps device(std::make_unique<TestDevice>(lacks), /*strict=*/false);
   EXPECT_EQ(run(device), want);
   const auto counts = device.fallbacks();
-  for (const char* op : {"place_weights", "matmul", "rope", "swiglu", "add", "rmsnorm", "gather_rows", "scatter_rows"}) {
+  for (const char* op :
+       {"place_weights", "matmul", "rope", "swiglu", "add", "rmsnorm", "gather_rows", "scatter_rows"}) {
     EXPECT_GT(counts.count(op) ? counts.at(op) : 0u, 0u) << op;
   }
   // Synthetic layers have 2 rope calls each per forward pass: 2 layers x 2 x 4 passes.

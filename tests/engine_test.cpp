@@ -130,8 +130,10 @@ TEST(Engine, ForwardTakesPromptChunksFirstIntoReservedPositions) {
   ASSERT_TRUE(cache.reserve(s1, static_cast<std::int64_t>(prompt.size()) + 1));
   ASSERT_TRUE(cache.reserve(s2, static_cast<std::int64_t>(prompt.size())));
   ASSERT_TRUE(e->model().forward(unreserved, cache, e->dispatcher(), logits.data()));
-  model::ForwardItem decode_first[2] = {{s1, step, static_cast<std::int64_t>(prompt.size()), true}, {s2, prompt, 0, true}};
-  EXPECT_EQ(e->model().forward(decode_first, cache, e->dispatcher(), logits.data()).code(), ErrorCode::invalid_argument);
+  model::ForwardItem decode_first[2] = {{s1, step, static_cast<std::int64_t>(prompt.size()), true},
+                                        {s2, prompt, 0, true}};
+  EXPECT_EQ(e->model().forward(decode_first, cache, e->dispatcher(), logits.data()).code(),
+            ErrorCode::invalid_argument);
   model::ForwardItem prompt_first[2] = {decode_first[1], decode_first[0]};
   EXPECT_TRUE(e->model().forward(prompt_first, cache, e->dispatcher(), logits.data()));
   cache.remove(s1);
@@ -247,8 +249,7 @@ TEST(Engine, StopStringsEndGenerationAndAreNotEmitted) {
   const std::string stop = full->text.substr(2, 2);
   Session s(*e, {.temperature = 0});
   std::string streamed;
-  auto r = generate(s, some_tokens(8), limit(20, false, {stop}),
-                    [&](std::string_view t) { streamed += t; });
+  auto r = generate(s, some_tokens(8), limit(20, false, {stop}), [&](std::string_view t) { streamed += t; });
   ASSERT_TRUE(r.is_ok());
   EXPECT_EQ(r->finish_reason, "stop");
   EXPECT_EQ(r->text, full->text.substr(0, full->text.find(stop)));
@@ -267,7 +268,8 @@ std::string real_model_path() {
 
 TEST(EngineRealModel, AnswersASimpleQuestion) {
   const std::string path = real_model_path();
-  if (path.empty()) GTEST_SKIP() << "SmolLM2-135M-Instruct.Q4_1.gguf not found (run scripts/fetch_model.sh or set KALLPA_MODEL)";
+  if (path.empty())
+    GTEST_SKIP() << "SmolLM2-135M-Instruct.Q4_1.gguf not found (run scripts/fetch_model.sh or set KALLPA_MODEL)";
   EngineOptions o;
   o.model_path = path;
   o.cache.max_tokens = 512;
@@ -284,7 +286,8 @@ TEST(EngineRealModel, AnswersASimpleQuestion) {
 
 TEST(EngineRealModel, GreedyTextIsTheSameWithEveryCpuAttentionBackend) {
   const std::string path = real_model_path();
-  if (path.empty()) GTEST_SKIP() << "SmolLM2-135M-Instruct.Q4_1.gguf not found (run scripts/fetch_model.sh or set KALLPA_MODEL)";
+  if (path.empty())
+    GTEST_SKIP() << "SmolLM2-135M-Instruct.Q4_1.gguf not found (run scripts/fetch_model.sh or set KALLPA_MODEL)";
   auto file = model::GgufFile::open(path);
   ASSERT_TRUE(file.is_ok()) << file.status().to_string();
   std::string first_text;

@@ -83,7 +83,7 @@ TEST(FaultTolerance, RunFailuresQuarantineAfterTheLimitAndCallsStillComplete) {
     ASSERT_TRUE(d.run(t.problem)) << "call " << i;
     EXPECT_TRUE(all_finite(t.o));
   }
-  EXPECT_EQ(fx.bad->calls, 3);   // then never again
+  EXPECT_EQ(fx.bad->calls, 3);  // then never again
   EXPECT_EQ(fx.good->calls, 6);
   auto info = fx.registry.info("bad");
   EXPECT_EQ(info->health, Health::quarantined);

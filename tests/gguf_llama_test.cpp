@@ -89,8 +89,16 @@ TEST(GgufLlama, SyntheticModelLoads) {
   LlamaWeights w;
   auto cfg = load_llama_config(**f, &w);
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-  expect_hparams(*cfg, {.n_layer = 2, .n_embd = 64, .n_ff = 128, .n_head = 4, .n_head_kv = 2, .head_dim = 16,
-                        .n_rot = 16, .vocab_size = 299, .context_length = 256, .rope_freq_base = 10000.0f});
+  expect_hparams(*cfg, {.n_layer = 2,
+                        .n_embd = 64,
+                        .n_ff = 128,
+                        .n_head = 4,
+                        .n_head_kv = 2,
+                        .head_dim = 16,
+                        .n_rot = 16,
+                        .vocab_size = 299,
+                        .context_length = 256,
+                        .rope_freq_base = 10000.0f});
   EXPECT_EQ(cfg->q_dim(), 64u);
   EXPECT_EQ(cfg->kv_dim(), 32u);
   ASSERT_EQ(w.layers.size(), 2u);
@@ -129,8 +137,7 @@ TEST(GgufLlama, EveryMatrixTypeAndUntiedOutput) {
 TEST(GgufLlama, MissingOrMistypedKeys) {
   for (const char* key : {"llama.block_count", "llama.context_length", "llama.embedding_length",
                           "llama.feed_forward_length", "llama.attention.head_count",
-                          "llama.attention.layer_norm_rms_epsilon", "tokenizer.ggml.tokens",
-                          "general.architecture"}) {
+                          "llama.attention.layer_norm_rms_epsilon", "tokenizer.ggml.tokens", "general.architecture"}) {
     GgufWriter w = synthetic_llama_writer();
     ASSERT_TRUE(w.remove_kv(key));
     expect_error(w, ErrorCode::not_found, key, "is not in");
@@ -211,9 +218,8 @@ TEST(GgufLlama, MissingTensorsBadShapesAndTypes) {
   // Norms must be F32.
   expect_tensor_error("blk.0.attn_norm.weight", 1, {64}, 64 * 2, ErrorCode::unsupported, "has type F16");
   // Vocab rows differ from the tokenizer's vocabulary.
-  expect_tensor_error("token_embd.weight", 8, {64, 298},
-                      static_cast<std::size_t>(row_size(GgmlType::q8_0, 64) * 298), ErrorCode::invalid_argument,
-                      "expected [64, 299]");
+  expect_tensor_error("token_embd.weight", 8, {64, 298}, static_cast<std::size_t>(row_size(GgmlType::q8_0, 64) * 298),
+                      ErrorCode::invalid_argument, "expected [64, 299]");
   {  // an unknown tensor type is already a parse error at load
     GgufWriter w = synthetic_llama_writer();
     std::vector<std::byte> data(64 * 4);
@@ -227,8 +233,8 @@ TEST(GgufLlama, MissingTensorsBadShapesAndTypes) {
 // The real model, when scripts/fetch_model.sh has fetched it (or $KALLPA_MODEL names it).
 std::string real_model_path() {
   if (const char* p = std::getenv("KALLPA_MODEL"); p != nullptr && *p != '\0') return p;
-  for (const std::filesystem::path& dir : {std::filesystem::path(__FILE__).parent_path().parent_path() / "models",
-                                          std::filesystem::path("models")}) {
+  for (const std::filesystem::path& dir :
+       {std::filesystem::path(__FILE__).parent_path().parent_path() / "models", std::filesystem::path("models")}) {
     const auto p = dir / "SmolLM2-135M-Instruct.Q4_1.gguf";
     if (std::filesystem::exists(p)) return p.string();
   }
@@ -247,8 +253,16 @@ TEST(GgufLlama, RealSmolLM2LoadsAndValidates) {
   LlamaWeights w;
   auto cfg = load_llama_config(**f, &w);
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-  expect_hparams(*cfg, {.n_layer = 30, .n_embd = 576, .n_ff = 1536, .n_head = 9, .n_head_kv = 3, .head_dim = 64,
-                        .n_rot = 64, .vocab_size = 49152, .context_length = 8192, .rope_freq_base = 100000.0f});
+  expect_hparams(*cfg, {.n_layer = 30,
+                        .n_embd = 576,
+                        .n_ff = 1536,
+                        .n_head = 9,
+                        .n_head_kv = 3,
+                        .head_dim = 64,
+                        .n_rot = 64,
+                        .vocab_size = 49152,
+                        .context_length = 8192,
+                        .rope_freq_base = 100000.0f});
   EXPECT_EQ(*(*f)->get_string("tokenizer.ggml.pre"), "smollm");
   // Tensor types found in the file: Q8_0 embeddings, Q4_1 matrices, F32 norms.
   std::map<std::string, int> types;

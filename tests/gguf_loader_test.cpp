@@ -224,7 +224,8 @@ TEST(GgufLoader, CustomAlignmentAndVersion2) {
 }
 
 TEST(GgufLoader, OpensFilesByMmap) {
-  const auto path = std::filesystem::temp_directory_path() / ("kallpa_gguf_test_" + std::to_string(::getpid()) + ".gguf");
+  const auto path =
+      std::filesystem::temp_directory_path() / ("kallpa_gguf_test_" + std::to_string(::getpid()) + ".gguf");
   ASSERT_TRUE(small_writer().write_file(path.string()).is_ok());
   auto f = GgufFile::open(path.string());
   ASSERT_TRUE(f.is_ok()) << f.status().to_string();

@@ -57,8 +57,7 @@ class MutantBackend final : public AttentionBackend {
       case Fault::wrong_for_decode:
         if (f32 && vp.max_seqlen_q() == 1) o[vp.o_row_offset(0, 0)] *= -1.0f;
         break;
-      default:
-        break;
+      default: break;
     }
     return {};
   }
@@ -147,10 +146,11 @@ TEST(HealthCheck, QuarantinesEachKindOfWrongBackendWithTheCase) {
   ASSERT_TRUE(d.run(t.problem));
   EXPECT_GT(good->calls, 0);
 
-  const std::map<std::string, std::string> expected = {
-      {"small-error", "> allowed"},   {"nan-on-empty-rows", "NaN where the reference is finite"},
-      {"stray-write", "out-of-bounds write"}, {"error", "run() failed"},
-      {"wrong-for-decode", "canary"}};
+  const std::map<std::string, std::string> expected = {{"small-error", "> allowed"},
+                                                       {"nan-on-empty-rows", "NaN where the reference is finite"},
+                                                       {"stray-write", "out-of-bounds write"},
+                                                       {"error", "run() failed"},
+                                                       {"wrong-for-decode", "canary"}};
   for (const auto& [name, words] : expected) {
     auto info = r.registry.info(name);
     ASSERT_TRUE(info.is_ok());

@@ -207,14 +207,33 @@ TEST(KvCachePrefix, TruncatingPastTheBlocksHeldForgetsNothing) {
 // vectors) written one and several at a time.
 TEST(KvCacheWrite, HalfRowsHoldTheScalarConversionsBitForBit) {
   constexpr std::int32_t kH = 3, kD = 13, kRow = kH * kD;
-  const float specials[] = {0.0f, -0.0f, 1.0f, -2.5f, 65504.0f, 65519.0f, 65520.0f, -1e6f,
-                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                            std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
-                            std::bit_cast<float>(0x7f800001u), std::bit_cast<float>(0xffc12345u),
-                            std::bit_cast<float>(0x7fa00000u), 5.96e-8f, 2.98e-8f, 2.99e-8f, 6.1e-5f, 1e-40f,
-                            -1e-45f, std::bit_cast<float>(0x3f801000u), std::bit_cast<float>(0x3f803000u),
-                            std::bit_cast<float>(0x3f808000u), std::bit_cast<float>(0x3f818000u),
-                            std::bit_cast<float>(0x00018000u), 3.3895314e38f};
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1.0f,
+                            -2.5f,
+                            65504.0f,
+                            65519.0f,
+                            65520.0f,
+                            -1e6f,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::quiet_NaN(),
+                            std::bit_cast<float>(0x7f800001u),
+                            std::bit_cast<float>(0xffc12345u),
+                            std::bit_cast<float>(0x7fa00000u),
+                            5.96e-8f,
+                            2.98e-8f,
+                            2.99e-8f,
+                            6.1e-5f,
+                            1e-40f,
+                            -1e-45f,
+                            std::bit_cast<float>(0x3f801000u),
+                            std::bit_cast<float>(0x3f803000u),
+                            std::bit_cast<float>(0x3f808000u),
+                            std::bit_cast<float>(0x3f818000u),
+                            std::bit_cast<float>(0x00018000u),
+                            3.3895314e38f};
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.0f, 3.0f);
   for (DType dt : {DType::f16, DType::bf16}) {
@@ -230,7 +249,7 @@ TEST(KvCacheWrite, HalfRowsHoldTheScalarConversionsBitForBit) {
       v[e] = e + 5 < std::size(specials) ? -specials[e + 5] : dist(rng) * 1e-3f;
     }
     const auto blocks = c.blocks(seq);
-    ASSERT_TRUE(c.write(0, blocks, 0, k.data(), v.data(), 1));                      // one row
+    ASSERT_TRUE(c.write(0, blocks, 0, k.data(), v.data(), 1));                // one row
     ASSERT_TRUE(c.write(0, blocks, 1, k.data() + kRow, v.data() + kRow, 6));  // a batch
     const auto* kb = static_cast<const std::uint16_t*>(c.k_view(0).data);
     const auto* vb = static_cast<const std::uint16_t*>(c.v_view(0).data);

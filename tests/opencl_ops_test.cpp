@@ -19,9 +19,9 @@
 
 #include "kallpa/dispatcher.h"
 #include "kallpa/half.h"
+#include "kallpa/ops/ops.h"
 #include "kallpa/ops/quant.h"
 #include "kallpa/registry.h"
-#include "kallpa/ops/ops.h"
 #include "test_problem.h"
 
 namespace kallpa {
@@ -31,7 +31,7 @@ using model::GgmlType;
 using model::WeightMatrix;
 using runtime::Ops;
 
-const GgmlType kTypes[] = {GgmlType::f32, GgmlType::f16, GgmlType::bf16,
+const GgmlType kTypes[] = {GgmlType::f32,  GgmlType::f16,  GgmlType::bf16,
                            GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1};
 
 // The OpenCL ops, or why there are none (a skip); any other failure to make them fails the test.
@@ -54,10 +54,10 @@ OpenClOps make_opencl() {
   return o;
 }
 
-#define REQUIRE_OPENCL_OPS(name)                          \
-  OpenClOps name##_made = make_opencl();                  \
+#define REQUIRE_OPENCL_OPS(name)                                   \
+  OpenClOps name##_made = make_opencl();                           \
   ASSERT_TRUE(name##_made.error) << name##_made.error.to_string(); \
-  if (!name##_made.ops) GTEST_SKIP() << name##_made.why_not;   \
+  if (!name##_made.ops) GTEST_SKIP() << name##_made.why_not;       \
   Ops& name = *name##_made.ops
 
 // One allocation of `ops`, freed on destruction.
@@ -248,7 +248,8 @@ TEST(OpenClOps, RmsNormMatchesTheCpu) {
     DeviceArray dx(cl, x), dw(cl, w), dy(cl, x.size() * 4);
     ASSERT_TRUE(cl.rmsnorm(dx.f(), dw.f(), 1e-5f, dy.f(), rows, dim));
     const std::vector<float> got = dy.read(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6f * std::fabs(want[i])) << dim << " " << i;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-6f * std::fabs(want[i])) << dim << " " << i;
     // In place (x and y alias).
     ASSERT_TRUE(cl.rmsnorm(dx.f(), dw.f(), 1e-5f, dx.f(), rows, dim));
     EXPECT_EQ(dx.read(x.size()), got);
@@ -286,7 +287,8 @@ TEST(OpenClOps, MatmulIsExactToF32RoundingForEveryTypeAndBatch) {
     Placed p = place(cl, m.w);
     for (auto [rows, decode] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {3, 3}, {19, 3}, {67, 0}}) {
       SCOPED_TRACE(std::string(model::ggml_type_name(type)) + " rows " + std::to_string(rows));
-      const std::vector<float> x = random_floats(static_cast<std::size_t>(rows * cols), 22 + static_cast<unsigned>(rows));
+      const std::vector<float> x =
+          random_floats(static_cast<std::size_t>(rows * cols), 22 + static_cast<unsigned>(rows));
       std::vector<double> exact, abs_sum;
       exact_product(m, x, rows, &exact, &abs_sum);
       DeviceArray dx(cl, x), dy(cl, static_cast<std::size_t>(rows * m.w.rows) * 4);
@@ -296,7 +298,8 @@ TEST(OpenClOps, MatmulIsExactToF32RoundingForEveryTypeAndBatch) {
       ASSERT_TRUE(cpu->matmul(m.w, x.data(), rows, want.data(), decode));
       for (std::int64_t r = 0; r < rows; ++r) {
         float xmax = 0.0f;
-        for (std::int64_t j = 0; j < cols; ++j) xmax = std::max(xmax, std::fabs(x[static_cast<std::size_t>(r * cols + j)]));
+        for (std::int64_t j = 0; j < cols; ++j)
+          xmax = std::max(xmax, std::fabs(x[static_cast<std::size_t>(r * cols + j)]));
         for (std::int64_t i = 0; i < m.w.rows; ++i) {
           const auto at = static_cast<std::size_t>(r * m.w.rows + i);
           EXPECT_NEAR(got[at], exact[at], 2e-6 * abs_sum[at] + 1e-30) << "row " << r << " out " << i;
@@ -426,8 +429,7 @@ TEST(OpenClOps, GatherRowsCopiesRowsAndRefusesBadOnes) {
   const std::vector<float> got = dout.read(rows.size() * dim);
   for (std::size_t i = 0; i < rows.size(); ++i) {
     EXPECT_TRUE(std::equal(got.begin() + static_cast<std::ptrdiff_t>(i * dim),
-                           got.begin() + static_cast<std::ptrdiff_t>((i + 1) * dim),
-                           x.begin() + rows[i] * dim))
+                           got.begin() + static_cast<std::ptrdiff_t>((i + 1) * dim), x.begin() + rows[i] * dim))
         << i;
   }
   for (const std::vector<std::int64_t>& bad : {std::vector<std::int64_t>{1, -1}, std::vector<std::int64_t>{10}}) {
@@ -443,10 +445,26 @@ TEST(OpenClOps, ScatterRowsRoundsLikeTheCpu) {
   std::vector<float> src = random_floats(3 * dim, 81, 3.0f);
   // The cases rounding gets wrong: NaN, infinities, overflow to inf, f16 subnormals and values
   // that round to zero, exact halfway points (ties to even), the largest finite values.
-  const float special[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity(),
-                           std::numeric_limits<float>::infinity(), 65519.0f, 65520.0f, -1e6f, 1e-5f, -3e-7f, 6e-8f,
-                           2.9e-8f, 1e-40f, -0.0f, 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 1.0f + 0x1p-8f,
-                           1.0f + 3 * 0x1p-8f, 3.4e38f, std::bit_cast<float>(0x7f7fffffu), 5.96e-8f, 2.98e-8f};
+  const float special[] = {std::numeric_limits<float>::quiet_NaN(),
+                           -std::numeric_limits<float>::infinity(),
+                           std::numeric_limits<float>::infinity(),
+                           65519.0f,
+                           65520.0f,
+                           -1e6f,
+                           1e-5f,
+                           -3e-7f,
+                           6e-8f,
+                           2.9e-8f,
+                           1e-40f,
+                           -0.0f,
+                           1.0f + 0x1p-11f,
+                           1.0f + 3 * 0x1p-11f,
+                           1.0f + 0x1p-8f,
+                           1.0f + 3 * 0x1p-8f,
+                           3.4e38f,
+                           std::bit_cast<float>(0x7f7fffffu),
+                           5.96e-8f,
+                           2.98e-8f};
   std::copy(std::begin(special), std::end(special), src.begin() + dim);
   const std::vector<std::int64_t> rows = {4, 1, 2};
   DeviceArray dsrc(cl, src);

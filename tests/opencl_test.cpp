@@ -42,8 +42,8 @@ OpenCl opencl() {
   return o;
 }
 
-#define REQUIRE_OPENCL(o)                            \
-  const OpenCl o = opencl();                         \
+#define REQUIRE_OPENCL(o)    \
+  const OpenCl o = opencl(); \
   if (o.memory == nullptr) GTEST_SKIP() << o.why_not
 
 TEST(DeviceMemory, RoundTripsAndRefusesAddressesItDidNotHandOut) {
@@ -160,8 +160,7 @@ class FaultyDeviceBackend final : public AttentionBackend {
     switch (fault_) {
       case DeviceFault::write_before_o:
         return device_memory()->upload(static_cast<std::byte*>(vp.problem().o.data) - 2, &junk, 2);
-      case DeviceFault::write_into_k:
-        return device_memory()->upload(vp.problem().k.data, &junk, 2);
+      case DeviceFault::write_into_k: return device_memory()->upload(vp.problem().k.data, &junk, 2);
       case DeviceFault::none: break;
     }
     return {};

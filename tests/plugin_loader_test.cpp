@@ -91,7 +91,8 @@ TEST(Plugin, OlderMinorAbiLoads) {
   // ABI 1.0 has no description: kallpa did not read past the 1.0 table.
   EXPECT_TRUE(contains(std::string(b->description()), "fault-old-minor.so")) << b->description();
   r.registry.ensure_checked();
-  EXPECT_EQ(r.registry.info("fault-old-minor")->health, Health::healthy) << r.registry.info("fault-old-minor")->health_reason;
+  EXPECT_EQ(r.registry.info("fault-old-minor")->health, Health::healthy)
+      << r.registry.info("fault-old-minor")->health_reason;
 }
 
 TEST(Plugin, WrongMajorIsRefusedWithBothVersions) {
@@ -99,7 +100,8 @@ TEST(Plugin, WrongMajorIsRefusedWithBothVersions) {
   PluginLoadReport rep = r.load("wrong-major");
   EXPECT_FALSE(rep.status);
   EXPECT_EQ(rep.status.field(), plugin("wrong-major"));
-  EXPECT_TRUE(contains(rep.status.message(), "plugin ABI " + std::to_string(KALLPA_PLUGIN_ABI_MAJOR + 1) + ".")) << rep.status.message();
+  EXPECT_TRUE(contains(rep.status.message(), "plugin ABI " + std::to_string(KALLPA_PLUGIN_ABI_MAJOR + 1) + "."))
+      << rep.status.message();
   EXPECT_TRUE(contains(rep.status.message(), "major version must match")) << rep.status.message();
   EXPECT_EQ(r.registry.find("fault-wrong-major"), nullptr);
 }
@@ -166,9 +168,11 @@ TEST(Plugin, PathListLoadsFilesAndDirectoriesAndCarriesOn) {
 
 TEST(Plugin, EveryInjectedFaultIsQuarantinedByTheHealthCheck) {
   PluginRegistry r;
-  const std::map<std::string, std::string> faults = {
-      {"offby", "> allowed"}, {"decode", "> allowed"}, {"error", "injected failure: device lost"},
-      {"nan", "NaN where the reference is finite"}, {"throw", "plugin threw from run(): injected exception"}};
+  const std::map<std::string, std::string> faults = {{"offby", "> allowed"},
+                                                     {"decode", "> allowed"},
+                                                     {"error", "injected failure: device lost"},
+                                                     {"nan", "NaN where the reference is finite"},
+                                                     {"throw", "plugin threw from run(): injected exception"}};
   for (const auto& [fault, _] : faults) ASSERT_TRUE(r.load(fault).status) << fault;
   Dispatcher d({}, &r.registry);
   DenseF32Problem t(1, 1, 9, 4, 2, 16);  // decode, the engine's shape
@@ -182,7 +186,8 @@ TEST(Plugin, EveryInjectedFaultIsQuarantinedByTheHealthCheck) {
     EXPECT_TRUE(contains(info->health_reason, words)) << fault << ": " << info->health_reason;
   }
   // The decode fault only shows on one-query canaries.
-  EXPECT_TRUE(contains(r.registry.info("fault-decode")->health_reason, "sq1")) << r.registry.info("fault-decode")->health_reason;
+  EXPECT_TRUE(contains(r.registry.info("fault-decode")->health_reason, "sq1"))
+      << r.registry.info("fault-decode")->health_reason;
 }
 
 // Faults that start after the health check: the plugin passes its canaries, then breaks.

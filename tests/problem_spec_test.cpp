@@ -58,26 +58,25 @@ TEST_P(ProblemSpecErrors, NameTheField) {
   EXPECT_EQ(r.status().field(), GetParam().field) << r.status().to_string();
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Malformed, ProblemSpecErrors,
-    ::testing::Values(BadSpec{"", ErrorCode::parse_error, "spec"},
-                      BadSpec{"b=1,sq=abc", ErrorCode::parse_error, "sq"},
-                      BadSpec{"b=1,,sq=2", ErrorCode::parse_error, "spec"},
-                      BadSpec{"frobnicate=1", ErrorCode::parse_error, "frobnicate"},
-                      BadSpec{"hq=32,hkv=5", ErrorCode::invalid_argument, "hkv"},
-                      BadSpec{"d=0", ErrorCode::invalid_argument, "d"},
-                      BadSpec{"sq=-4", ErrorCode::invalid_argument, "sq"},
-                      BadSpec{"sq=99999999999999999999", ErrorCode::invalid_argument, "sq"},
-                      BadSpec{"dtype=f64", ErrorCode::parse_error, "dtype"},
-                      BadSpec{"kv=ring", ErrorCode::parse_error, "kv"},
-                      BadSpec{"window=5", ErrorCode::parse_error, "window"},
-                      BadSpec{"window=-2:0", ErrorCode::invalid_argument, "window"},
-                      BadSpec{"softcap=-1", ErrorCode::invalid_argument, "softcap"},
-                      BadSpec{"scale=inf", ErrorCode::invalid_argument, "scale"},
-                      BadSpec{"causal=maybe", ErrorCode::parse_error, "causal"},
-                      BadSpec{"d=64,d=128", ErrorCode::parse_error, "d"},
-                      BadSpec{"hq", ErrorCode::parse_error, "hq"},
-                      BadSpec{"device=tpu", ErrorCode::parse_error, "device"}));
+INSTANTIATE_TEST_SUITE_P(Malformed, ProblemSpecErrors,
+                         ::testing::Values(BadSpec{"", ErrorCode::parse_error, "spec"},
+                                           BadSpec{"b=1,sq=abc", ErrorCode::parse_error, "sq"},
+                                           BadSpec{"b=1,,sq=2", ErrorCode::parse_error, "spec"},
+                                           BadSpec{"frobnicate=1", ErrorCode::parse_error, "frobnicate"},
+                                           BadSpec{"hq=32,hkv=5", ErrorCode::invalid_argument, "hkv"},
+                                           BadSpec{"d=0", ErrorCode::invalid_argument, "d"},
+                                           BadSpec{"sq=-4", ErrorCode::invalid_argument, "sq"},
+                                           BadSpec{"sq=99999999999999999999", ErrorCode::invalid_argument, "sq"},
+                                           BadSpec{"dtype=f64", ErrorCode::parse_error, "dtype"},
+                                           BadSpec{"kv=ring", ErrorCode::parse_error, "kv"},
+                                           BadSpec{"window=5", ErrorCode::parse_error, "window"},
+                                           BadSpec{"window=-2:0", ErrorCode::invalid_argument, "window"},
+                                           BadSpec{"softcap=-1", ErrorCode::invalid_argument, "softcap"},
+                                           BadSpec{"scale=inf", ErrorCode::invalid_argument, "scale"},
+                                           BadSpec{"causal=maybe", ErrorCode::parse_error, "causal"},
+                                           BadSpec{"d=64,d=128", ErrorCode::parse_error, "d"},
+                                           BadSpec{"hq", ErrorCode::parse_error, "hq"},
+                                           BadSpec{"device=tpu", ErrorCode::parse_error, "device"}));
 
 }  // namespace
 }  // namespace kallpa

@@ -21,7 +21,7 @@ namespace {
 using namespace kallpa::model;
 using kallpa::ErrorCode;
 
-const GgmlType kAllTypes[] = {GgmlType::f32, GgmlType::f16, GgmlType::bf16,
+const GgmlType kAllTypes[] = {GgmlType::f32,  GgmlType::f16,  GgmlType::bf16,
                               GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1};
 
 template <typename T>
@@ -48,8 +48,8 @@ TEST(QuantDequant, HandWorkedBlocks) {
     for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<std::uint8_t>(j | ((15 - j) << 4));
     ASSERT_TRUE(dequantize_row(GgmlType::q4_0, &b, out, 32).is_ok());
     for (int j = 0; j < 16; ++j) {
-      EXPECT_EQ(out[j], static_cast<float>(j - 8) * 0.25f) << j;             // low nibbles: elements 0..15
-      EXPECT_EQ(out[16 + j], static_cast<float>(7 - j) * 0.25f) << j;        // high nibbles: elements 16..31
+      EXPECT_EQ(out[j], static_cast<float>(j - 8) * 0.25f) << j;       // low nibbles: elements 0..15
+      EXPECT_EQ(out[16 + j], static_cast<float>(7 - j) * 0.25f) << j;  // high nibbles: elements 16..31
     }
   }
   {
@@ -145,7 +145,7 @@ TEST(QuantKernels, ActivationQuantisationMatchesScalar) {
   if (!kernels::avx2_available()) GTEST_SKIP() << "no AVX2 on this machine: only the scalar kernels run";
   const std::int64_t k = 32 * 40;
   auto x = synthetic_values(3, static_cast<std::size_t>(k), 10.0f);
-  for (int j = 0; j < 32; ++j) x[static_cast<std::size_t>(j)] = 0.0f;                   // all-zero block
+  for (int j = 0; j < 32; ++j) x[static_cast<std::size_t>(j)] = 0.0f;  // all-zero block
   for (int j = 0; j < 32; ++j) x[static_cast<std::size_t>(32 + j)] = static_cast<float>(j - 16) * 0.5f;  // exact halves
   x[70] = 1e-30f;
   std::vector<BlockQ8x> a(static_cast<std::size_t>(k / 32)), b(a.size());
@@ -171,7 +171,8 @@ TEST(QuantKernels, ActivationQuantisationMatchesScalar) {
   EXPECT_EQ(c[0].s, 0.0f);
   // Block 1 holds (j - 16) / 2: max |x| = 8 at j = 0, so q = round((j - 16) * 32767 / 16).
   for (int j = 0; j < 32; ++j) {
-    EXPECT_EQ(c[1].qs[j], static_cast<std::int16_t>(std::nearbyint(static_cast<float>(j - 16) * 0.5f * (32767.0f / 8.0f))))
+    EXPECT_EQ(c[1].qs[j],
+              static_cast<std::int16_t>(std::nearbyint(static_cast<float>(j - 16) * 0.5f * (32767.0f / 8.0f))))
         << j;
   }
   // Every element within half a step of the input (plus the rounding of x * (32767 / amax)).
@@ -198,8 +199,9 @@ Problem make_problem(GgmlType t, std::int64_t rows, std::int64_t cols, std::int6
   const auto wf = synthetic_values(seed, static_cast<std::size_t>(rows * cols), 0.5f);
   p.w.resize(static_cast<std::size_t>(row_size(t, cols) * static_cast<std::uint64_t>(rows)));
   for (std::int64_t r = 0; r < rows; ++r) {
-    EXPECT_TRUE(quantize_row(t, wf.data() + r * cols, p.w.data() + static_cast<std::size_t>(r) * row_size(t, cols), cols)
-                    .is_ok());
+    EXPECT_TRUE(
+        quantize_row(t, wf.data() + r * cols, p.w.data() + static_cast<std::size_t>(r) * row_size(t, cols), cols)
+            .is_ok());
   }
   p.x = synthetic_values(seed + 1, static_cast<std::size_t>(batch * cols), 2.0f);
   p.wm = WeightMatrix{t, p.w.data(), rows, cols, row_size(t, cols)};
@@ -345,71 +347,77 @@ TEST(QuantKernels, Avx2MatchesScalar) {
 // allows (sum_j |w_j| * max|x_block| / 254 per block) with Q8 activations, and 256x tighter
 // (/ 65534) with Q16 activations; both kernel paths.
 TEST(QuantKernels, MatmulMatchesExactProduct) {
-  for (const auto act : {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8,
-                         MatmulOptions::Activations::q16}) {
-  for (bool force_scalar : {false, true}) {
-    for (GgmlType t : kAllTypes) {
-      const std::int64_t rows = 37, cols = 32 * 7, batch = 6;
-      Problem p = make_problem(t, rows, cols, batch, 99);
-      std::vector<float> y(static_cast<std::size_t>(rows * batch));
-      MatmulOptions o;
-      o.max_isa = force_scalar ? MatmulOptions::Isa::scalar : MatmulOptions::Isa::best;
-      o.activations = act;
-      ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, y.data(), rows, o).is_ok());
-      std::vector<float> wrow(static_cast<std::size_t>(cols));
-      for (std::int64_t r = 0; r < rows; ++r) {
-        ASSERT_TRUE(dequantize_rows(p.wm, r, 1, wrow.data()).is_ok());
-        for (std::int64_t b = 0; b < batch; ++b) {
-          const float* x = p.x.data() + b * cols;
-          double exact = 0, abs_sum = 0, qbound = 0;
-          for (std::int64_t blk = 0; blk < cols / 32; ++blk) {
-            double amax = 0, wsum = 0;
-            for (int j = 0; j < 32; ++j) {
-              const std::int64_t i = blk * 32 + j;
-              exact += static_cast<double>(wrow[i]) * x[i];
-              abs_sum += std::fabs(static_cast<double>(wrow[i]) * x[i]);
-              amax = std::max(amax, static_cast<double>(std::fabs(x[i])));
-              wsum += std::fabs(wrow[i]);
+  for (const auto act :
+       {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8, MatmulOptions::Activations::q16}) {
+    for (bool force_scalar : {false, true}) {
+      for (GgmlType t : kAllTypes) {
+        const std::int64_t rows = 37, cols = 32 * 7, batch = 6;
+        Problem p = make_problem(t, rows, cols, batch, 99);
+        std::vector<float> y(static_cast<std::size_t>(rows * batch));
+        MatmulOptions o;
+        o.max_isa = force_scalar ? MatmulOptions::Isa::scalar : MatmulOptions::Isa::best;
+        o.activations = act;
+        ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, y.data(), rows, o).is_ok());
+        std::vector<float> wrow(static_cast<std::size_t>(cols));
+        for (std::int64_t r = 0; r < rows; ++r) {
+          ASSERT_TRUE(dequantize_rows(p.wm, r, 1, wrow.data()).is_ok());
+          for (std::int64_t b = 0; b < batch; ++b) {
+            const float* x = p.x.data() + b * cols;
+            double exact = 0, abs_sum = 0, qbound = 0;
+            for (std::int64_t blk = 0; blk < cols / 32; ++blk) {
+              double amax = 0, wsum = 0;
+              for (int j = 0; j < 32; ++j) {
+                const std::int64_t i = blk * 32 + j;
+                exact += static_cast<double>(wrow[i]) * x[i];
+                abs_sum += std::fabs(static_cast<double>(wrow[i]) * x[i]);
+                amax = std::max(amax, static_cast<double>(std::fabs(x[i])));
+                wsum += std::fabs(wrow[i]);
+              }
+              qbound += wsum * amax / 254.0;
             }
-            qbound += wsum * amax / 254.0;
+            const bool quant = t == GgmlType::q8_0 || t == GgmlType::q4_0 || t == GgmlType::q4_1;
+            const bool q8 = quant && act == MatmulOptions::Activations::q8;
+            const bool q16 = quant && act == MatmulOptions::Activations::q16;
+            const double tol = (q8    ? qbound * 1.01
+                                : q16 ? qbound * 254.0 / 65534.0 * 1.01
+                                      : 0.0) +
+                               1e-5 * abs_sum + 1e-6;
+            ASSERT_NEAR(y[static_cast<std::size_t>(b * rows + r)], exact, tol)
+                << ggml_type_name(t) << (force_scalar ? " scalar" : "")
+                << (q8    ? " q8"
+                    : q16 ? " q16"
+                          : " f32")
+                << " row " << r << " batch " << b;
           }
-          const bool quant = t == GgmlType::q8_0 || t == GgmlType::q4_0 || t == GgmlType::q4_1;
-          const bool q8 = quant && act == MatmulOptions::Activations::q8;
-          const bool q16 = quant && act == MatmulOptions::Activations::q16;
-          const double tol = (q8 ? qbound * 1.01 : q16 ? qbound * 254.0 / 65534.0 * 1.01 : 0.0) + 1e-5 * abs_sum + 1e-6;
-          ASSERT_NEAR(y[static_cast<std::size_t>(b * rows + r)], exact, tol)
-              << ggml_type_name(t) << (force_scalar ? " scalar" : "") << (q8 ? " q8" : q16 ? " q16" : " f32") << " row " << r
-              << " batch " << b;
         }
       }
     }
-  }
   }
 }
 
 // Results do not depend on the batch size, the batch row's position, the thread count or ld.
 TEST(QuantKernels, MatmulIsDeterministic) {
-  for (const auto act : {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8,
-                         MatmulOptions::Activations::q16}) {
-  for (GgmlType t : kAllTypes) {
-    const std::int64_t rows = 150, cols = 96, batch = 70;
-    Problem p = make_problem(t, rows, cols, batch, 5);
-    std::vector<float> all(static_cast<std::size_t>(rows * batch)), one_thread(all.size());
-    MatmulOptions o;
-    o.activations = act;
-    ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, all.data(), rows, o).is_ok());
-    MatmulOptions o1 = o;
-    o1.max_threads = 1;
-    ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, one_thread.data(), rows, o1).is_ok());
-    EXPECT_EQ(std::memcmp(all.data(), one_thread.data(), all.size() * sizeof(float)), 0) << ggml_type_name(t);
-    for (std::int64_t b : {0, 3, 63, 64, 69}) {
-      std::vector<float> y(static_cast<std::size_t>(rows + 5), -1.0f);
-      ASSERT_TRUE(matmul(p.wm, p.x.data() + b * cols, 1, cols, y.data(), rows + 5, o).is_ok());
-      EXPECT_EQ(std::memcmp(y.data(), all.data() + b * rows, static_cast<std::size_t>(rows) * sizeof(float)), 0)
-          << ggml_type_name(t) << " batch row " << b;
-      EXPECT_EQ(y[static_cast<std::size_t>(rows)], -1.0f);  // ldy padding untouched
+  for (const auto act :
+       {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8, MatmulOptions::Activations::q16}) {
+    for (GgmlType t : kAllTypes) {
+      const std::int64_t rows = 150, cols = 96, batch = 70;
+      Problem p = make_problem(t, rows, cols, batch, 5);
+      std::vector<float> all(static_cast<std::size_t>(rows * batch)), one_thread(all.size());
+      MatmulOptions o;
+      o.activations = act;
+      ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, all.data(), rows, o).is_ok());
+      MatmulOptions o1 = o;
+      o1.max_threads = 1;
+      ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, one_thread.data(), rows, o1).is_ok());
+      EXPECT_EQ(std::memcmp(all.data(), one_thread.data(), all.size() * sizeof(float)), 0) << ggml_type_name(t);
+      for (std::int64_t b : {0, 3, 63, 64, 69}) {
+        std::vector<float> y(static_cast<std::size_t>(rows + 5), -1.0f);
+        ASSERT_TRUE(matmul(p.wm, p.x.data() + b * cols, 1, cols, y.data(), rows + 5, o).is_ok());
+        EXPECT_EQ(std::memcmp(y.data(), all.data() + b * rows, static_cast<std::size_t>(rows) * sizeof(float)), 0)
+            << ggml_type_name(t) << " batch row " << b;
+        EXPECT_EQ(y[static_cast<std::size_t>(rows)], -1.0f);  // ldy padding untouched
+      }
     }
-  }
   }
 }
 
@@ -434,8 +442,8 @@ TEST(QuantKernels, ExactActivationsAreBitwiseReproducible) {
         MatmulOptions o1;
         o1.max_threads = 1;
         ASSERT_TRUE(matmul(p.wm, p.x.data(), batch, cols, one.data(), rows, o1).is_ok());
-        const std::string what = std::string(ggml_type_name(t)) + " rows " + std::to_string(rows) + " cols " +
-                                 std::to_string(cols);
+        const std::string what =
+            std::string(ggml_type_name(t)) + " rows " + std::to_string(rows) + " cols " + std::to_string(cols);
         ASSERT_EQ(std::memcmp(ref.data(), two.data(), n * sizeof(float)), 0) << what << " avx2 vs scalar";
         ASSERT_EQ(std::memcmp(one.data(), two.data(), n * sizeof(float)), 0) << what << " 1 vs 2 threads";
         // Every sub-batch [b0, b0 + nb) for nb = 1 .. 70 (offsets vary with nb) gives the same rows.
@@ -501,8 +509,8 @@ TEST(QuantKernels, RepackedRows4IsBitwiseIdentical) {
         ASSERT_TRUE(dequantize_rows(p.wm, 0, rows, a.data()).is_ok());
         ASSERT_TRUE(dequantize_rows(*r4, 0, rows, b.data()).is_ok());
         ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what << " dequantize_rows";
-        for (const auto act : {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8,
-                               MatmulOptions::Activations::q16}) {
+        for (const auto act :
+             {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8, MatmulOptions::Activations::q16}) {
           for (bool force_scalar : {false, true}) {
             for (std::int64_t batch : {1, 2, 3, 9}) {
               MatmulOptions o;
@@ -514,7 +522,9 @@ TEST(QuantKernels, RepackedRows4IsBitwiseIdentical) {
               ASSERT_TRUE(matmul(*r4, p.x.data(), batch, cols, yb.data(), rows, o).is_ok());
               ASSERT_EQ(std::memcmp(ya.data(), yb.data(), n * sizeof(float)), 0)
                   << what << " batch " << batch << (force_scalar ? " scalar" : " simd")
-                  << (act == MatmulOptions::Activations::q8 ? " q8" : act == MatmulOptions::Activations::q16 ? " q16" : " f32");
+                  << (act == MatmulOptions::Activations::q8    ? " q8"
+                      : act == MatmulOptions::Activations::q16 ? " q16"
+                                                               : " f32");
             }
           }
         }
@@ -569,8 +579,8 @@ TEST(QuantKernels, MatmulRejectsBadArguments) {
 // A group of matrices sharing x gives each matrix exactly what matmul() gives it alone, for every
 // activation scheme and for decode-sized and prefill-sized batches; mixed widths are refused.
 TEST(QuantKernels, MatmulGroupEqualsSeparateProducts) {
-  for (const auto act : {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8,
-                         MatmulOptions::Activations::q16}) {
+  for (const auto act :
+       {MatmulOptions::Activations::f32, MatmulOptions::Activations::q8, MatmulOptions::Activations::q16}) {
     for (std::int64_t batch : {1, 3, 70}) {
       Problem a = make_problem(GgmlType::q4_1, 36, 96, batch, 11);
       Problem b = make_problem(GgmlType::q8_0, 12, 96, batch, 12);

@@ -45,12 +45,12 @@ TEST(RopeTable, CpuRopeEqualsDirectRotationBitwise) {
   };
   const std::int32_t beyond = static_cast<std::int32_t>(RopeTable::kMaxPositions) + 12345;
   const Call calls[] = {
-      {{7, 0, 3}, 4, 64, 64, 10000.0f},                  // fills the table to 8
-      {{2000, 5, beyond, 1999}, 3, 64, 64, 10000.0f},    // grows it; one position beyond the table
-      {{0, 1, 2, 3, 4, 5, 6, 7}, 2, 64, 64, 10000.0f},   // rows already in the table
-      {{11, 4}, 2, 64, 64, 500000.0f},                   // another theta: rebuilt
-      {{11, 4, 9000}, 2, 96, 32, 500000.0f},             // partial rotary width: rebuilt
-      {{11, 4}, 4, 64, 64, 10000.0f},                    // back to the first
+      {{7, 0, 3}, 4, 64, 64, 10000.0f},                 // fills the table to 8
+      {{2000, 5, beyond, 1999}, 3, 64, 64, 10000.0f},   // grows it; one position beyond the table
+      {{0, 1, 2, 3, 4, 5, 6, 7}, 2, 64, 64, 10000.0f},  // rows already in the table
+      {{11, 4}, 2, 64, 64, 500000.0f},                  // another theta: rebuilt
+      {{11, 4, 9000}, 2, 96, 32, 500000.0f},            // partial rotary width: rebuilt
+      {{11, 4}, 4, 64, 64, 10000.0f},                   // back to the first
   };
   for (const Call& c : calls) {
     std::vector<float> x(c.positions.size() * static_cast<std::size_t>(c.heads * c.head_dim));

@@ -1,8 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
-#include <algorithm>
 #include <map>
 #include <random>
 
@@ -65,8 +65,8 @@ TEST(Sampler, TopKTopPAndMinPRestrictTheSupport) {
     return seen.size();
   };
   EXPECT_EQ(support({.temperature = 1.0f, .top_k = 2, .top_p = 1.0f, .min_p = 0.0f}), 2u);
-  EXPECT_EQ(support({.temperature = 1.0f, .top_k = 0, .top_p = 0.85f, .min_p = 0.0f}), 3u);   // .4+.3+.2 reaches .85
-  EXPECT_EQ(support({.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.6f}), 2u);    // p >= .24
+  EXPECT_EQ(support({.temperature = 1.0f, .top_k = 0, .top_p = 0.85f, .min_p = 0.0f}), 3u);  // .4+.3+.2 reaches .85
+  EXPECT_EQ(support({.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.6f}), 2u);   // p >= .24
   EXPECT_EQ(support({.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f}), 5u);
 }
 
@@ -97,8 +97,10 @@ std::int32_t oracle_draw(std::vector<float> logits, const SamplingParams& p, std
     std::int32_t id;
   };
   std::vector<C> c;
-  for (std::int32_t i = 0; i < static_cast<std::int32_t>(logits.size()); ++i) c.push_back({logits[i] / p.temperature, i});
-  std::sort(c.begin(), c.end(), [](const C& a, const C& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); });
+  for (std::int32_t i = 0; i < static_cast<std::int32_t>(logits.size()); ++i)
+    c.push_back({logits[i] / p.temperature, i});
+  std::sort(c.begin(), c.end(),
+            [](const C& a, const C& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); });
   std::size_t keep = c.size();
   if (p.top_k > 0 && static_cast<std::size_t>(p.top_k) < keep) keep = static_cast<std::size_t>(p.top_k);
   std::vector<double> prob(keep);
@@ -203,8 +205,9 @@ TEST(Sampler, UnfilteredDrawsFollowTheDistributionAcrossBlocks) {
 
 TEST(Sampler, MaskedAndNanLogitsAreNeverDrawn) {
   const float inf = std::numeric_limits<float>::infinity();
-  for (const SamplingParams& params : {SamplingParams{.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 5},
-                                       SamplingParams{.temperature = 1.0f, .top_k = 0, .top_p = 0.99f, .min_p = 0.0f, .seed = 5}}) {
+  for (const SamplingParams& params :
+       {SamplingParams{.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 5},
+        SamplingParams{.temperature = 1.0f, .top_k = 0, .top_p = 0.99f, .min_p = 0.0f, .seed = 5}}) {
     Sampler s(params);
     std::vector<float> base(700, -inf);
     for (std::size_t i = 0; i < base.size(); i += 3) base[i] = std::nanf("");

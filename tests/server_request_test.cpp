@@ -51,11 +51,22 @@ TEST(ServerRequest, ChatWithDefaults) {
 
 TEST(ServerRequest, ChatWithEveryOption) {
   json body = kChat;
-  body["messages"] = {{{"role", "developer"}, {"content", "be brief"}},
-                      {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}}}}};
-  body.update({{"model", "m"}, {"max_completion_tokens", 7}, {"temperature", 0}, {"top_p", 0.5}, {"seed", -3},
-               {"stop", "END"}, {"stream", true}, {"stream_options", {{"include_usage", true}}}, {"n", 1},
-               {"presence_penalty", 0}, {"top_k", 5}, {"ignore_eos", true}, {"user", "ignored"},
+  body["messages"] = {
+      {{"role", "developer"}, {"content", "be brief"}},
+      {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}}}}};
+  body.update({{"model", "m"},
+               {"max_completion_tokens", 7},
+               {"temperature", 0},
+               {"top_p", 0.5},
+               {"seed", -3},
+               {"stop", "END"},
+               {"stream", true},
+               {"stream_options", {{"include_usage", true}}},
+               {"n", 1},
+               {"presence_penalty", 0},
+               {"top_k", 5},
+               {"ignore_eos", true},
+               {"user", "ignored"},
                {"unknown_field", 1}});
   const CompletionRequest r = ok(parse(body));
   EXPECT_EQ(r.model, "m");
@@ -105,8 +116,10 @@ TEST(ServerRequest, BadInputsNameTheFieldAndKind) {
       {{{"messages", {{{"content", "x"}}}}}, Endpoint::chat, "messages[0].role", "missing_required_parameter"},
       {{{"messages", {{{"role", "bot"}, {"content", "x"}}}}}, Endpoint::chat, "messages[0].role", "invalid_value"},
       {{{"messages", {{{"role", "user"}}}}}, Endpoint::chat, "messages[0].content", "missing_required_parameter"},
-      {{{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}}, Endpoint::chat,
-       "messages[0].content[0].type", "unsupported_value"},
+      {{{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}},
+       Endpoint::chat,
+       "messages[0].content[0].type",
+       "unsupported_value"},
       {with("max_tokens", "5"), Endpoint::chat, "max_tokens", "invalid_type"},
       {with("max_tokens", 0), Endpoint::chat, "max_tokens", "invalid_value"},
       {with("max_tokens", 101), Endpoint::chat, "max_tokens", "invalid_value"},
@@ -148,8 +161,8 @@ TEST(ServerRequest, MalformedJsonSaysWhere) {
   EXPECT_NE(e.message.find("byte"), std::string::npos) << e.message;
   EXPECT_EQ(error(parse_completion_request("", Endpoint::chat, {})).code, "invalid_json");
   // A number past double's range is a JSON error too, not a 500 (found by tests/fuzz/request_fuzz).
-  const ApiError overflow = error(parse_completion_request(R"({"prompt": "hi", "max_tokens": 1E666})",
-                                                           Endpoint::completions, {}));
+  const ApiError overflow =
+      error(parse_completion_request(R"({"prompt": "hi", "max_tokens": 1E666})", Endpoint::completions, {}));
   EXPECT_EQ(overflow.status, 400);
   EXPECT_EQ(overflow.code, "invalid_json");
   EXPECT_NE(overflow.message.find("1E666"), std::string::npos) << overflow.message;

@@ -14,8 +14,8 @@ struct DenseF32Problem {
   std::vector<float> q, k, v, o, lse;
   AttentionProblem problem;
 
-  DenseF32Problem(std::int64_t b, std::int64_t sq, std::int64_t skv, std::int64_t hq, std::int64_t hkv,
-                  std::int64_t d, std::int64_t dv = 0, bool with_lse = false, unsigned seed = 1) {
+  DenseF32Problem(std::int64_t b, std::int64_t sq, std::int64_t skv, std::int64_t hq, std::int64_t hkv, std::int64_t d,
+                  std::int64_t dv = 0, bool with_lse = false, unsigned seed = 1) {
     if (dv == 0) dv = d;
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.0f, 1.0f);

@@ -30,7 +30,8 @@ TEST(ThreadPool, RunsEveryTaskOnce) {
     EXPECT_LT(max_worker.load(), 4);
   }
   std::atomic<int> over{0};
-  pool.parallel_for(100, [&](std::int64_t, int w) { over += w >= 2; }, 2);
+  pool.parallel_for(
+      100, [&](std::int64_t, int w) { over += w >= 2; }, 2);
   EXPECT_EQ(over.load(), 0);
 }
 

@@ -277,7 +277,9 @@ TEST(Tokenizer, StreamDecoderHoldsPartialCodePoints) {
   // A sequence cut short by an ASCII byte: U+FFFD, then the byte.
   EXPECT_EQ(*sd.push(b0), "");
   EXPECT_EQ(*sd.push(b1), "");
-  EXPECT_EQ(*sd.push(id_of(t, "a")), "\xEF\xBF\xBD" "a");
+  EXPECT_EQ(*sd.push(id_of(t, "a")),
+            "\xEF\xBF\xBD"
+            "a");
   // An incomplete tail at the end becomes one U+FFFD.
   EXPECT_EQ(*sd.push(b0), "");
   EXPECT_EQ(sd.flush(), "\xEF\xBF\xBD");
@@ -303,20 +305,26 @@ TEST(Tokenizer, Utf8ReplacementFollowsMaximalSubparts) {
     detail::utf8_sanitize(s, out, true);
     return out;
   };
-  EXPECT_EQ(clean("\xE2\x82" "a"), fffd + "a");
+  EXPECT_EQ(clean("\xE2\x82"
+                  "a"),
+            fffd + "a");
   EXPECT_EQ(clean("\xF0\x9F\x98"), fffd);
-  EXPECT_EQ(clean("\xED\xA0\x80"), fffd + fffd + fffd);  // surrogate
-  EXPECT_EQ(clean("\xC0\xAF"), fffd + fffd);             // overlong
+  EXPECT_EQ(clean("\xED\xA0\x80"), fffd + fffd + fffd);             // surrogate
+  EXPECT_EQ(clean("\xC0\xAF"), fffd + fffd);                        // overlong
   EXPECT_EQ(clean("\xF4\x90\x80\x80"), fffd + fffd + fffd + fffd);  // above U+10FFFF
   EXPECT_EQ(clean("\xE0\x80\x80"), fffd + fffd + fffd);
-  EXPECT_EQ(clean("a\x80" "b"), "a" + fffd + "b");
+  EXPECT_EQ(clean("a\x80"
+                  "b"),
+            "a" + fffd + "b");
   EXPECT_EQ(clean("\xF0\x9F\x98\x80"), "\xF0\x9F\x98\x80");
   EXPECT_EQ(clean("\xE2\x82\xAC\xE2"), "€" + fffd);
 }
 
 TEST(Tokenizer, InvalidUtf8InputPolicy) {
   Tokenizer t = VocabBuilder().build();
-  const std::string bad = "ab\xFF" "c";
+  const std::string bad =
+      "ab\xFF"
+      "c";
   EncodeOptions reject;
   reject.invalid_utf8 = InvalidUtf8::reject;
   auto r = t.encode(bad, reject);
@@ -324,7 +332,9 @@ TEST(Tokenizer, InvalidUtf8InputPolicy) {
   EXPECT_EQ(r.status().code(), ErrorCode::invalid_argument);
   EXPECT_EQ(r.status().field(), "text");
   EXPECT_NE(r.status().message().find("offset 2"), std::string::npos);
-  EXPECT_EQ(*t.decode(enc(t, bad)), "ab\xEF\xBF\xBD" "c");  // default: replaced
+  EXPECT_EQ(*t.decode(enc(t, bad)),
+            "ab\xEF\xBF\xBD"
+            "c");  // default: replaced
 }
 
 TEST(Tokenizer, ConcurrentEncodesAgree) {

@@ -27,21 +27,21 @@ enum class Edge : std::uint8_t {
 };
 
 struct CaseSpec {
-  DType dtype = DType::f32;  // q, k, v and o
+  DType dtype = DType::f32;             // q, k, v and o
   std::vector<std::int32_t> seqlens_q;  // one per sequence (size = batch)
   std::vector<std::int32_t> seqlens_k;
   std::int32_t hq = 1;
   std::int32_t hkv = 1;
   std::int32_t head_dim = 64;
   std::int32_t head_dim_v = 64;
-  QLayout q_layout = QLayout::dense;   // dense requires equal seqlens_q
+  QLayout q_layout = QLayout::dense;     // dense requires equal seqlens_q
   KvLayout kv_layout = KvLayout::dense;  // dense requires equal seqlens_k
-  std::int32_t page_size = 0;          // paged only
-  bool permute_blocks = true;          // paged: block table is a random permutation
-  bool padded_strides = false;         // non-contiguous views (row padding between heads/tokens)
-  std::int32_t q_tail_rows = 0;        // packed q: rows after the last sequence (o there: untouched)
-  std::int32_t kv_tail_rows = 0;       // packed kv: rows after the last sequence (never read)
-  std::int32_t table_stride_pad = 0;   // paged: block_table_stride - max_blocks_per_seq
+  std::int32_t page_size = 0;            // paged only
+  bool permute_blocks = true;            // paged: block table is a random permutation
+  bool padded_strides = false;           // non-contiguous views (row padding between heads/tokens)
+  std::int32_t q_tail_rows = 0;          // packed q: rows after the last sequence (o there: untouched)
+  std::int32_t kv_tail_rows = 0;         // packed kv: rows after the last sequence (never read)
+  std::int32_t table_stride_pad = 0;     // paged: block_table_stride - max_blocks_per_seq
   bool causal = false;
   std::int64_t window_left = -1;
   std::int64_t window_right = -1;
@@ -78,7 +78,7 @@ std::vector<Case> canary_cases();
 struct CaseResult {
   std::string backend;
   std::string case_name;
-  bool skipped = false;      // backend does not support the case's signature
+  bool skipped = false;  // backend does not support the case's signature
   std::string skip_reason;
   bool passed = false;
   double max_abs_error = 0.0;  // over o (and lse when requested)
@@ -109,14 +109,12 @@ struct Report {
 
 // Runs every case; `progress` (optional) is called after each one.
 Report run_suite(AttentionBackend& backend, const std::vector<Case>& cases,
-                 const std::function<void(const CaseResult&)>& progress = {},
-                 const AttentionOracle* oracle = nullptr);
+                 const std::function<void(const CaseResult&)>& progress = {}, const AttentionOracle* oracle = nullptr);
 
 // Runs every case on each backend (one Report per backend, in the given order). Each case's inputs
 // and double-precision reference are built once and shared by all backends, which is what makes
 // running the full matrix over many backends affordable.
-std::vector<Report> run_suites(const std::vector<AttentionBackend*>& backends,
-                               const std::vector<Case>& cases,
+std::vector<Report> run_suites(const std::vector<AttentionBackend*>& backends, const std::vector<Case>& cases,
                                const std::function<void(const CaseResult&)>& progress = {},
                                const AttentionOracle* oracle = nullptr);
 

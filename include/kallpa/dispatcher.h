@@ -47,16 +47,15 @@ struct Verdict {
   std::string backend;
   Health health = Health::unchecked;
   bool supported = false;
-  bool selected = false;     // the one run() would try first
-  int rank = -1;             // position in the candidate order, -1 when not a candidate
-  std::string reason;        // why not (or why it is not first)
+  bool selected = false;  // the one run() would try first
+  int rank = -1;          // position in the candidate order, -1 when not a candidate
+  std::string reason;     // why not (or why it is not first)
 };
 
 class Dispatcher {
  public:
   // Over the global registry, also loads KALLPA_PLUGIN_PATH (once per process, plugin.h).
-  explicit Dispatcher(DispatchOptions options = {},
-                      BackendRegistry* registry = &BackendRegistry::global());
+  explicit Dispatcher(DispatchOptions options = {}, BackendRegistry* registry = &BackendRegistry::global());
 
   // Validates, selects and runs; on a backend failure, counts it (quarantining the backend at
   // options().quarantine_after) and tries the next candidate (unless strict). Before the first

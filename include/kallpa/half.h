@@ -50,10 +50,10 @@ inline std::uint16_t f32_to_f16(float value) noexcept {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(value);
   const std::uint32_t sign = (u >> 16) & 0x8000u;
   const std::uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (abs < 0x38800000u) {  // subnormal or zero in f16
-    if (abs < 0x33000000u) return static_cast<std::uint16_t>(sign);  // rounds to zero
+  if (abs < 0x38800000u) {                                                    // subnormal or zero in f16
+    if (abs < 0x33000000u) return static_cast<std::uint16_t>(sign);           // rounds to zero
     const std::uint32_t exp = abs >> 23;
     const std::uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
     const std::uint32_t shift = 126u - exp;  // value / 2^-24, the f16 subnormal unit

@@ -15,8 +15,8 @@
 namespace kallpa {
 
 enum class Outcome : std::uint8_t {
-  ok = 0,          // the backend ran and succeeded
-  failed = 1,      // the backend's run() returned an error (the call may still fall back)
+  ok = 0,      // the backend ran and succeeded
+  failed = 1,  // the backend's run() returned an error (the call may still fall back)
 };
 
 struct DispatchEvent {
@@ -24,7 +24,7 @@ struct DispatchEvent {
   const ProblemSignature* signature = nullptr;
   std::chrono::nanoseconds duration{0};
   Outcome outcome = Outcome::ok;
-  bool fallback = false;  // this backend was not the first choice for the call
+  bool fallback = false;          // this backend was not the first choice for the call
   const Status* error = nullptr;  // set when outcome == failed
 };
 
@@ -39,9 +39,9 @@ class DispatchObserver {
 class StatsObserver final : public DispatchObserver {
  public:
   struct BackendStats {
-    std::uint64_t calls = 0;     // every run() attempt
-    std::uint64_t failures = 0;  // attempts that returned an error
-    std::uint64_t fallbacks = 0; // attempts made because an earlier choice failed
+    std::uint64_t calls = 0;      // every run() attempt
+    std::uint64_t failures = 0;   // attempts that returned an error
+    std::uint64_t fallbacks = 0;  // attempts made because an earlier choice failed
     double total_seconds = 0.0;
     double min_seconds = 0.0;
     double max_seconds = 0.0;

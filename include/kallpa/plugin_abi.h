@@ -70,8 +70,8 @@ typedef struct kallpa_tensor {
   int64_t shape[4];
   int64_t stride[4];
   int32_t rank;
-  int32_t dtype;        /* KALLPA_DTYPE_* */
-  int32_t device_kind;  /* KALLPA_DEVICE_* */
+  int32_t dtype;       /* KALLPA_DTYPE_* */
+  int32_t device_kind; /* KALLPA_DEVICE_* */
   int32_t device_index;
 } kallpa_tensor;
 
@@ -97,17 +97,17 @@ typedef struct kallpa_problem {
   const kallpa_signature* signature;
   kallpa_tensor q, k, v, o, lse;
   int32_t batch;
-  const int32_t* cu_seqlens_q;  /* packed q only */
-  const int32_t* cu_seqlens_k;  /* packed kv only */
-  const int32_t* block_table;   /* paged only */
-  int64_t block_table_stride;   /* paged only; never 0 here */
-  int32_t max_blocks_per_seq;   /* paged only */
-  const int32_t* seqlens_k;     /* paged only */
-  float scale;                  /* resolved: 1/sqrt(D) unless the caller gave one */
-  float softcap;                /* 0: off */
+  const int32_t* cu_seqlens_q; /* packed q only */
+  const int32_t* cu_seqlens_k; /* packed kv only */
+  const int32_t* block_table;  /* paged only */
+  int64_t block_table_stride;  /* paged only; never 0 here */
+  int32_t max_blocks_per_seq;  /* paged only */
+  const int32_t* seqlens_k;    /* paged only */
+  float scale;                 /* resolved: 1/sqrt(D) unless the caller gave one */
+  float softcap;               /* 0: off */
   int32_t causal;
   int64_t window_left, window_right; /* -1: unbounded */
-  const float* alibi_slopes;    /* [Hq] or NULL */
+  const float* alibi_slopes;         /* [Hq] or NULL */
 } kallpa_problem;
 
 /* Given to the entry point: who is loading the plugin. */
@@ -118,23 +118,23 @@ typedef struct kallpa_plugin_host {
 } kallpa_plugin_host;
 
 typedef struct kallpa_plugin_table {
-  size_t struct_size;  /* sizeof(kallpa_plugin_table) as the plugin was compiled */
-  uint32_t abi_major;  /* KALLPA_PLUGIN_ABI_MAJOR as the plugin was compiled */
-  uint32_t abi_minor;  /* KALLPA_PLUGIN_ABI_MINOR as the plugin was compiled */
+  size_t struct_size; /* sizeof(kallpa_plugin_table) as the plugin was compiled */
+  uint32_t abi_major; /* KALLPA_PLUGIN_ABI_MAJOR as the plugin was compiled */
+  uint32_t abi_minor; /* KALLPA_PLUGIN_ABI_MINOR as the plugin was compiled */
 
   /* ---- ABI 1.0 ---- */
-  const char* name;     /* unique; letters, digits, '-', '_', '.'; used with --attention */
+  const char* name; /* unique; letters, digits, '-', '_', '.'; used with --attention */
   const char* version;
-  int32_t device_kind;  /* KALLPA_DEVICE_* of the memory run() works on */
-  int32_t priority;     /* higher wins automatic selection; reference is 0 */
-  void* state;          /* passed back to every call */
+  int32_t device_kind; /* KALLPA_DEVICE_* of the memory run() works on */
+  int32_t priority;    /* higher wins automatic selection; reference is 0 */
+  void* state;         /* passed back to every call */
   /* 1: yes. 0: no, with a reason a person can act on written to why_not. Cheap, no side effects. */
   int32_t (*supports)(void* state, const kallpa_signature* signature, char* why_not, size_t why_not_capacity);
   /* Optional (NULL: none). Scratch bytes run() needs; kallpa hands them over 64-byte aligned. */
   size_t (*workspace_size)(void* state, const kallpa_problem* problem);
   /* Writes o (and lse when present). KALLPA_PLUGIN_OK, or an error code with a message. */
-  int32_t (*run)(void* state, const kallpa_problem* problem, void* workspace, size_t workspace_bytes,
-                 char* error, size_t error_capacity);
+  int32_t (*run)(void* state, const kallpa_problem* problem, void* workspace, size_t workspace_bytes, char* error,
+                 size_t error_capacity);
   /* Optional. Called once when kallpa drops the backend; the table is not used afterwards. */
   void (*destroy)(void* state);
 

@@ -22,7 +22,7 @@ struct ProblemSpec {
   std::int64_t seqlen_q = 1;
   std::int64_t seqlen_k = 1;
   std::int32_t hq = 1;
-  std::int32_t hkv = 0;         // 0: same as hq
+  std::int32_t hkv = 0;  // 0: same as hq
   std::int32_t head_dim = 64;
   std::int32_t head_dim_v = 0;  // 0: same as head_dim
   DType dtype = DType::f32;

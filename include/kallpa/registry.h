@@ -42,16 +42,16 @@ struct HealthReport {
   Health health = Health::unchecked;  // healthy, quarantined, or unchecked (nothing applied/skipped)
   std::string reason;                 // quarantined: "canary 'CASE': FAILURE"; unchecked: why
   std::size_t cases_run = 0;
-  std::size_t cases_skipped = 0;      // the backend does not support the case's signature
+  std::size_t cases_skipped = 0;  // the backend does not support the case's signature
 };
 
 // What the registry's health machinery has done so far (for metrics and `kallpa backends`).
 struct HealthCounters {
-  std::uint64_t checked = 0;                // backends that went through a health check
+  std::uint64_t checked = 0;  // backends that went through a health check
   std::uint64_t quarantined_at_check = 0;
-  std::uint64_t quarantined_at_run = 0;     // by record_failure reaching its limit
-  std::uint64_t run_failures = 0;           // every failure recorded
-  double check_milliseconds = 0.0;          // wall time spent in health checks
+  std::uint64_t quarantined_at_run = 0;  // by record_failure reaching its limit
+  std::uint64_t run_failures = 0;        // every failure recorded
+  double check_milliseconds = 0.0;       // wall time spent in health checks
 };
 
 class BackendRegistry {
@@ -109,7 +109,7 @@ class BackendRegistry {
   std::mutex check_mu_;  // serialises health checks; held while one runs
   std::atomic<bool> check_pending_{false};
   std::function<std::vector<HealthReport>(const std::vector<AttentionBackend*>&)> check_;  // under mu_
-  HealthCounters counters_;  // under mu_
+  HealthCounters counters_;                                                                // under mu_
 };
 
 namespace detail {
@@ -122,4 +122,4 @@ struct BackendRegistrar {
 
 // Registers a default-constructed backend of class TYPE into the global registry at load time.
 #define KALLPA_REGISTER_BACKEND(TYPE) \
-  static const ::kallpa::detail::BackendRegistrar kallpa_registrar_##TYPE{std::make_unique<TYPE>()}
+  static const ::kallpa::detail::BackendRegistrar kallpa_registrar_##TYPE { std::make_unique<TYPE>() }

@@ -11,11 +11,11 @@ namespace kallpa {
 
 enum class ErrorCode {
   ok = 0,
-  invalid_argument,   // a problem or option that violates the contract
-  unsupported,        // valid, but no (chosen) backend can run it
-  backend_failure,    // a backend's run() reported an error
-  not_found,          // a named backend or file that does not exist
-  parse_error,        // malformed text input (a spec, JSON, ...)
+  invalid_argument,  // a problem or option that violates the contract
+  unsupported,       // valid, but no (chosen) backend can run it
+  backend_failure,   // a backend's run() reported an error
+  not_found,         // a named backend or file that does not exist
+  parse_error,       // malformed text input (a spec, JSON, ...)
   out_of_memory,
   internal,
 };
@@ -50,8 +50,8 @@ class Status {
 template <typename T>
 class Result {
  public:
-  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
-  Result(Status error) : v_(std::move(error)) {}   // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}       // NOLINT(google-explicit-constructor)
+  Result(Status error) : v_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
 
   bool is_ok() const noexcept { return std::holds_alternative<T>(v_); }
   explicit operator bool() const noexcept { return is_ok(); }

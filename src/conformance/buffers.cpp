@@ -67,9 +67,7 @@ std::uint32_t quiet_nan_bits(DType dtype) noexcept {
   return 0;
 }
 
-void GuardedBuffer::Free::operator()(std::byte* p) const noexcept {
-  ::operator delete[](p, std::align_val_t{64});
-}
+void GuardedBuffer::Free::operator()(std::byte* p) const noexcept { ::operator delete[](p, std::align_val_t{64}); }
 
 GuardedBuffer::GuardedBuffer(DType dtype, int rank, const std::array<std::int64_t, kMaxRank>& shape,
                              const std::array<std::int64_t, kMaxRank>& stride)
@@ -147,11 +145,10 @@ std::string GuardedBuffer::describe_byte(std::size_t position) const {
     return fmt::format("guard before the view, {} bytes before its start", kGuardBytes - position);
   }
   if (position >= view_end) {
-    return fmt::format("guard after the view, {} bytes past its last element (element +{})",
-                       position - view_end, (position - view_end) / esize_);
+    return fmt::format("guard after the view, {} bytes past its last element (element +{})", position - view_end,
+                       (position - view_end) / esize_);
   }
-  return fmt::format("stride gap at element offset {} (padding between rows/heads)",
-                     (position - kGuardBytes) / esize_);
+  return fmt::format("stride gap at element offset {} (padding between rows/heads)", (position - kGuardBytes) / esize_);
 }
 
 std::optional<std::string> GuardedBuffer::find_stray_write() const {
@@ -166,9 +163,7 @@ std::optional<std::string> GuardedBuffer::find_stray_write() const {
   return std::nullopt;
 }
 
-std::vector<std::byte> GuardedBuffer::snapshot() const {
-  return {storage_.get(), storage_.get() + bytes_};
-}
+std::vector<std::byte> GuardedBuffer::snapshot() const { return {storage_.get(), storage_.get() + bytes_}; }
 
 void GuardedBuffer::restore(const std::vector<std::byte>& before) noexcept {
   if (before.size() == bytes_) std::memcpy(storage_.get(), before.data(), bytes_);

@@ -68,7 +68,7 @@ class GuardedBuffer {
   std::array<std::int64_t, kMaxRank> shape_{};
   std::array<std::int64_t, kMaxRank> stride_{};
   std::size_t esize_;
-  std::int64_t span_ = 0;           // elements from the first to one past the last of the view
+  std::int64_t span_ = 0;                 // elements from the first to one past the last of the view
   std::vector<std::uint8_t> is_element_;  // per position in the span
   std::size_t bytes_ = 0;
   std::unique_ptr<std::byte[], Free> storage_;

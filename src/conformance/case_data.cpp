@@ -166,8 +166,7 @@ class Builder {
     switch (s_.edge) {
       case Edge::none:
       case Edge::all_masked:  // made by the lengths and window the generator chose
-      case Edge::huge_logits:
-        break;
+      case Edge::huge_logits: break;
       case Edge::neg_inf_keys:
         for (std::int64_t r = 0; r < d_.total_k; ++r) {
           for (std::int32_t h = 0; h < d_.hkv; ++h) {
@@ -362,13 +361,14 @@ class Builder {
     if (s_.kv_layout != KvLayout::dense) {
       const Dims& ks = kb.stride();
       const Dims& vs = vb.stride();
-      const std::int64_t rows = s_.kv_layout == KvLayout::paged
-                                    ? static_cast<std::int64_t>(pool_blocks_) * d_.page
-                                    : d_.total_k + s_.kv_tail_rows;
+      const std::int64_t rows = s_.kv_layout == KvLayout::paged ? static_cast<std::int64_t>(pool_blocks_) * d_.page
+                                                                : d_.total_k + s_.kv_tail_rows;
       std::int64_t n = 0;
       for (std::int64_t r = 0; r < rows; ++r) {
-        const std::int64_t kbase = s_.kv_layout == KvLayout::paged ? (r / d_.page) * ks[0] + (r % d_.page) * ks[1] : r * ks[0];
-        const std::int64_t vbase = s_.kv_layout == KvLayout::paged ? (r / d_.page) * vs[0] + (r % d_.page) * vs[1] : r * vs[0];
+        const std::int64_t kbase =
+            s_.kv_layout == KvLayout::paged ? (r / d_.page) * ks[0] + (r % d_.page) * ks[1] : r * ks[0];
+        const std::int64_t vbase =
+            s_.kv_layout == KvLayout::paged ? (r / d_.page) * vs[0] + (r % d_.page) * vs[1] : r * vs[0];
         const std::int64_t hs_k = s_.kv_layout == KvLayout::paged ? ks[2] : ks[1];
         const std::int64_t hs_v = s_.kv_layout == KvLayout::paged ? vs[2] : vs[1];
         for (std::int64_t h = 0; h < d_.hkv; ++h) {
@@ -446,8 +446,7 @@ class Builder {
 
 }  // namespace
 
-KeyRange contract_visible_keys(const CaseSpec& spec, std::int64_t sq, std::int64_t skv,
-                               std::int64_t i) noexcept {
+KeyRange contract_visible_keys(const CaseSpec& spec, std::int64_t sq, std::int64_t skv, std::int64_t i) noexcept {
   const std::int64_t pos = i + skv - sq;
   KeyRange r{0, skv - 1};
   if (spec.causal && pos < r.last) r.last = pos;

@@ -23,8 +23,7 @@ struct KeyRange {
   std::int64_t first;
   std::int64_t last;
 };
-KeyRange contract_visible_keys(const CaseSpec& spec, std::int64_t sq, std::int64_t skv,
-                               std::int64_t i) noexcept;
+KeyRange contract_visible_keys(const CaseSpec& spec, std::int64_t sq, std::int64_t skv, std::int64_t i) noexcept;
 
 struct CaseData {
   CaseSpec spec;

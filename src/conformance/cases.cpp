@@ -32,18 +32,16 @@ constexpr double kBatchBudget = 3e6;
 struct HeadDims {
   std::int32_t d, dv;
 };
-const std::vector<HeadDims> kHeadDims = {{8, 8},     {40, 40},   {64, 64},   {80, 80},  {96, 96},
-                                         {112, 112}, {128, 128}, {160, 160}, {256, 256}, {64, 32},
-                                         {128, 64},  {40, 80},   {16, 8}};
+const std::vector<HeadDims> kHeadDims = {{8, 8},     {40, 40},   {64, 64}, {80, 80},  {96, 96}, {112, 112}, {128, 128},
+                                         {160, 160}, {256, 256}, {64, 32}, {128, 64}, {40, 80}, {16, 8}};
 
 struct Lengths {
   std::int32_t sq, skv;
 };
 // Around the tile sizes kernels use (63/64/65, 127/129), decode (Sq = 1), chunked prefill
 // (Sq < Skv) and Sq > Skv, where bottom-right causal alignment leaves the first rows empty.
-const std::vector<Lengths> kLengths = {{1, 1},     {2, 2},   {7, 7},   {63, 63},  {64, 64},
-                                       {65, 65},   {127, 129}, {129, 127}, {1, 129}, {1, 65},
-                                       {7, 127},   {65, 7},  {16, 256}, {129, 129}};
+const std::vector<Lengths> kLengths = {{1, 1},     {2, 2},   {7, 7},  {63, 63}, {64, 64}, {65, 65},  {127, 129},
+                                       {129, 127}, {1, 129}, {1, 65}, {7, 127}, {65, 7},  {16, 256}, {129, 129}};
 
 enum class Mask { none, causal, left, right, both, causal_left };
 constexpr int kMasks = 6;
@@ -59,12 +57,11 @@ struct Layout {
   KvLayout kv;
   std::int32_t page;
 };
-const std::vector<Layout> kLayouts = {
-    {QLayout::dense, KvLayout::dense, 0},   {QLayout::packed, KvLayout::packed, 0},
-    {QLayout::packed, KvLayout::paged, 1},  {QLayout::packed, KvLayout::paged, 7},
-    {QLayout::packed, KvLayout::paged, 16}, {QLayout::packed, KvLayout::paged, 256},
-    {QLayout::dense, KvLayout::paged, 16},  {QLayout::dense, KvLayout::paged, 7},
-    {QLayout::dense, KvLayout::packed, 0}};
+const std::vector<Layout> kLayouts = {{QLayout::dense, KvLayout::dense, 0},   {QLayout::packed, KvLayout::packed, 0},
+                                      {QLayout::packed, KvLayout::paged, 1},  {QLayout::packed, KvLayout::paged, 7},
+                                      {QLayout::packed, KvLayout::paged, 16}, {QLayout::packed, KvLayout::paged, 256},
+                                      {QLayout::dense, KvLayout::paged, 16},  {QLayout::dense, KvLayout::paged, 7},
+                                      {QLayout::dense, KvLayout::packed, 0}};
 
 constexpr DType kDTypes[] = {DType::f32, DType::f16, DType::bf16};
 
@@ -319,7 +316,8 @@ CaseSpec spec_from_row(const Row& row, Rng& rng) {
   }
   if (ragged_q && rng.chance(0.25)) s.q_tail_rows = static_cast<std::int32_t>(rng.range(1, 3));
   if (s.kv_layout == KvLayout::packed && rng.chance(0.3)) s.kv_tail_rows = static_cast<std::int32_t>(rng.range(1, 4));
-  if (s.kv_layout == KvLayout::paged && rng.chance(0.5)) s.table_stride_pad = static_cast<std::int32_t>(rng.range(1, 5));
+  if (s.kv_layout == KvLayout::paged && rng.chance(0.5))
+    s.table_stride_pad = static_cast<std::int32_t>(rng.range(1, 5));
   s.seed = rng.next();
   return s;
 }
@@ -351,15 +349,24 @@ CaseSpec make(DType dtype, const Shape& sh) {
 }
 
 Shape dense(std::int32_t b, std::int32_t sq, std::int32_t skv, std::int32_t hq, std::int32_t hkv, std::int32_t d) {
-  return {QLayout::dense, KvLayout::dense, 0, std::vector<std::int32_t>(static_cast<std::size_t>(b), sq),
-          std::vector<std::int32_t>(static_cast<std::size_t>(b), skv), hq, hkv, d, d};
+  return {QLayout::dense,
+          KvLayout::dense,
+          0,
+          std::vector<std::int32_t>(static_cast<std::size_t>(b), sq),
+          std::vector<std::int32_t>(static_cast<std::size_t>(b), skv),
+          hq,
+          hkv,
+          d,
+          d};
 }
 
-Shape packed(std::vector<std::int32_t> sq, std::vector<std::int32_t> skv, std::int32_t hq, std::int32_t hkv, std::int32_t d) {
+Shape packed(std::vector<std::int32_t> sq, std::vector<std::int32_t> skv, std::int32_t hq, std::int32_t hkv,
+             std::int32_t d) {
   return {QLayout::packed, KvLayout::packed, 0, std::move(sq), std::move(skv), hq, hkv, d, d};
 }
 
-Shape paged(std::int32_t page, std::vector<std::int32_t> sq, std::vector<std::int32_t> skv, std::int32_t hq, std::int32_t hkv, std::int32_t d) {
+Shape paged(std::int32_t page, std::vector<std::int32_t> sq, std::vector<std::int32_t> skv, std::int32_t hq,
+            std::int32_t hkv, std::int32_t d) {
   return {QLayout::packed, KvLayout::paged, page, std::move(sq), std::move(skv), hq, hkv, d, d};
 }
 
@@ -377,11 +384,11 @@ struct EdgeVariant {
 std::vector<CaseSpec> edge_specs(bool quick) {
   std::map<Edge, std::vector<EdgeVariant>> variants;
   variants[Edge::all_masked] = {
-      {dense(1, 65, 7, 4, 2, 64), true},                           // Sq > Skv, causal
-      {packed({5, 3, 7}, {0, 9, 4}, 3, 1, 40), true},              // an empty KV sequence
+      {dense(1, 65, 7, 4, 2, 64), true},               // Sq > Skv, causal
+      {packed({5, 3, 7}, {0, 9, 4}, 3, 1, 40), true},  // an empty KV sequence
       {paged(7, {4, 6, 2}, {0, 3, 9}, 2, 1, 80), true, 2, -1, true},
-      {dense(2, 9, 4, 2, 2, 64), false, 0, 0},                     // a 0:0 window before the keys
-      {dense(1, 20, 5, 1, 1, 32), false, -1, 0, true},             // right-only window
+      {dense(2, 9, 4, 2, 2, 64), false, 0, 0},          // a 0:0 window before the keys
+      {dense(1, 20, 5, 1, 1, 32), false, -1, 0, true},  // right-only window
   };
   variants[Edge::huge_logits] = {
       {dense(1, 64, 64, 2, 1, 8)},
@@ -398,7 +405,7 @@ std::vector<CaseSpec> edge_specs(bool quick) {
   variants[Edge::all_neg_inf_row] = {
       {dense(1, 7, 7, 4, 2, 64), true},
       {paged(7, {5, 8}, {13, 8}, 3, 3, 80), false, -1, -1, true},
-      {dense(1, 64, 64, 3, 1, 40)},                                 // MQA: every row is -inf
+      {dense(1, 64, 64, 3, 1, 40)},  // MQA: every row is -inf
       {packed({16, 3}, {16, 20}, 2, 2, 128), true, 4, -1, false, true},
   };
   variants[Edge::nan_in_q] = {
@@ -408,12 +415,12 @@ std::vector<CaseSpec> edge_specs(bool quick) {
       {dense(2, 7, 65, 3, 1, 80), true, 8, -1, false, false, 4.0f},
   };
   variants[Edge::nan_in_masked_kv] = {
-      {dense(1, 7, 129, 2, 1, 64), true, 16, -1},                   // keys before the window
+      {dense(1, 7, 129, 2, 1, 64), true, 16, -1},  // keys before the window
       {packed({5, 9}, {40, 9}, 4, 2, 40), true, 8, -1, true, false, 0.0f, 0, 3},
       {paged(16, {3, 6}, {45, 70}, 2, 2, 64), true, 20, -1, false, false, 0.0f, 3},
       {paged(7, {4, 4}, {11, 23}, 3, 1, 112), false, -1, -1, true},  // page slack and spare blocks
       {{QLayout::dense, KvLayout::paged, 256, {1}, {300}, 4, 1, 64, 64}},
-      {dense(1, 16, 64, 1, 1, 160), false, 2, 2},                   // a window on both sides
+      {dense(1, 16, 64, 1, 1, 160), false, 2, 2},  // a window on both sides
   };
 
   std::vector<CaseSpec> out;
@@ -457,8 +464,10 @@ std::vector<CaseSpec> long_specs(bool quick) {
     out.push_back(std::move(s));
   };
   add(DType::f32, dense(1, 1, 2048, 8, 1, 64), [](CaseSpec& s) { s.lse = true; });
-  add(DType::bf16, {QLayout::dense, KvLayout::paged, 16, {1, 1}, {1500, 1031}, 4, 1, 128, 128},
-      [](CaseSpec& s) { s.lse = true; s.table_stride_pad = 2; });
+  add(DType::bf16, {QLayout::dense, KvLayout::paged, 16, {1, 1}, {1500, 1031}, 4, 1, 128, 128}, [](CaseSpec& s) {
+    s.lse = true;
+    s.table_stride_pad = 2;
+  });
   add(DType::f32, dense(1, 1024, 1024, 1, 1, 8), [](CaseSpec& s) { s.causal = true; });
   if (quick) return out;
   add(DType::f16, paged(256, {1, 1, 1}, {1024, 0, 1777}, 8, 2, 64), [](CaseSpec& s) { s.alibi = true; });
@@ -470,8 +479,10 @@ std::vector<CaseSpec> long_specs(bool quick) {
     s.causal = true;
     s.alibi = true;
   });
-  add(DType::f16, {QLayout::packed, KvLayout::paged, 16, {63}, {1100}, 2, 2, 64, 64},
-      [](CaseSpec& s) { s.causal = true; s.lse = true; });
+  add(DType::f16, {QLayout::packed, KvLayout::paged, 16, {63}, {1100}, 2, 2, 64, 64}, [](CaseSpec& s) {
+    s.causal = true;
+    s.lse = true;
+  });
   add(DType::f32, dense(1, 1, 4096, 2, 1, 64), [](CaseSpec& s) { s.softcap = 4.0f; });
   add(DType::bf16, dense(1, 2, 1500, 1, 1, 256), [](CaseSpec& s) {
     s.causal = true;
@@ -526,9 +537,12 @@ std::string name_of(const CaseSpec& s) {
   }
   parts.push_back(fmt::format("h{}:{}", s.hq, s.hkv));
   if (s.causal) parts.emplace_back("causal");
-  if (s.window_left >= 0 || s.window_right >= 0) parts.push_back(fmt::format("win{}:{}", s.window_left, s.window_right));
-  if (s.q_layout == QLayout::packed) parts.push_back(s.q_tail_rows ? fmt::format("qpacked+{}", s.q_tail_rows) : "qpacked");
-  if (s.kv_layout == KvLayout::packed) parts.push_back(s.kv_tail_rows ? fmt::format("kvpacked+{}", s.kv_tail_rows) : "kvpacked");
+  if (s.window_left >= 0 || s.window_right >= 0)
+    parts.push_back(fmt::format("win{}:{}", s.window_left, s.window_right));
+  if (s.q_layout == QLayout::packed)
+    parts.push_back(s.q_tail_rows ? fmt::format("qpacked+{}", s.q_tail_rows) : "qpacked");
+  if (s.kv_layout == KvLayout::packed)
+    parts.push_back(s.kv_tail_rows ? fmt::format("kvpacked+{}", s.kv_tail_rows) : "kvpacked");
   if (s.kv_layout == KvLayout::paged) {
     std::string p = fmt::format("paged{}", s.page_size);
     if (!s.permute_blocks) p += "_inorder";
@@ -584,7 +598,10 @@ std::vector<Case> canary_cases() {
     s.seed = Rng::mix(0xca4a, specs.size());
     specs.push_back(std::move(s));
   };
-  add(DType::f32, dense(1, 17, 17, 4, 2, 64), [](CaseSpec& s) { s.causal = true; s.lse = true; });
+  add(DType::f32, dense(1, 17, 17, 4, 2, 64), [](CaseSpec& s) {
+    s.causal = true;
+    s.lse = true;
+  });
   add(DType::f32, paged(7, {1, 1}, {20, 9}, 4, 2, 16), [](CaseSpec& s) { s.causal = true; });
   add(DType::f32, dense(1, 7, 13, 2, 1, 32), [](CaseSpec& s) {
     s.head_dim_v = 16;
@@ -600,13 +617,20 @@ std::vector<Case> canary_cases() {
     s.lse = true;
   });
   add(DType::bf16, paged(16, {1, 1}, {33, 70}, 8, 2, 128), [](CaseSpec& s) { s.causal = true; });
-  add(DType::f32, dense(1, 9, 3, 2, 1, 16), [](CaseSpec& s) { s.causal = true; s.lse = true; s.edge = Edge::all_masked; });
+  add(DType::f32, dense(1, 9, 3, 2, 1, 16), [](CaseSpec& s) {
+    s.causal = true;
+    s.lse = true;
+    s.edge = Edge::all_masked;
+  });
   add(DType::f32, dense(1, 7, 40, 2, 1, 16), [](CaseSpec& s) {
     s.causal = true;
     s.window_left = 8;
     s.edge = Edge::nan_in_masked_kv;
   });
-  add(DType::f16, dense(1, 16, 16, 2, 1, 8), [](CaseSpec& s) { s.scale = 1e4f; s.edge = Edge::huge_logits; });
+  add(DType::f16, dense(1, 16, 16, 2, 1, 8), [](CaseSpec& s) {
+    s.scale = 1e4f;
+    s.edge = Edge::huge_logits;
+  });
 
   std::vector<Case> cases;
   for (CaseSpec& s : specs) {

@@ -37,9 +37,7 @@ std::string explain(Miss miss, double want, double err, double atol, double rtol
   return {};
 }
 
-std::string values(double got, double want) {
-  return fmt::format("got {:.9g}, want {:.9g}", got, want);
-}
+std::string values(double got, double want) { return fmt::format("got {:.9g}, want {:.9g}", got, want); }
 
 // Self-check limits: how far naive same-dtype attention may stray from the reference before we
 // call it a disagreement. Generous multiples of the tolerances: the point is to catch a broken
@@ -69,8 +67,9 @@ Bounds bounds_for(const CaseData& data, const ExactOutput& ref, const NaiveOutpu
       const auto e = static_cast<std::int64_t>(n);
       b.self_check_failure = fmt::format(
           "self-check: naive {}-precision attention and the reference disagree at {}: naive {:.9g}, "
-          "reference {:.9g} ({})", dtype_name(data.spec.dtype), data.describe_o(e / (hq * dv), (e / dv) % hq, e % dv),
-          naive.o[n], ref.o[n], why);
+          "reference {:.9g} ({})",
+          dtype_name(data.spec.dtype), data.describe_o(e / (hq * dv), (e / dv) % hq, e % dv), naive.o[n], ref.o[n],
+          why);
     }
     b.naive_error_o = std::max(b.naive_error_o, err);
   }
@@ -81,7 +80,8 @@ Bounds bounds_for(const CaseData& data, const ExactOutput& ref, const NaiveOutpu
       const auto e = static_cast<std::int64_t>(n);
       b.self_check_failure = fmt::format(
           "self-check: naive attention and the reference disagree at {}: naive {:.9g}, reference "
-          "{:.9g} ({})", data.describe_lse(e / hq, e % hq), naive.lse[n], ref.lse[n], why);
+          "{:.9g} ({})",
+          data.describe_lse(e / hq, e % hq), naive.lse[n], ref.lse[n], why);
     }
     b.naive_error_lse = std::max(b.naive_error_lse, err);
   }
@@ -111,8 +111,9 @@ Verdict judge_outputs(const CaseData& data, const ExactOutput& ref, const Bounds
           const std::int64_t off = data.o_offset(b, i, h, c);
           const double want = ref.o[static_cast<std::size_t>((row * hq + h) * dv + c)];
           if (element_bits(o, dt, off) == poison) {
-            if (v.passed) fail(fmt::format("{} was never written (still holds the poison value); want {:.9g}",
-                             data.describe_o(row, h, c), want));
+            if (v.passed)
+              fail(fmt::format("{} was never written (still holds the poison value); want {:.9g}",
+                               data.describe_o(row, h, c), want));
             v.max_abs_error = kInf;
             continue;
           }
@@ -129,8 +130,9 @@ Verdict judge_outputs(const CaseData& data, const ExactOutput& ref, const Bounds
         const std::int64_t off = data.lse_offset(b, h, i);
         const double want = ref.lse[static_cast<std::size_t>(row * hq + h)];
         if (element_bits(lse, DType::f32, off) == lse_poison) {
-          if (v.passed) fail(fmt::format("{} was never written (still holds the poison value); want {:.9g}",
-                           data.describe_lse(row, h), want));
+          if (v.passed)
+            fail(fmt::format("{} was never written (still holds the poison value); want {:.9g}",
+                             data.describe_lse(row, h), want));
           v.max_abs_error = kInf;
           continue;
         }
@@ -148,15 +150,19 @@ Verdict judge_outputs(const CaseData& data, const ExactOutput& ref, const Bounds
   // Packed rows after cu_seqlens_q[B] belong to no sequence: writing them is a stray write.
   for (std::int64_t off : data.tail_o_offsets()) {
     if (element_bits(o, dt, off) != poison) {
-      fail(fmt::format("out-of-bounds write: o element offset {} lies in a packed row after the last "
-                       "sequence (cu_seqlens_q[B] = {})", off, data.total_q));
+      fail(
+          fmt::format("out-of-bounds write: o element offset {} lies in a packed row after the last "
+                      "sequence (cu_seqlens_q[B] = {})",
+                      off, data.total_q));
       break;
     }
   }
   for (std::int64_t off : data.tail_lse_offsets()) {
     if (element_bits(lse, DType::f32, off) != lse_poison) {
-      fail(fmt::format("out-of-bounds write: lse element offset {} lies in a packed row after the "
-                       "last sequence (cu_seqlens_q[B] = {})", off, data.total_q));
+      fail(
+          fmt::format("out-of-bounds write: lse element offset {} lies in a packed row after the "
+                      "last sequence (cu_seqlens_q[B] = {})",
+                      off, data.total_q));
       break;
     }
   }

@@ -190,13 +190,13 @@ CaseResult run_prepared(AttentionBackend& backend, Prepared& p) {
 }  // namespace
 
 std::size_t Report::passed() const {
-  return static_cast<std::size_t>(std::count_if(results.begin(), results.end(),
-                                                [](const CaseResult& r) { return !r.skipped && r.passed; }));
+  return static_cast<std::size_t>(
+      std::count_if(results.begin(), results.end(), [](const CaseResult& r) { return !r.skipped && r.passed; }));
 }
 
 std::size_t Report::failed() const {
-  return static_cast<std::size_t>(std::count_if(results.begin(), results.end(),
-                                                [](const CaseResult& r) { return !r.skipped && !r.passed; }));
+  return static_cast<std::size_t>(
+      std::count_if(results.begin(), results.end(), [](const CaseResult& r) { return !r.skipped && !r.passed; }));
 }
 
 std::size_t Report::skipped() const {
@@ -223,10 +223,8 @@ CaseResult run_case(AttentionBackend& backend, const Case& c, const AttentionOra
   return run_prepared(backend, p);
 }
 
-std::vector<Report> run_suites(const std::vector<AttentionBackend*>& backends,
-                               const std::vector<Case>& cases,
-                               const std::function<void(const CaseResult&)>& progress,
-                               const AttentionOracle* oracle) {
+std::vector<Report> run_suites(const std::vector<AttentionBackend*>& backends, const std::vector<Case>& cases,
+                               const std::function<void(const CaseResult&)>& progress, const AttentionOracle* oracle) {
   oracle = oracle_or_global(oracle);
   std::vector<Report> reports(backends.size());
   for (std::size_t n = 0; n < backends.size(); ++n) {

@@ -166,12 +166,10 @@ Result<std::vector<AttentionBackend*>> Dispatcher::compute_candidates(const Prob
   };
 
   for (const std::string& name : options_.backends) {
-    auto it = std::find_if(all.begin(), all.end(),
-                           [&](const BackendInfo& i) { return i.backend->name() == name; });
+    auto it = std::find_if(all.begin(), all.end(), [&](const BackendInfo& i) { return i.backend->name() == name; });
     if (it == all.end()) {
       if (options_.strict) {
-        return Status(ErrorCode::not_found, "attention",
-                      fmt::format("no backend named '{}' (strict mode)", name));
+        return Status(ErrorCode::not_found, "attention", fmt::format("no backend named '{}' (strict mode)", name));
       }
       reasons.push_back(fmt::format("{}: no such backend", name));
       continue;
@@ -184,8 +182,7 @@ Result<std::vector<AttentionBackend*>> Dispatcher::compute_candidates(const Prob
   }
   if (chosen.empty()) {
     std::string why = fmt::format("no {}backend can run [{}]",
-                                  options_.strict && !options_.backends.empty() ? "chosen " : "",
-                                  sig.to_string());
+                                  options_.strict && !options_.backends.empty() ? "chosen " : "", sig.to_string());
     for (const std::string& r : reasons) why += "; " + r;
     return Status(ErrorCode::unsupported, "attention", std::move(why));
   }
@@ -260,12 +257,11 @@ Status Dispatcher::run(const ValidatedProblem& problem) {
 
     if (backend_at_fault) registry_->record_failure(backend.name(), status, options_.quarantine_after);
     warn_once(fmt::format("{}/{}", backend.name(), error_code_name(status.code())),
-              fmt::format("backend '{}' failed on [{}]: {}{}", backend.name(),
-                          problem.signature().to_string(), status.to_string(),
-                          options_.strict ? " (strict mode: no fallback)"
-                          : i + 1 < candidates.size()
-                              ? fmt::format("; falling back to '{}'", candidates[i + 1]->name())
-                              : std::string("; no candidate left")));
+              fmt::format("backend '{}' failed on [{}]: {}{}", backend.name(), problem.signature().to_string(),
+                          status.to_string(),
+                          options_.strict             ? " (strict mode: no fallback)"
+                          : i + 1 < candidates.size() ? fmt::format("; falling back to '{}'", candidates[i + 1]->name())
+                                                      : std::string("; no candidate left")));
     last = Status(ErrorCode::backend_failure, std::string(backend.name()), status.to_string());
     if (options_.strict) return last;
   }

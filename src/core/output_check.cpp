@@ -17,9 +17,12 @@ bool finite_at(const TensorView& t, std::int64_t index) noexcept {
 bool row_inputs_non_finite(const ValidatedProblem& vp, std::int32_t b, std::int64_t i, std::int32_t h) noexcept {
   const AttentionProblem& p = vp.problem();
   const int qr = p.q.rank, kr = p.k.rank;
-  const std::int64_t q_hs = p.q.stride[static_cast<std::size_t>(qr - 2)], q_ds = p.q.stride[static_cast<std::size_t>(qr - 1)];
-  const std::int64_t k_hs = p.k.stride[static_cast<std::size_t>(kr - 2)], k_ds = p.k.stride[static_cast<std::size_t>(kr - 1)];
-  const std::int64_t v_hs = p.v.stride[static_cast<std::size_t>(kr - 2)], v_ds = p.v.stride[static_cast<std::size_t>(kr - 1)];
+  const std::int64_t q_hs = p.q.stride[static_cast<std::size_t>(qr - 2)],
+                     q_ds = p.q.stride[static_cast<std::size_t>(qr - 1)];
+  const std::int64_t k_hs = p.k.stride[static_cast<std::size_t>(kr - 2)],
+                     k_ds = p.k.stride[static_cast<std::size_t>(kr - 1)];
+  const std::int64_t v_hs = p.v.stride[static_cast<std::size_t>(kr - 2)],
+                     v_ds = p.v.stride[static_cast<std::size_t>(kr - 1)];
   if (p.alibi_slopes != nullptr && !std::isfinite(p.alibi_slopes[h])) return true;
   const std::int64_t q_base = vp.q_row_offset(b, i) + h * q_hs;
   for (std::int64_t c = 0; c < vp.head_dim(); ++c) {

@@ -66,11 +66,11 @@ class ThreadPool {
   // for tasks that some thread actually took. Without this a worker that the OS had not scheduled
   // (a busy core) held every call up until it ran, for nothing.
   static constexpr std::uint32_t kClosed = 0xffffffffu;  // claim_ index while a job is set up
-  std::atomic<std::uint64_t> claim_{kClosed};               // generation << 32 | next task
+  std::atomic<std::uint64_t> claim_{kClosed};            // generation << 32 | next task
   std::atomic<const TaskFn*> fn_{nullptr};
   std::atomic<std::int64_t> n_{0};
-  std::atomic<int> active_workers_{0};  // workers (besides the caller) taking part in the job
-  std::atomic<std::int64_t> completed_{0};  // tasks of the current job that have finished
+  std::atomic<int> active_workers_{0};       // workers (besides the caller) taking part in the job
+  std::atomic<std::int64_t> completed_{0};   // tasks of the current job that have finished
   std::atomic<std::uint32_t> published_{0};  // the current job's generation (waking, spinning)
   std::uint32_t generation_ = 0;             // the last generation published (job_mu_ holder)
 

@@ -98,8 +98,7 @@ kallpa_problem to_c(const ValidatedProblem& vp, const kallpa_signature& signatur
   return c;
 }
 
-PluginBackend::PluginBackend(std::shared_ptr<LibraryHandle> library, const kallpa_plugin_table& table,
-                             std::string path)
+PluginBackend::PluginBackend(std::shared_ptr<LibraryHandle> library, const kallpa_plugin_table& table, std::string path)
     : library_(std::move(library)),
       table_(table),
       path_(std::move(path)),

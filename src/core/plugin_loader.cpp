@@ -26,16 +26,18 @@ namespace {
 bool valid_name(std::string_view name) {
   if (name.empty() || name.size() > 64) return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+           c == '.';
   });
 }
 
 // Why the table cannot be used, or empty.
 std::string check_table(const kallpa_plugin_table& t, std::size_t struct_size) {
   if (t.abi_major != KALLPA_PLUGIN_ABI_MAJOR) {
-    return fmt::format("built for plugin ABI {}.{}, but this kallpa speaks ABI {}.{} (the major version must match; "
-                       "rebuild the plugin against this kallpa)",
-                       t.abi_major, t.abi_minor, KALLPA_PLUGIN_ABI_MAJOR, KALLPA_PLUGIN_ABI_MINOR);
+    return fmt::format(
+        "built for plugin ABI {}.{}, but this kallpa speaks ABI {}.{} (the major version must match; "
+        "rebuild the plugin against this kallpa)",
+        t.abi_major, t.abi_minor, KALLPA_PLUGIN_ABI_MAJOR, KALLPA_PLUGIN_ABI_MINOR);
   }
   if (struct_size < KALLPA_PLUGIN_TABLE_SIZE_1_0) {
     return fmt::format("table struct_size {} is smaller than ABI 1.0's {} bytes", struct_size,
@@ -65,7 +67,8 @@ PluginLoadReport load_plugin(const std::string& path, BackendRegistry& registry)
   library->handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (library->handle == nullptr) {
     const char* why = dlerror();
-    return fail(path, ErrorCode::invalid_argument, fmt::format("cannot be loaded: {}", why ? why : "unknown dlopen error"));
+    return fail(path, ErrorCode::invalid_argument,
+                fmt::format("cannot be loaded: {}", why ? why : "unknown dlopen error"));
   }
   void* symbol = dlsym(library->handle, KALLPA_PLUGIN_ENTRY_POINT);
   if (symbol == nullptr) {

@@ -22,7 +22,8 @@ template <typename Int>
 Status parse_int(std::string_view key, std::string_view text, Int lo, Int hi, Int* out) {
   std::int64_t v = 0;
   const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec == std::errc::result_out_of_range) return Status::invalid(std::string(key), fmt::format("'{}' is out of range", text));
+  if (ec == std::errc::result_out_of_range)
+    return Status::invalid(std::string(key), fmt::format("'{}' is out of range", text));
   if (ec != std::errc() || ptr != text.data() + text.size() || text.empty()) {
     return parse_err(key, fmt::format("'{}' is not an integer", text));
   }
@@ -107,7 +108,8 @@ Result<ProblemSpec> parse_problem_spec(std::string_view text) {
     } else if (key == "dtype" || key == "kv_dtype") {
       DType dt;
       if (!parse_dtype(value, &dt)) return parse_err(key, fmt::format("unknown dtype '{}' (f32, f16, bf16)", value));
-      if (key == "dtype") spec.dtype = dt; else spec.kv_dtype = dt;
+      if (key == "dtype") spec.dtype = dt;
+      else spec.kv_dtype = dt;
     } else if (key == "q") {
       if (value == "dense") spec.q_layout = QLayout::dense;
       else if (value == "packed") spec.q_layout = QLayout::packed;
@@ -132,15 +134,16 @@ Result<ProblemSpec> parse_problem_spec(std::string_view text) {
     } else if (key == "device") {
       s = parse_device(value, &spec.device);
     } else {
-      return parse_err(key, "unknown key (b, sq, skv, hq, hkv, d, dv, dtype, kv_dtype, q, kv, page, "
-                            "causal, window, softcap, alibi, lse, scale, device)");
+      return parse_err(key,
+                       "unknown key (b, sq, skv, hq, hkv, d, dv, dtype, kv_dtype, q, kv, page, "
+                       "causal, window, softcap, alibi, lse, scale, device)");
     }
     if (!s) return s;
     if (comma == text.size()) break;
   }
   if (spec.hq % spec.effective_hkv() != 0) {
-    return Status::invalid("hkv", fmt::format("query heads {} are not a multiple of kv heads {}",
-                                              spec.hq, spec.effective_hkv()));
+    return Status::invalid(
+        "hkv", fmt::format("query heads {} are not a multiple of kv heads {}", spec.hq, spec.effective_hkv()));
   }
   return spec;
 }
@@ -168,8 +171,8 @@ ProblemSignature ProblemSpec::signature() const {
 }
 
 std::string ProblemSpec::to_string() const {
-  std::string out = fmt::format("b={},sq={},skv={},hq={},hkv={},d={}", batch, seqlen_q, seqlen_k, hq,
-                                effective_hkv(), head_dim);
+  std::string out =
+      fmt::format("b={},sq={},skv={},hq={},hkv={},d={}", batch, seqlen_q, seqlen_k, hq, effective_hkv(), head_dim);
   if (effective_dv() != head_dim) out += fmt::format(",dv={}", effective_dv());
   out += fmt::format(",dtype={}", dtype_name(dtype));
   if (kv_dtype) out += fmt::format(",kv_dtype={}", dtype_name(*kv_dtype));

@@ -46,8 +46,8 @@ Status BackendRegistry::add(std::unique_ptr<AttentionBackend> backend) {
     if (a.priority() != b.priority()) return a.priority() > b.priority();
     return a.name() < b.name();
   };
-  auto it = std::find_if(entries_.begin(), entries_.end(),
-                         [&](const Entry& e) { return before(*backend, *e.backend); });
+  auto it =
+      std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return before(*backend, *e.backend); });
   entries_.insert(it, Entry{std::move(backend), Health::unchecked, {}, false, 0});
   check_pending_.store(true, std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_acq_rel);
@@ -150,7 +150,8 @@ void BackendRegistry::ensure_checked(std::optional<DeviceKind> device) {
   } catch (const std::exception& e) {
     // A check that cannot run proves nothing either way: the backends stay unchecked.
     spdlog::error("kallpa: health check could not run: {}", e.what());
-    reports.assign(todo.size(), HealthReport{Health::unchecked, fmt::format("health check could not run: {}", e.what())});
+    reports.assign(todo.size(),
+                   HealthReport{Health::unchecked, fmt::format("health check could not run: {}", e.what())});
   }
   reports.resize(todo.size(), HealthReport{Health::unchecked, "health check gave no verdict"});
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -160,7 +161,8 @@ void BackendRegistry::ensure_checked(std::optional<DeviceKind> device) {
     std::lock_guard lock(mu_);
     counters_.check_milliseconds += ms;
     for (std::size_t n = 0; n < todo.size(); ++n) {
-      auto it = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.backend.get() == todo[n]; });
+      auto it =
+          std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.backend.get() == todo[n]; });
       if (it == entries_.end() || it->check_done) continue;
       it->check_done = true;
       // A verdict given meanwhile by hand (set_health) or at run time stands.

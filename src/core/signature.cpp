@@ -6,9 +6,7 @@
 
 namespace kallpa {
 
-std::string_view q_layout_name(QLayout layout) noexcept {
-  return layout == QLayout::packed ? "packed" : "dense";
-}
+std::string_view q_layout_name(QLayout layout) noexcept { return layout == QLayout::packed ? "packed" : "dense"; }
 
 std::string_view kv_layout_name(KvLayout layout) noexcept {
   switch (layout) {
@@ -36,10 +34,10 @@ std::size_t ProblemSignature::hash() const noexcept {
       static_cast<std::uint64_t>(static_cast<std::uint32_t>(hkv)) << 32);
   mix(static_cast<std::uint64_t>(static_cast<std::uint32_t>(head_dim)) |
       static_cast<std::uint64_t>(static_cast<std::uint32_t>(head_dim_v)) << 32);
-  mix(static_cast<std::uint64_t>(static_cast<std::uint32_t>(page_size)) |
-      static_cast<std::uint64_t>(causal) << 32 | static_cast<std::uint64_t>(window) << 33 |
-      static_cast<std::uint64_t>(softcap) << 34 | static_cast<std::uint64_t>(alibi) << 35 |
-      static_cast<std::uint64_t>(lse) << 36 | static_cast<std::uint64_t>(unit_stride_last_dim) << 37);
+  mix(static_cast<std::uint64_t>(static_cast<std::uint32_t>(page_size)) | static_cast<std::uint64_t>(causal) << 32 |
+      static_cast<std::uint64_t>(window) << 33 | static_cast<std::uint64_t>(softcap) << 34 |
+      static_cast<std::uint64_t>(alibi) << 35 | static_cast<std::uint64_t>(lse) << 36 |
+      static_cast<std::uint64_t>(unit_stride_last_dim) << 37);
   return static_cast<std::size_t>(h);
 }
 

@@ -73,8 +73,7 @@ bool TensorView::is_contiguous() const noexcept {
   return true;
 }
 
-TensorView make_contiguous_view(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
-                                Device device) {
+TensorView make_contiguous_view(void* data, DType dtype, std::initializer_list<std::int64_t> shape, Device device) {
   TensorView t;
   t.data = data;
   t.dtype = dtype;
@@ -108,7 +107,8 @@ Status parse_device(std::string_view text, Device* out) {
     const std::string_view digits = text.substr(colon + 1);
     std::int64_t v = 0;
     const auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
-    if (ec == std::errc::result_out_of_range) return Status::invalid("device", fmt::format("'{}' is out of range", digits));
+    if (ec == std::errc::result_out_of_range)
+      return Status::invalid("device", fmt::format("'{}' is out of range", digits));
     if (ec != std::errc() || ptr != digits.data() + digits.size() || digits.empty()) {
       return Status(ErrorCode::parse_error, "device", fmt::format("'{}' is not an integer", digits));
     }

@@ -16,9 +16,7 @@
 namespace kallpa {
 namespace {
 
-Status bad(std::string field, std::string message) {
-  return Status::invalid(std::move(field), std::move(message));
-}
+Status bad(std::string field, std::string message) { return Status::invalid(std::move(field), std::move(message)); }
 
 bool valid_dtype(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
 
@@ -33,8 +31,7 @@ struct Span {
 // neither overflows nor wraps the address space.
 Status check_view(const TensorView& t, const char* name, int rank, Span* span) {
   if (!valid_dtype(t.dtype)) {
-    return bad(fmt::format("{}.dtype", name),
-               fmt::format("unknown dtype code {}", static_cast<int>(t.dtype)));
+    return bad(fmt::format("{}.dtype", name), fmt::format("unknown dtype code {}", static_cast<int>(t.dtype)));
   }
   if (t.rank != rank) {
     return bad(fmt::format("{}.rank", name), fmt::format("is {}, expected {}", t.rank, rank));
@@ -59,8 +56,7 @@ Status check_view(const TensorView& t, const char* name, int rank, Span* span) {
       if (__builtin_mul_overflow(t.shape[d] - 1, t.stride[d], &term) ||
           __builtin_add_overflow(max_offset, term, &max_offset)) {
         return bad(fmt::format("{}.stride[{}]", name, i),
-                   fmt::format("extent {} x stride {} overflows a 64-bit offset", t.shape[d],
-                               t.stride[d]));
+                   fmt::format("extent {} x stride {} overflows a 64-bit offset", t.shape[d], t.stride[d]));
       }
     }
   }
@@ -76,8 +72,7 @@ Status check_view(const TensorView& t, const char* name, int rank, Span* span) {
     return bad(fmt::format("{}.data", name), "view wraps around the address space");
   }
   if (t.device.index < 0) {
-    return bad(fmt::format("{}.device", name),
-               fmt::format("device index {} is negative", t.device.index));
+    return bad(fmt::format("{}.device", name), fmt::format("device index {} is negative", t.device.index));
   }
   *span = empty ? Span{} : Span{begin, end};
   return {};
@@ -112,9 +107,7 @@ Status check_no_self_overlap(const TensorView& t, const char* name) {
   return {};
 }
 
-bool overlaps(const Span& a, const Span& b) {
-  return !a.empty() && !b.empty() && a.begin < b.end && b.begin < a.end;
-}
+bool overlaps(const Span& a, const Span& b) { return !a.empty() && !b.empty() && a.begin < b.end && b.begin < a.end; }
 
 // cu_seqlens: B+1 non-decreasing offsets from 0, ending within the packed tensor's T rows.
 Status check_offsets(const std::int32_t* cu, const char* name, std::int32_t batch, std::int64_t rows,
@@ -136,19 +129,17 @@ Status check_offsets(const std::int32_t* cu, const char* name, std::int32_t batc
   return {};
 }
 
-Status expect_dim(const TensorView& t, const char* name, int dim, std::int64_t want,
-                  const char* what) {
+Status expect_dim(const TensorView& t, const char* name, int dim, std::int64_t want, const char* what) {
   const std::int64_t got = t.shape[static_cast<std::size_t>(dim)];
   if (got != want) {
-    return bad(fmt::format("{}.shape[{}]", name, dim),
-               fmt::format("is {}, expected {} ({})", got, want, what));
+    return bad(fmt::format("{}.shape[{}]", name, dim), fmt::format("is {}, expected {} ({})", got, want, what));
   }
   return {};
 }
 
-#define KALLPA_TRY(expr)            \
-  do {                              \
-    Status kallpa_status_ = (expr); \
+#define KALLPA_TRY(expr)                        \
+  do {                                          \
+    Status kallpa_status_ = (expr);             \
     if (!kallpa_status_) return kallpa_status_; \
   } while (0)
 
@@ -156,13 +147,12 @@ Status expect_dim(const TensorView& t, const char* name, int dim, std::int64_t w
 
 Result<ValidatedProblem> validate(const AttentionProblem& p) {
   if (p.contract_version != kAttentionContractVersion) {
-    return bad("contract_version", fmt::format("is {}, this library implements version {}",
-                                               p.contract_version, kAttentionContractVersion));
+    return bad("contract_version",
+               fmt::format("is {}, this library implements version {}", p.contract_version, kAttentionContractVersion));
   }
   const bool q_packed = p.q_layout == QLayout::packed;
   if (p.q_layout != QLayout::dense && !q_packed) return bad("q_layout", "unknown layout");
-  if (p.kv_layout != KvLayout::dense && p.kv_layout != KvLayout::packed &&
-      p.kv_layout != KvLayout::paged) {
+  if (p.kv_layout != KvLayout::dense && p.kv_layout != KvLayout::packed && p.kv_layout != KvLayout::paged) {
     return bad("kv_layout", "unknown layout");
   }
   const bool kv_packed = p.kv_layout == KvLayout::packed;
@@ -182,10 +172,14 @@ Result<ValidatedProblem> validate(const AttentionProblem& p) {
   const std::int64_t hkv = p.k.shape[static_cast<std::size_t>(kh)];
   const std::int64_t dv = p.v.shape[static_cast<std::size_t>(kd)];
   constexpr std::int64_t kMaxHeadsOrDim = std::numeric_limits<std::int32_t>::max();
-  if (hq < 1 || hq > kMaxHeadsOrDim) return bad(fmt::format("q.shape[{}]", qh), fmt::format("query heads {} out of range", hq));
-  if (d < 1 || d > kMaxHeadsOrDim) return bad(fmt::format("q.shape[{}]", qd), fmt::format("head dim {} out of range", d));
-  if (hkv < 1 || hkv > kMaxHeadsOrDim) return bad(fmt::format("k.shape[{}]", kh), fmt::format("kv heads {} out of range", hkv));
-  if (dv < 1 || dv > kMaxHeadsOrDim) return bad(fmt::format("v.shape[{}]", kd), fmt::format("value head dim {} out of range", dv));
+  if (hq < 1 || hq > kMaxHeadsOrDim)
+    return bad(fmt::format("q.shape[{}]", qh), fmt::format("query heads {} out of range", hq));
+  if (d < 1 || d > kMaxHeadsOrDim)
+    return bad(fmt::format("q.shape[{}]", qd), fmt::format("head dim {} out of range", d));
+  if (hkv < 1 || hkv > kMaxHeadsOrDim)
+    return bad(fmt::format("k.shape[{}]", kh), fmt::format("kv heads {} out of range", hkv));
+  if (dv < 1 || dv > kMaxHeadsOrDim)
+    return bad(fmt::format("v.shape[{}]", kd), fmt::format("value head dim {} out of range", dv));
   if (hq % hkv != 0) {
     return bad("k.shape[" + std::to_string(kh) + "]",
                fmt::format("query heads {} are not a multiple of kv heads {}", hq, hkv));
@@ -200,13 +194,13 @@ Result<ValidatedProblem> validate(const AttentionProblem& p) {
   if (!q_packed) KALLPA_TRY(expect_dim(p.o, "o", 1, p.q.shape[1], "query length of q"));
 
   if (p.k.dtype != p.v.dtype) {
-    return bad("v.dtype", fmt::format("is {}, but k is {}; k and v must share a dtype",
-                                      dtype_name(p.v.dtype), dtype_name(p.k.dtype)));
+    return bad("v.dtype", fmt::format("is {}, but k is {}; k and v must share a dtype", dtype_name(p.v.dtype),
+                                      dtype_name(p.k.dtype)));
   }
   for (const auto& [t, name] : {std::pair{&p.k, "k"}, std::pair{&p.v, "v"}, std::pair{&p.o, "o"}}) {
     if (!(t->device == p.q.device)) {
-      return bad(fmt::format("{}.device", name), fmt::format("is {}, but q is on {}",
-                                                             t->device.to_string(), p.q.device.to_string()));
+      return bad(fmt::format("{}.device", name),
+                 fmt::format("is {}, but q is on {}", t->device.to_string(), p.q.device.to_string()));
     }
   }
 
@@ -256,8 +250,8 @@ Result<ValidatedProblem> validate(const AttentionProblem& p) {
     }
     const std::int64_t row_stride = p.block_table_stride ? p.block_table_stride : p.max_blocks_per_seq;
     if (row_stride < p.max_blocks_per_seq) {
-      return bad("block_table_stride", fmt::format("is {}, less than max_blocks_per_seq {}",
-                                                   row_stride, p.max_blocks_per_seq));
+      return bad("block_table_stride",
+                 fmt::format("is {}, less than max_blocks_per_seq {}", row_stride, p.max_blocks_per_seq));
     }
     std::int64_t table_extent = 0;
     if (__builtin_mul_overflow(row_stride, batch, &table_extent)) {
@@ -272,9 +266,8 @@ Result<ValidatedProblem> validate(const AttentionProblem& p) {
       const std::int64_t len = p.seqlens_k[b];
       if (len < 0) return bad(fmt::format("seqlens_k[{}]", b), fmt::format("is negative ({})", len));
       if (len > capacity) {
-        return bad(fmt::format("seqlens_k[{}]", b),
-                   fmt::format("is {}, more than max_blocks_per_seq {} x page size {}", len,
-                               p.max_blocks_per_seq, page));
+        return bad(fmt::format("seqlens_k[{}]", b), fmt::format("is {}, more than max_blocks_per_seq {} x page size {}",
+                                                                len, p.max_blocks_per_seq, page));
       }
       max_skv = std::max(max_skv, len);
       const std::int64_t used = (len + page - 1) / page;

@@ -24,8 +24,8 @@ void note_free(void* p) noexcept {
 }
 void* allocate(std::size_t n, std::size_t align) {
   if (n == 0) n = 1;
-  void* p = align > alignof(std::max_align_t) ? std::aligned_alloc(align, (n + align - 1) / align * align)
-                                              : std::malloc(n);
+  void* p =
+      align > alignof(std::max_align_t) ? std::aligned_alloc(align, (n + align - 1) / align * align) : std::malloc(n);
   if (!p) throw std::bad_alloc();
   note_alloc(p);
   return p;
@@ -40,8 +40,12 @@ std::size_t heap_peak_bytes() noexcept { return g_peak.load(std::memory_order_re
 
 void* operator new(std::size_t n) { return kallpa::harness::allocate(n, 0); }
 void* operator new[](std::size_t n) { return kallpa::harness::allocate(n, 0); }
-void* operator new(std::size_t n, std::align_val_t a) { return kallpa::harness::allocate(n, static_cast<std::size_t>(a)); }
-void* operator new[](std::size_t n, std::align_val_t a) { return kallpa::harness::allocate(n, static_cast<std::size_t>(a)); }
+void* operator new(std::size_t n, std::align_val_t a) {
+  return kallpa::harness::allocate(n, static_cast<std::size_t>(a));
+}
+void* operator new[](std::size_t n, std::align_val_t a) {
+  return kallpa::harness::allocate(n, static_cast<std::size_t>(a));
+}
 // The nothrow forms too: a library that allocates with them (std::stable_sort's buffer) would
 // otherwise free through ours memory it got from the default allocator.
 void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
@@ -59,16 +63,54 @@ void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noe
     return nullptr;
   }
 }
-void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t& t) noexcept { return operator new(n, a, t); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { kallpa::harness::note_free(p); std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { kallpa::harness::note_free(p); std::free(p); }
-void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { kallpa::harness::note_free(p); std::free(p); }
-void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { kallpa::harness::note_free(p); std::free(p); }
-void operator delete(void* p) noexcept { kallpa::harness::note_free(p); std::free(p); }
-void operator delete[](void* p) noexcept { kallpa::harness::note_free(p); std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { kallpa::harness::note_free(p); std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { kallpa::harness::note_free(p); std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { kallpa::harness::note_free(p); std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { kallpa::harness::note_free(p); std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { kallpa::harness::note_free(p); std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { kallpa::harness::note_free(p); std::free(p); }
+void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t& t) noexcept {
+  return operator new(n, a, t);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  kallpa::harness::note_free(p);
+  std::free(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  kallpa::harness::note_free(p);
+  std::free(p);
+}
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+  kallpa::harness::note_free(p);
+  std::free(p);
+}
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+  kallpa::harness::note_free(p);
+  std::free(p);
+}
+void operator delete(void* p) noexcept {
+  kallpa::harness::note_free(p);
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  kallpa::harness::note_free(p);
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  kallpa::harness::note_free(p);
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  kallpa::harness::note_free(p);
+  std::free(p);
+}
+void operator delete(void* p, std::align_val_t) noexcept {
+  kallpa::harness::note_free(p);
+  std::free(p);
+}
+void operator delete[](void* p, std::align_val_t) noexcept {
+  kallpa::harness::note_free(p);
+  std::free(p);
+}
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
+  kallpa::harness::note_free(p);
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
+  kallpa::harness::note_free(p);
+  std::free(p);
+}

@@ -206,12 +206,12 @@ bool kv_fits_cache(const BenchRow& row, const MachinePeak& peak) noexcept {
 }
 
 std::string format_bench_table(const std::vector<BenchRow>& rows, const MachinePeak& peak) {
-  std::string out = fmt::format("machine: {} threads, {}, f32 FMA peak {:.1f} GFLOP/s, DRAM read {:.1f} GB/s{}\n",
-                                peak.threads, peak.simd_target, peak.fma_gflops, peak.dram_read_gbps,
-                                peak.last_level_cache_bytes > 0
-                                    ? fmt::format(", last-level cache {:.0f} MiB",
-                                                  static_cast<double>(peak.last_level_cache_bytes) / (1 << 20))
-                                    : std::string());
+  std::string out = fmt::format(
+      "machine: {} threads, {}, f32 FMA peak {:.1f} GFLOP/s, DRAM read {:.1f} GB/s{}\n", peak.threads, peak.simd_target,
+      peak.fma_gflops, peak.dram_read_gbps,
+      peak.last_level_cache_bytes > 0
+          ? fmt::format(", last-level cache {:.0f} MiB", static_cast<double>(peak.last_level_cache_bytes) / (1 << 20))
+          : std::string());
   out += fmt::format("{:<62} {:<10} {:>10} {:>9} {:>6} {:>8} {:>6} {:>6} {:>10} {:>9}\n", "shape", "backend", "ms",
                      "GFLOP/s", "%peak", "GB/s", "%bw", "%read", "workspace", "heap");
   std::string last_shape;
@@ -228,13 +228,12 @@ std::string format_bench_table(const std::vector<BenchRow>& rows, const MachineP
     any_cached = any_cached || cached;
     any_read = any_read || r.read_gbps > 0;
     any_device = any_device || !r.on_host;
-    out += fmt::format("{:<62} {:<10} {:>10.3f} {:>9.1f} {:>6} {:>8.1f} {:>6} {:>6} {:>10} {:>9}\n", shape,
-                       r.backend, r.seconds * 1e3, r.gflops,
-                       r.on_host ? fmt::format("{:.1f}%", r.peak_fraction * 100) : std::string("-"), r.gbps,
-                       r.on_host ? fmt::format("{:.1f}%{}", r.bandwidth_fraction * 100, cached ? "*" : "")
-                                 : std::string("-"),
-                       r.read_gbps > 0 ? fmt::format("{:.1f}%", r.read_fraction * 100) : std::string("-"),
-                       r.workspace_bytes, r.heap_bytes);
+    out += fmt::format(
+        "{:<62} {:<10} {:>10.3f} {:>9.1f} {:>6} {:>8.1f} {:>6} {:>6} {:>10} {:>9}\n", shape, r.backend, r.seconds * 1e3,
+        r.gflops, r.on_host ? fmt::format("{:.1f}%", r.peak_fraction * 100) : std::string("-"), r.gbps,
+        r.on_host ? fmt::format("{:.1f}%{}", r.bandwidth_fraction * 100, cached ? "*" : "") : std::string("-"),
+        r.read_gbps > 0 ? fmt::format("{:.1f}%", r.read_fraction * 100) : std::string("-"), r.workspace_bytes,
+        r.heap_bytes);
   }
   if (any_device) {
     out += "%peak and %bw are of this machine's CPU (above): '-' for backends on another device.\n";
@@ -243,8 +242,9 @@ std::string format_bench_table(const std::vector<BenchRow>& rows, const MachineP
     out += "%read: decode GB/s over a plain read of the same K/V timed after each call (medians), side by side.\n";
   }
   if (any_cached) {
-    out += "* K/V fits in the last-level cache: repeated calls read it (partly) from there, so %bw is not a DRAM "
-           "ratio; give a longer skv (--spec) for one.\n";
+    out +=
+        "* K/V fits in the last-level cache: repeated calls read it (partly) from there, so %bw is not a DRAM "
+        "ratio; give a longer skv (--spec) for one.\n";
   }
   return out;
 }
@@ -252,19 +252,30 @@ std::string format_bench_table(const std::vector<BenchRow>& rows, const MachineP
 nlohmann::json bench_to_json(const std::vector<BenchRow>& rows, const MachinePeak& peak) {
   nlohmann::json results = nlohmann::json::array();
   for (const BenchRow& r : rows) {
-    nlohmann::json j = {{"backend", r.backend},         {"shape", r.shape},
-                        {"decode", r.decode},           {"ran", r.ran},
-                        {"threads", peak.threads},      {"machine_fma_gflops", peak.fma_gflops},
-                        {"machine_dram_gbps", peak.dram_read_gbps}, {"simd", peak.simd_target},
+    nlohmann::json j = {{"backend", r.backend},
+                        {"shape", r.shape},
+                        {"decode", r.decode},
+                        {"ran", r.ran},
+                        {"threads", peak.threads},
+                        {"machine_fma_gflops", peak.fma_gflops},
+                        {"machine_dram_gbps", peak.dram_read_gbps},
+                        {"simd", peak.simd_target},
                         {"machine_llc_bytes", peak.last_level_cache_bytes}};
     if (r.ran) {
       const auto fraction = [&r](double f) { return r.on_host ? nlohmann::json(f) : nlohmann::json(nullptr); };
-      j.update({{"seconds", r.seconds}, {"gflops", r.gflops}, {"on_host", r.on_host},
-                {"peak_fraction", fraction(r.peak_fraction)}, {"gbps", r.gbps},
-                {"bandwidth_fraction", fraction(r.bandwidth_fraction)}, {"runs", r.runs},
-                {"kv_bytes", r.kv_bytes}, {"kv_fits_cache", r.on_host && kv_fits_cache(r, peak)},
-                {"read_gbps", r.read_gbps}, {"read_fraction", r.read_fraction},
-                {"workspace_bytes", r.workspace_bytes}, {"heap_bytes", r.heap_bytes}});
+      j.update({{"seconds", r.seconds},
+                {"gflops", r.gflops},
+                {"on_host", r.on_host},
+                {"peak_fraction", fraction(r.peak_fraction)},
+                {"gbps", r.gbps},
+                {"bandwidth_fraction", fraction(r.bandwidth_fraction)},
+                {"runs", r.runs},
+                {"kv_bytes", r.kv_bytes},
+                {"kv_fits_cache", r.on_host && kv_fits_cache(r, peak)},
+                {"read_gbps", r.read_gbps},
+                {"read_fraction", r.read_fraction},
+                {"workspace_bytes", r.workspace_bytes},
+                {"heap_bytes", r.heap_bytes}});
     } else {
       j.update({{"seconds", nullptr}, {"gflops", nullptr}, {"gbps", nullptr}, {"note", r.note}});
     }

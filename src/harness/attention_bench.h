@@ -25,18 +25,18 @@ struct BenchOptions {
 
 struct BenchRow {
   std::string backend;
-  std::string shape;     // canonical spec text
-  bool decode = false;   // Sq == 1: judged by bandwidth
+  std::string shape;    // canonical spec text
+  bool decode = false;  // Sq == 1: judged by bandwidth
   bool ran = false;
-  std::string note;      // why it did not run, or what went wrong
+  std::string note;  // why it did not run, or what went wrong
   int runs = 0;
   double seconds = 0.0;  // median over runs
   double gflops = 0.0;
   // The backend computes on this machine's CPU, whose peaks are measured: only then are the
   // fractions of them below meaningful (a GPU's 250 TFLOP/s is no percentage of a CPU's FMA peak).
   bool on_host = true;
-  double peak_fraction = 0.0;  // of the measured f32 FMA peak; 0 when !on_host
-  double gbps = 0.0;           // K/V bytes read per second
+  double peak_fraction = 0.0;       // of the measured f32 FMA peak; 0 when !on_host
+  double gbps = 0.0;                // K/V bytes read per second
   double bandwidth_fraction = 0.0;  // of the measured DRAM read; 0 when !on_host
   std::int64_t kv_bytes = 0;
   // Decode on the CPU: a plain streaming read of the same K/V buffers, timed after every kernel run

@@ -31,13 +31,22 @@ float FmaChains(std::int64_t iterations) {
   auto c4 = hn::Set(df, 0.4f), c5 = hn::Set(df, 0.5f), c6 = hn::Set(df, 0.6f), c7 = hn::Set(df, 0.7f);
   auto c8 = hn::Set(df, 0.8f), c9 = hn::Set(df, 0.9f), c10 = hn::Set(df, 1.0f), c11 = hn::Set(df, 1.1f);
   for (std::int64_t i = 0; i < iterations; ++i) {
-    c0 = hn::MulAdd(c0, a, b); c1 = hn::MulAdd(c1, a, b); c2 = hn::MulAdd(c2, a, b);
-    c3 = hn::MulAdd(c3, a, b); c4 = hn::MulAdd(c4, a, b); c5 = hn::MulAdd(c5, a, b);
-    c6 = hn::MulAdd(c6, a, b); c7 = hn::MulAdd(c7, a, b); c8 = hn::MulAdd(c8, a, b);
-    c9 = hn::MulAdd(c9, a, b); c10 = hn::MulAdd(c10, a, b); c11 = hn::MulAdd(c11, a, b);
+    c0 = hn::MulAdd(c0, a, b);
+    c1 = hn::MulAdd(c1, a, b);
+    c2 = hn::MulAdd(c2, a, b);
+    c3 = hn::MulAdd(c3, a, b);
+    c4 = hn::MulAdd(c4, a, b);
+    c5 = hn::MulAdd(c5, a, b);
+    c6 = hn::MulAdd(c6, a, b);
+    c7 = hn::MulAdd(c7, a, b);
+    c8 = hn::MulAdd(c8, a, b);
+    c9 = hn::MulAdd(c9, a, b);
+    c10 = hn::MulAdd(c10, a, b);
+    c11 = hn::MulAdd(c11, a, b);
   }
-  const auto s = hn::Add(hn::Add(hn::Add(c0, c1), hn::Add(c2, c3)),
-                         hn::Add(hn::Add(hn::Add(c4, c5), hn::Add(c6, c7)), hn::Add(hn::Add(c8, c9), hn::Add(c10, c11))));
+  const auto s =
+      hn::Add(hn::Add(hn::Add(c0, c1), hn::Add(c2, c3)),
+              hn::Add(hn::Add(hn::Add(c4, c5), hn::Add(c6, c7)), hn::Add(hn::Add(c8, c9), hn::Add(c10, c11))));
   return hn::GetLane(hn::SumOfLanes(df, s));
 }
 
@@ -115,9 +124,9 @@ float SumStream(const float* data, std::int64_t count) {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include "core/parallel.h"
 #include "harness/peak.h"
 #include "harness/thp_allocator.h"
-#include "core/parallel.h"
 
 namespace kallpa::harness {
 

@@ -11,13 +11,13 @@ namespace kallpa::harness {
 
 struct MachinePeak {
   int threads = 1;
-  double fma_gflops = 0.0;          // f32 fused multiply-add throughput, all threads
-  double int16_gops = 0.0;          // int16 x int16 -> int32 multiply-accumulate (2 ops each), all threads
-  double dram_read_gbps = 0.0;      // streaming reads of a buffer far larger than the caches
+  double fma_gflops = 0.0;      // f32 fused multiply-add throughput, all threads
+  double int16_gops = 0.0;      // int16 x int16 -> int32 multiply-accumulate (2 ops each), all threads
+  double dram_read_gbps = 0.0;  // streaming reads of a buffer far larger than the caches
   // The largest data cache the OS reports (L3, else L2; 0: unknown). A decode whose K/V fits in it
   // reads (some of) it from cache on repeated calls, so its GB/s is not a DRAM figure.
   std::int64_t last_level_cache_bytes = 0;
-  std::string simd_target;          // the Highway target that ran, e.g. "AVX2" or "AVX3"
+  std::string simd_target;  // the Highway target that ran, e.g. "AVX2" or "AVX3"
 };
 
 // Takes about a second. `threads` <= 0 means the default thread count.

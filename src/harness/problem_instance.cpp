@@ -75,8 +75,9 @@ Result<std::unique_ptr<ProblemInstance>> ProblemInstance::create(const ProblemSp
   const std::int64_t blocks_per_seq = spec.kv_layout == KvLayout::paged ? (skv + page - 1) / page : 0;
   const std::int64_t kv_rows = spec.kv_layout == KvLayout::paged ? b * blocks_per_seq * page : b * skv;
 
-  const double need = static_cast<double>(b * sq * hq) * static_cast<double>(d + dv) * static_cast<double>(dtype_size(qt)) +
-                      static_cast<double>(kv_rows * hkv) * static_cast<double>(d + dv) * static_cast<double>(dtype_size(kvt));
+  const double need =
+      static_cast<double>(b * sq * hq) * static_cast<double>(d + dv) * static_cast<double>(dtype_size(qt)) +
+      static_cast<double>(kv_rows * hkv) * static_cast<double>(d + dv) * static_cast<double>(dtype_size(kvt));
   if (need > static_cast<double>(max_bytes)) {
     return Status(ErrorCode::out_of_memory, "spec",
                   fmt::format("[{}] needs {:.1f} GiB of tensors, over the {:.1f} GiB limit", spec.to_string(),
@@ -102,7 +103,8 @@ Result<std::unique_ptr<ProblemInstance>> ProblemInstance::create(const ProblemSp
       p.q = make_contiguous_view(inst->q_.data(), qt, {b * sq, hq, d}, spec.device);
       p.o = make_contiguous_view(inst->o_.data(), qt, {b * sq, hq, dv}, spec.device);
       inst->cu_q_.resize(static_cast<std::size_t>(b + 1));
-      for (std::int64_t i = 0; i <= b; ++i) inst->cu_q_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i * sq);
+      for (std::int64_t i = 0; i <= b; ++i)
+        inst->cu_q_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i * sq);
       p.cu_seqlens_q = inst->cu_q_.data();
     } else {
       p.q = make_contiguous_view(inst->q_.data(), qt, {b, sq, hq, d}, spec.device);
@@ -118,7 +120,8 @@ Result<std::unique_ptr<ProblemInstance>> ProblemInstance::create(const ProblemSp
         p.k = make_contiguous_view(inst->k_.data(), kvt, {b * skv, hkv, d}, spec.device);
         p.v = make_contiguous_view(inst->v_.data(), kvt, {b * skv, hkv, dv}, spec.device);
         inst->cu_k_.resize(static_cast<std::size_t>(b + 1));
-        for (std::int64_t i = 0; i <= b; ++i) inst->cu_k_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i * skv);
+        for (std::int64_t i = 0; i <= b; ++i)
+          inst->cu_k_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i * skv);
         p.cu_seqlens_k = inst->cu_k_.data();
         break;
       case KvLayout::paged: {

@@ -7,8 +7,8 @@
 #include <span>
 #include <vector>
 
-#include "kallpa/attention.h"
 #include "harness/thp_allocator.h"
+#include "kallpa/attention.h"
 #include "kallpa/problem_spec.h"
 
 namespace kallpa::harness {
@@ -26,7 +26,9 @@ class ProblemInstance {
   // 4 * Sq * Skv * D * Hq * B, halved for causal when Sq == Skv (FlashAttention's benchmark convention).
   double flops() const noexcept;
   // The K and V buffers as allocated (paged: every block of the pool), host memory.
-  std::vector<std::span<const std::byte>> kv_buffers() const { return {{k_.data(), k_.size()}, {v_.data(), v_.size()}}; }
+  std::vector<std::span<const std::byte>> kv_buffers() const {
+    return {{k_.data(), k_.size()}, {v_.data(), v_.size()}};
+  }
 
  private:
   ProblemInstance() = default;

@@ -45,7 +45,9 @@ struct ThpAllocator {
   void deallocate(T* p, std::size_t) noexcept { std::free(p); }
 
   template <typename U>
-  bool operator==(const ThpAllocator<U>&) const noexcept { return true; }
+  bool operator==(const ThpAllocator<U>&) const noexcept {
+    return true;
+  }
 };
 
 }  // namespace kallpa::harness

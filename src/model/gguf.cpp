@@ -121,8 +121,7 @@ std::string GgufValue::to_string() const {
     case GgufValueType::f64: return fmt::format("{}", as_f64());
     case GgufValueType::boolean: return as_bool() ? "true" : "false";
     case GgufValueType::string: return fmt::format("\"{}\"", str_);
-    case GgufValueType::array:
-      return fmt::format("[{} x {}]", count_, gguf_value_type_name(elem_type_));
+    case GgufValueType::array: return fmt::format("[{} x {}]", count_, gguf_value_type_name(elem_type_));
   }
   return "?";
 }
@@ -192,8 +191,7 @@ class GgufParser {
     const std::uint64_t at = pos_;
     if (!read(out)) {
       return fail(field, at,
-                  fmt::format("file ends while reading {} ({} bytes needed, {} left)", what, sizeof(T),
-                              remaining()));
+                  fmt::format("file ends while reading {} ({} bytes needed, {} left)", what, sizeof(T), remaining()));
     }
     return {};
   }
@@ -346,8 +344,7 @@ class GgufParser {
     const std::string field = fmt::format("kv[{}](general.alignment)", it->second);
     if (kv.value.type() != GgufValueType::u32) {
       return fail(field, kv.file_offset,
-                  fmt::format("general.alignment has type {}, expected uint32",
-                              gguf_value_type_name(kv.value.type())));
+                  fmt::format("general.alignment has type {}, expected uint32", gguf_value_type_name(kv.value.type())));
     }
     const std::uint64_t a = kv.value.as_u64();
     if (a == 0 || (a & (a - 1)) != 0) {
@@ -408,8 +405,8 @@ class GgufParser {
       t.type = static_cast<GgmlType>(type);
       if (t.ne[0] % traits->block_size != 0) {
         return fail(field + ".dims[0]", start,
-                    fmt::format("tensor '{}' row length {} is not a multiple of {}'s block size {}", t.name,
-                                t.ne[0], traits->name, traits->block_size));
+                    fmt::format("tensor '{}' row length {} is not a multiple of {}'s block size {}", t.name, t.ne[0],
+                                traits->name, traits->block_size));
       }
       // Bytes: (ne0 / block) * type_size * ne1 * ne2 * ne3, checked for overflow.
       std::uint64_t bytes = static_cast<std::uint64_t>(t.ne[0] / traits->block_size) *
@@ -429,8 +426,8 @@ class GgufParser {
       if (!st) return st;
       if (t.offset % f_.alignment_ != 0) {
         return fail(field + ".offset", at,
-                    fmt::format("tensor '{}' data offset {} is not a multiple of the alignment {}", t.name,
-                                t.offset, f_.alignment_));
+                    fmt::format("tensor '{}' data offset {} is not a multiple of the alignment {}", t.name, t.offset,
+                                f_.alignment_));
       }
     }
     return {};
@@ -469,10 +466,10 @@ class GgufParser {
       const TensorView& prev = f_.tensors_[order[j - 1]];
       const TensorView& cur = f_.tensors_[order[j]];
       if (cur.offset < prev.offset + prev.nbytes) {
-        return fail(fmt::format("tensor_infos[{}].offset", order[j]), offset_field_at_[order[j]],
-                    fmt::format("tensor '{}' data overlaps tensor '{}' ([{}, {}) vs [{}, {}) in the data section)",
-                                cur.name, prev.name, cur.offset, cur.offset + cur.nbytes, prev.offset,
-                                prev.offset + prev.nbytes));
+        return fail(
+            fmt::format("tensor_infos[{}].offset", order[j]), offset_field_at_[order[j]],
+            fmt::format("tensor '{}' data overlaps tensor '{}' ([{}, {}) vs [{}, {}) in the data section)", cur.name,
+                        prev.name, cur.offset, cur.offset + cur.nbytes, prev.offset, prev.offset + prev.nbytes));
       }
     }
     return {};
@@ -557,8 +554,7 @@ const GgufValue* GgufFile::find(std::string_view key) const noexcept {
 Result<const GgufValue*> GgufFile::get(std::string_view key) const {
   const GgufValue* v = find(key);
   if (v == nullptr) {
-    return Status(ErrorCode::not_found, std::string(key),
-                  fmt::format("metadata key '{}' is not in {}", key, path_));
+    return Status(ErrorCode::not_found, std::string(key), fmt::format("metadata key '{}' is not in {}", key, path_));
   }
   return v;
 }

@@ -42,7 +42,8 @@ Result<tokenizer::Tokenizer> tokenizer_from_gguf(const GgufFile& file) {
     return {};
   };
   Status s;
-  if (!(s = id("tokenizer.ggml.bos_token_id", &data.bos_id)) || !(s = id("tokenizer.ggml.eos_token_id", &data.eos_id)) ||
+  if (!(s = id("tokenizer.ggml.bos_token_id", &data.bos_id)) ||
+      !(s = id("tokenizer.ggml.eos_token_id", &data.eos_id)) ||
       !(s = id("tokenizer.ggml.unknown_token_id", &data.unk_id)) ||
       !(s = id("tokenizer.ggml.padding_token_id", &data.pad_id)) ||
       !(s = flag("tokenizer.ggml.add_bos_token", &data.add_bos)) ||

@@ -119,8 +119,8 @@ Result<ModelConfig> read_llama_config(const GgufFile& f) {
     auto vs = f.get_uint(p + "vocab_size");
     if (!vs) return vs.status();
     if (*vs != c.vocab_size) {
-      return bad(p + "vocab_size", fmt::format("vocab_size {} differs from the {} tokenizer.ggml.tokens", *vs,
-                                               c.vocab_size));
+      return bad(p + "vocab_size",
+                 fmt::format("vocab_size {} differs from the {} tokenizer.ggml.tokens", *vs, c.vocab_size));
     }
   }
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
@@ -149,8 +149,7 @@ Status check_tensor(const GgufFile& f, const std::string& name, Kind kind, std::
   if (kind == Kind::norm ? tv.type != GgmlType::f32 : !is_compute_supported(tv.type)) {
     return {ErrorCode::unsupported, name,
             fmt::format("tensor '{}' has type {}, which kallpa does not support here (supported: {})", name,
-                        ggml_type_name(tv.type),
-                        kind == Kind::norm ? "F32" : "F32, F16, BF16, Q8_0, Q4_0, Q4_1")};
+                        ggml_type_name(tv.type), kind == Kind::norm ? "F32" : "F32, F16, BF16, Q8_0, Q4_0, Q4_1")};
   }
   *out = &tv;
   return {};

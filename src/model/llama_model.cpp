@@ -10,7 +10,6 @@
 
 #include <fmt/format.h>
 
-
 namespace kallpa::model {
 
 namespace {
@@ -83,8 +82,8 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufF
   all.insert(all.end(), lookups.begin(), lookups.end());
   std::vector<WeightMatrix> originals;
   for (const WeightMatrix* mat : all) originals.push_back(*mat);
-  for (auto [mats, use] : {std::pair{&products, runtime::Ops::WeightUse::matmul},
-                           std::pair{&lookups, runtime::Ops::WeightUse::lookup}}) {
+  for (auto [mats, use] :
+       {std::pair{&products, runtime::Ops::WeightUse::matmul}, std::pair{&lookups, runtime::Ops::WeightUse::lookup}}) {
     auto placed = ops.place_weights(*mats, use);
     if (!placed) return placed.status();
     m->placed_.push_back(std::move(*placed));
@@ -128,7 +127,8 @@ std::int64_t LlamaModel::matmul_weights_per_token() const noexcept {
 }
 
 Result<std::unique_ptr<runtime::KvCache>> LlamaModel::make_cache(runtime::KvCacheOptions options) const {
-  return runtime::KvCache::create(static_cast<std::int32_t>(config_.n_layer), static_cast<std::int32_t>(config_.n_head_kv),
+  return runtime::KvCache::create(static_cast<std::int32_t>(config_.n_layer),
+                                  static_cast<std::int32_t>(config_.n_head_kv),
                                   static_cast<std::int32_t>(config_.head_dim), options, ops_);
 }
 
@@ -155,8 +155,8 @@ Status LlamaModel::forward(std::span<const ForwardItem> items, runtime::KvCache&
     if (it.start_pos < 0) return Status::invalid("start_pos", "is negative");
     const std::int64_t end = it.start_pos + static_cast<std::int64_t>(it.tokens.size());
     if (end > config_.context_length) {
-      return Status::invalid("tokens", fmt::format("{} positions exceed the model's context length {}", end,
-                                                   config_.context_length));
+      return Status::invalid(
+          "tokens", fmt::format("{} positions exceed the model's context length {}", end, config_.context_length));
     }
     if (cache.capacity(it.seq) < end) {
       return Status::invalid("cache", fmt::format("sequence {} holds {} positions, its chunk ends at {}: the caller "
@@ -168,10 +168,15 @@ Status LlamaModel::forward(std::span<const ForwardItem> items, runtime::KvCache&
   if (total == 0) return {};
 
   const std::int64_t vocab = config_.vocab_size;
-  for (auto [buffer, floats, what] :
-       {std::tuple{&x_, total * embd, "x"}, {&h_, total * embd, "h"}, {&q_, total * qd, "q"},
-        {&k_, total * kvd, "k"}, {&v_, total * kvd, "v"}, {&att_, total * qd, "att"}, {&gate_, total * ff, "gate"},
-        {&up_, total * ff, "up"}, {&tmp_, total * std::max(embd, qd), "tmp"}}) {
+  for (auto [buffer, floats, what] : {std::tuple{&x_, total * embd, "x"},
+                                      {&h_, total * embd, "h"},
+                                      {&q_, total * qd, "q"},
+                                      {&k_, total * kvd, "k"},
+                                      {&v_, total * kvd, "v"},
+                                      {&att_, total * qd, "att"},
+                                      {&gate_, total * ff, "gate"},
+                                      {&up_, total * ff, "up"},
+                                      {&tmp_, total * std::max(embd, qd), "tmp"}}) {
     if (Status s = buffer->reserve(ops, floats, what); !s) return s;
   }
   tokens_.clear();
@@ -184,8 +189,8 @@ Status LlamaModel::forward(std::span<const ForwardItem> items, runtime::KvCache&
   }
   plan_attention(items, cache);
 
-  float *x = x_.get(), *h = h_.get(), *q = q_.get(), *k = k_.get(), *v = v_.get(), *gate = gate_.get(),
-        *up = up_.get(), *tmp = tmp_.get();
+  float *x = x_.get(), *h = h_.get(), *q = q_.get(), *k = k_.get(), *v = v_.get(), *gate = gate_.get(), *up = up_.get(),
+        *tmp = tmp_.get();
   Status s = ops.embedding(token_embd_, tokens_, x);
   if (!s) return s;
   const float eps = config_.rms_norm_eps;
@@ -250,8 +255,7 @@ void LlamaModel::plan_attention(std::span<const ForwardItem> items, const runtim
   block_table_.assign(items.size() * static_cast<std::size_t>(max_blocks_), 0);
   kv_slots_.clear();
   for (std::size_t b = 0; b < items.size(); ++b) {
-    std::copy(tables[b].begin(), tables[b].end(),
-              block_table_.begin() + static_cast<std::ptrdiff_t>(b) * max_blocks_);
+    std::copy(tables[b].begin(), tables[b].end(), block_table_.begin() + static_cast<std::ptrdiff_t>(b) * max_blocks_);
     const ForwardItem& it = items[b];
     for (std::size_t t = 0; t < it.tokens.size(); ++t) {
       kv_slots_.push_back(cache.slot(tables[b], it.start_pos + static_cast<std::int64_t>(t)));

@@ -16,8 +16,8 @@
 #include <fmt/format.h>
 
 #include "core/parallel.h"
-#include "kallpa/ops/quant.h"
 #include "kallpa/ops/ops.h"
+#include "kallpa/ops/quant.h"
 #include "ops/repack.h"
 #include "ops/rope_table.h"
 #include "ops/vector_exp.h"
@@ -61,14 +61,14 @@ class CpuOps final : public Ops {
   bool host_addressable() const noexcept override { return true; }
 
   Result<void*> allocate(std::size_t bytes, std::string_view what) override {
-    void* p = ::operator new(std::max<std::size_t>(bytes, 1), std::align_val_t{256}, std::nothrow);
+    void* p = ::operator new (std::max<std::size_t>(bytes, 1), std::align_val_t{256}, std::nothrow);
     if (p == nullptr) {
       return Status(ErrorCode::out_of_memory, std::string(what), fmt::format("cannot allocate {} bytes", bytes));
     }
     return p;
   }
   void free(void* address) noexcept override {
-    if (address != nullptr) ::operator delete(address, std::align_val_t{256});
+    if (address != nullptr) ::operator delete (address, std::align_val_t{256});
   }
   Status upload(void* dst, const void* host_src, std::size_t bytes) override {
     if (bytes > 0) std::memcpy(dst, host_src, bytes);
@@ -158,9 +158,8 @@ class CpuOps final : public Ops {
     return model::matmul_group(tail_jobs_, x + prompt_rows * cols, decode_rows, cols, o);
   }
 
-
   Status rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
-            std::int64_t n_rot, float theta) override {
+              std::int64_t n_rot, float theta) override {
     const std::int64_t half = n_rot / 2;
     std::int64_t end = 0;
     for (std::int32_t p : positions) end = std::max<std::int64_t>(end, std::int64_t{p} + 1);
@@ -221,9 +220,7 @@ class CpuOps final : public Ops {
       const float* s = src + static_cast<std::int64_t>(i) * dim;
       std::byte* d = static_cast<std::byte*>(dst) + static_cast<std::size_t>(rows[i] * dim) * esize;
       switch (dst_type) {
-        case DType::f32:
-          std::memcpy(d, s, static_cast<std::size_t>(dim) * 4);
-          break;
+        case DType::f32: std::memcpy(d, s, static_cast<std::size_t>(dim) * 4); break;
         case DType::f16:
         case DType::bf16: {
           const auto type = dst_type == DType::f16 ? model::GgmlType::f16 : model::GgmlType::bf16;

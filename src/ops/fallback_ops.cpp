@@ -112,8 +112,8 @@ Status FallbackOps::matmul_group(std::span<const model::MatmulJob> jobs, const f
   return {};
 }
 
-Status FallbackOps::rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads,
-                         std::int64_t head_dim, std::int64_t n_rot, float theta) {
+Status FallbackOps::rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
+                         std::int64_t n_rot, float theta) {
   Status s = device_->rope(x, positions, heads, head_dim, n_rot, theta);
   if (!fall_back(s, "rope")) return s;
   auto hx = down(x, static_cast<std::int64_t>(positions.size()) * heads * head_dim);

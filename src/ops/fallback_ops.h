@@ -29,9 +29,7 @@ class FallbackOps final : public Ops {
   // Ops run on the CPU so far, by op name ("matmul", "rope", ...).
   std::map<std::string, std::uint64_t> fallbacks() const;
 
-  Result<void*> allocate(std::size_t bytes, std::string_view what) override {
-    return device_->allocate(bytes, what);
-  }
+  Result<void*> allocate(std::size_t bytes, std::string_view what) override { return device_->allocate(bytes, what); }
   void free(void* address) noexcept override { device_->free(address); }
   Status upload(void* dst, const void* host_src, std::size_t bytes) override {
     return device_->upload(dst, host_src, bytes);

@@ -54,10 +54,8 @@ bool is_compute_supported(GgmlType type) noexcept {
     case GgmlType::bf16:
     case GgmlType::q8_0:
     case GgmlType::q4_0:
-    case GgmlType::q4_1:
-      return true;
-    default:
-      return false;
+    case GgmlType::q4_1: return true;
+    default: return false;
   }
 }
 

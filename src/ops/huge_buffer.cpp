@@ -21,7 +21,8 @@ Result<HugeBuffer> HugeBuffer::allocate(std::size_t bytes, const char* what) {
   void* p = mmap(nullptr, b.mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
     b.mapped_ = 0;
-    return Status(ErrorCode::out_of_memory, what, fmt::format("cannot map {:.1f} MiB", double(bytes) / double(1 << 20)));
+    return Status(ErrorCode::out_of_memory, what,
+                  fmt::format("cannot map {:.1f} MiB", double(bytes) / double(1 << 20)));
   }
   b.mapping_ = p;
   const auto at = (reinterpret_cast<std::uintptr_t>(p) + kHugePage - 1) / kHugePage * kHugePage;

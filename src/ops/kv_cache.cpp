@@ -14,9 +14,11 @@ namespace kallpa::runtime {
 
 Result<std::unique_ptr<KvCache>> KvCache::create(std::int32_t n_layer, std::int32_t n_head_kv, std::int32_t head_dim,
                                                  KvCacheOptions options, Ops* memory) {
-  if (n_layer < 1 || n_head_kv < 1 || head_dim < 1) return Status::invalid("kv_cache", "layers, heads and head dim must be >= 1");
+  if (n_layer < 1 || n_head_kv < 1 || head_dim < 1)
+    return Status::invalid("kv_cache", "layers, heads and head dim must be >= 1");
   if (options.page_size < 1) return Status::invalid("page_size", fmt::format("is {}, must be >= 1", options.page_size));
-  if (options.max_tokens < 1) return Status::invalid("max_tokens", fmt::format("is {}, must be >= 1", options.max_tokens));
+  if (options.max_tokens < 1)
+    return Status::invalid("max_tokens", fmt::format("is {}, must be >= 1", options.max_tokens));
   std::unique_ptr<KvCache> cache(new KvCache());
   cache->options_ = options;
   cache->n_layer_ = n_layer;
@@ -24,7 +26,8 @@ Result<std::unique_ptr<KvCache>> KvCache::create(std::int32_t n_layer, std::int3
   cache->head_dim_ = head_dim;
   cache->n_blocks_ = (options.max_tokens + options.page_size - 1) / options.page_size;
   const auto bytes = static_cast<std::size_t>(cache->n_blocks_) * static_cast<std::size_t>(options.page_size) *
-                     static_cast<std::size_t>(n_head_kv) * static_cast<std::size_t>(head_dim) * dtype_size(options.dtype);
+                     static_cast<std::size_t>(n_head_kv) * static_cast<std::size_t>(head_dim) *
+                     dtype_size(options.dtype);
   // One allocation for every layer's K and V.
   cache->layer_bytes_ = (bytes + 255) / 256 * 256;
   const std::size_t total = cache->layer_bytes_ * 2 * static_cast<std::size_t>(n_layer);
@@ -38,9 +41,9 @@ Result<std::unique_ptr<KvCache>> KvCache::create(std::int32_t n_layer, std::int3
     // On huge pages, committed as blocks are first written.
     auto buffer = model::HugeBuffer::allocate(total, "kv_cache");
     if (!buffer) {
-      return Status(ErrorCode::out_of_memory, "kv_cache",
-                    fmt::format("cannot allocate {} MiB for {} tokens", double(total) / double(1 << 20),
-                                options.max_tokens));
+      return Status(
+          ErrorCode::out_of_memory, "kv_cache",
+          fmt::format("cannot allocate {} MiB for {} tokens", double(total) / double(1 << 20), options.max_tokens));
     }
     auto holder = std::make_shared<model::HugeBuffer>(std::move(*buffer));
     cache->storage_ = std::shared_ptr<std::byte>(holder, holder->data());
@@ -104,7 +107,8 @@ std::uint64_t KvCache::chain_hash(std::uint64_t parent, std::span<const std::int
     return z ^ (z >> 31);
   };
   std::uint64_t h = mix(parent + 0x9e3779b97f4a7c15ULL);
-  for (std::int32_t t : tokens) h = mix(h ^ (static_cast<std::uint64_t>(static_cast<std::uint32_t>(t)) + 0x9e3779b97f4a7c15ULL));
+  for (std::int32_t t : tokens)
+    h = mix(h ^ (static_cast<std::uint64_t>(static_cast<std::uint32_t>(t)) + 0x9e3779b97f4a7c15ULL));
   return h;
 }
 
@@ -139,7 +143,8 @@ std::int64_t KvCache::attach_prefix(SeqId seq, std::span<const std::int32_t> tok
     if (it == index_.end()) break;
     const std::int32_t b = it->second;
     Published& p = published_[static_cast<std::size_t>(b)];
-    if (p.parent != parent || !std::equal(block_tokens.begin(), block_tokens.end(), p.tokens.begin(), p.tokens.end())) break;
+    if (p.parent != parent || !std::equal(block_tokens.begin(), block_tokens.end(), p.tokens.begin(), p.tokens.end()))
+      break;
     if (refs_[static_cast<std::size_t>(b)]++ == 0) idle_.erase(p.idle_since);
     s->blocks.push_back(b);
     s->chain.push_back(h);

@@ -81,8 +81,9 @@ Status check_job(const WeightMatrix& w, std::int64_t batch, std::int64_t ldx, st
 // 64, SmolLM2's 576-row matrices would make 9 tasks, and one of two threads would idle a ninth of
 // the time.
 std::int64_t row_chunk_for(const WeightMatrix& w, std::int64_t batch) {
-  std::int64_t chunk = std::max<std::int64_t>(4, (32 * 1024) / std::max<std::int64_t>(1, static_cast<std::int64_t>(w.row_bytes)));
-  chunk = std::min<std::int64_t>(chunk, batch <= 4                 ? std::max<std::int64_t>(16, w.rows / 64)
+  std::int64_t chunk =
+      std::max<std::int64_t>(4, (32 * 1024) / std::max<std::int64_t>(1, static_cast<std::int64_t>(w.row_bytes)));
+  chunk = std::min<std::int64_t>(chunk, batch <= 4             ? std::max<std::int64_t>(16, w.rows / 64)
                                         : batch <= kBatchChunk ? 32
                                                                : 64);
   // Batched Q16 kernels (AVX2 from 4 activation rows, AVX-512 from 2) work in 16-row groups and
@@ -103,8 +104,8 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
   for (const MatmulJob& j : jobs) {
     if (j.w == nullptr || j.y == nullptr) return Status::invalid("jobs", "a matmul job has no matrix or output");
     if (j.w->cols != k) {
-      return Status::invalid("jobs", fmt::format("matrices of one group must share their input width ({} vs {})",
-                                                 j.w->cols, k));
+      return Status::invalid(
+          "jobs", fmt::format("matrices of one group must share their input width ({} vs {})", j.w->cols, k));
     }
     if (Status s = check_job(*j.w, batch, ldx, j.ldy); !s) return s;
     any_quant = any_quant || kernels::is_quantized(j.w->type);
@@ -164,8 +165,8 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
     first_task[j + 1] = first_task[j] + plans[j].n_row_tasks * n_batch_tasks;
   }
   auto task = [&](std::int64_t t, int) {
-    const std::size_t j = static_cast<std::size_t>(
-        std::upper_bound(first_task.begin(), first_task.end(), t) - first_task.begin() - 1);
+    const std::size_t j =
+        static_cast<std::size_t>(std::upper_bound(first_task.begin(), first_task.end(), t) - first_task.begin() - 1);
     const WeightMatrix& w = *jobs[j].w;
     const std::int64_t ldy = jobs[j].ldy;
     const std::int64_t local = t - first_task[j];
@@ -220,8 +221,8 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
   return {};
 }
 
-Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::int64_t ldx, float* y,
-              std::int64_t ldy, const MatmulOptions& options) {
+Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::int64_t ldx, float* y, std::int64_t ldy,
+              const MatmulOptions& options) {
   const MatmulJob job{&w, y, ldy};
   return matmul_group({&job, 1}, x, batch, ldx, options);
 }

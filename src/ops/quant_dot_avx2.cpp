@@ -65,13 +65,11 @@ inline __m256i unpack_q4(const std::byte* qs) {
 // Scales of rows r .. r+NW-1 at block b as floats: d[i], and m[i] for Q4_1 (Q4_0: m = -8d, exact;
 // Q8_0: none). In the rows4 layout a 4-row tile finds its 4 (or 8) f16 side by side: one convert.
 template <GgmlType T, WeightLayout L, int NW>
-inline void load_scales(const std::byte* w, std::size_t row_bytes, std::int64_t r, std::int64_t b, float* d,
-                        float* m) {
+inline void load_scales(const std::byte* w, std::size_t row_bytes, std::int64_t r, std::int64_t b, float* d, float* m) {
   constexpr BlockGeom g = block_geom(T);
   if constexpr (L == WeightLayout::rows4 && NW % 4 == 0) {  // r % 4 == 0
     for (int i = 0; i < NW; i += 4) {
-      const std::byte* p =
-          w + static_cast<std::size_t>(r + i) * row_bytes + static_cast<std::size_t>(b) * 4 * g.bytes;
+      const std::byte* p = w + static_cast<std::size_t>(r + i) * row_bytes + static_cast<std::size_t>(b) * 4 * g.bytes;
       if constexpr (g.has_m) {
         const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
         _mm_storeu_ps(d + i, _mm256_castps256_ps128(dm));
@@ -114,8 +112,8 @@ inline const std::byte* quants(const std::byte* w, std::size_t row_bytes, std::i
 // (maddubs, madd), then acc += (float(isum) * dx) * dw, and the constant term (Q4_0's -8d, Q4_1's
 // m) as macc = fma(m, x block sum, macc): the same operations whatever the tile shape or layout.
 template <GgmlType T, WeightLayout L, int NW, int NX>
-void tile_q(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const BlockQ8x* xq, std::int64_t nb,
-            float* y, std::int64_t ldy) {
+void tile_q(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const BlockQ8x* xq, std::int64_t nb, float* y,
+            std::int64_t ldy) {
   __m256 acc[NW][NX];
   float macc[NW][NX];
   for (int r = 0; r < NW; ++r) {
@@ -227,9 +225,7 @@ inline __m256i fold_row_sums(const __m256i (&v)[4]) {
 }
 
 // [d0 d1 d2 d3] -> [d0 d0 d1 d1 | d2 d2 d3 d3], the scale of each lane of a folded vector.
-inline __m256 pair_lanes(__m128 d4) {
-  return _mm256_set_m128(_mm_unpackhi_ps(d4, d4), _mm_unpacklo_ps(d4, d4));
-}
+inline __m256 pair_lanes(__m128 d4) { return _mm256_set_m128(_mm_unpackhi_ps(d4, d4), _mm_unpacklo_ps(d4, d4)); }
 
 // One block of four weight rows against one activation block: w[2r] and w[2r + 1] are row r's
 // elements 0..15 and 16..31 as int16 (zero for a row that is not there), d8 the rows' scales as
@@ -273,9 +269,10 @@ void tile_q16_row(const std::byte* w, std::size_t row_bytes, std::int64_t r0, co
       // hardware prefetcher barely ramps up on, so the group stream is asked for 16 KiB ahead (into
       // the next task, whichever core takes it: it lands in the shared L3 at least). Nearer and
       // farther distances gain less (bench/results/quant-matmul.md).
-      _mm_prefetch(reinterpret_cast<const char*>(w + static_cast<std::size_t>(r0) * row_bytes +
-                                                 static_cast<std::size_t>(b) * 4 * block_geom(T).bytes + kPrefetchBytes),
-                   _MM_HINT_T0);
+      _mm_prefetch(
+          reinterpret_cast<const char*>(w + static_cast<std::size_t>(r0) * row_bytes +
+                                        static_cast<std::size_t>(b) * 4 * block_geom(T).bytes + kPrefetchBytes),
+          _MM_HINT_T0);
     }
     alignas(16) float d[4] = {}, m[4] = {};
     load_scales<T, L, NW>(w, row_bytes, r0, b, d, m);
@@ -309,8 +306,8 @@ constexpr std::int64_t kWideBlockFloats = 12;
 // Kept out of line: inlined into gemm_q16_rows beside the widening, the same loop is slower
 // (bench/results/quant-matmul.md).
 template <GgmlType T, int NX>
-__attribute__((noinline)) void tile_q16_wide(const __m256i* wide, const float* scales, const BlockQ16x* xq, std::int64_t nb,
-                          __m256 (&acc_out)[4], __m128 (&macc_out)[4]) {
+__attribute__((noinline)) void tile_q16_wide(const __m256i* wide, const float* scales, const BlockQ16x* xq,
+                                             std::int64_t nb, __m256 (&acc_out)[4], __m128 (&macc_out)[4]) {
   static_assert(NX >= 1 && NX <= 4);
   constexpr bool has_m = T != GgmlType::q8_0;
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, m01 = a0, m23 = a0;
@@ -322,7 +319,8 @@ __attribute__((noinline)) void tile_q16_wide(const __m256i* wide, const float* s
     auto constant_terms = [&](std::int64_t x, __m256& macc) {  // rows x and x + 1 (if any)
       const __m128 s0 = _mm_broadcast_ss(&xq[x * nb + b].s);
       const __m128 s1 = x + 1 < NX ? _mm_broadcast_ss(&xq[(x + 1) * nb + b].s) : _mm_setzero_ps();
-      macc = _mm256_fmadd_ps(_mm256_broadcast_ps(reinterpret_cast<const __m128*>(sb + 8)), _mm256_set_m128(s1, s0), macc);
+      macc =
+          _mm256_fmadd_ps(_mm256_broadcast_ps(reinterpret_cast<const __m128*>(sb + 8)), _mm256_set_m128(s1, s0), macc);
     };
     row(0, a0);
     if constexpr (NX > 1) row(1, a1);
@@ -407,7 +405,7 @@ inline void transpose_words8x8(__m128i (&m)[8]) {
     a[2 * i + 1] = _mm_unpackhi_epi16(m[2 * i], m[2 * i + 1]);
   }
   // a[2i]: words 0..3 of rows 2i, 2i+1 interleaved; a[2i+1]: words 4..7.
-  for (int h = 0; h < 2; ++h) {  // h = 0: rows 0..3, h = 1: rows 4..7
+  for (int h = 0; h < 2; ++h) {                                     // h = 0: rows 0..3, h = 1: rows 4..7
     b[4 * h + 0] = _mm_unpacklo_epi32(a[4 * h + 0], a[4 * h + 2]);  // words 0, 1
     b[4 * h + 1] = _mm_unpackhi_epi32(a[4 * h + 0], a[4 * h + 2]);  // words 2, 3
     b[4 * h + 2] = _mm_unpacklo_epi32(a[4 * h + 1], a[4 * h + 3]);  // words 4, 5
@@ -497,10 +495,10 @@ inline void parity_pass_16x4(const __m256i* wb, const float* x0, const float* x1
       "add $8, %[x3]\n\t"
       "dec %[n]\n\t"
       "jnz 1b"
-      : [a00] "=&x"(a[0][0]), [a01] "=&x"(a[0][1]), [a02] "=&x"(a[0][2]), [a03] "=&x"(a[0][3]),
-        [a10] "=&x"(a[1][0]), [a11] "=&x"(a[1][1]), [a12] "=&x"(a[1][2]), [a13] "=&x"(a[1][3]), [w0] "=&x"(w0),
-        [w1] "=&x"(w1), [bc] "=&x"(bc), [t] "=&x"(t), [w] "+r"(wb), [x0] "+r"(x0), [x1] "+r"(x1), [x2] "+r"(x2),
-        [x3] "+r"(x3), [n] "+r"(count)
+      : [a00] "=&x"(a[0][0]), [a01] "=&x"(a[0][1]), [a02] "=&x"(a[0][2]), [a03] "=&x"(a[0][3]), [a10] "=&x"(a[1][0]),
+        [a11] "=&x"(a[1][1]), [a12] "=&x"(a[1][2]), [a13] "=&x"(a[1][3]), [w0] "=&x"(w0), [w1] "=&x"(w1),
+        [bc] "=&x"(bc), [t] "=&x"(t), [w] "+r"(wb), [x0] "+r"(x0), [x1] "+r"(x1), [x2] "+r"(x2), [x3] "+r"(x3),
+        [n] "+r"(count)
       :
       : "cc", "memory");
 }
@@ -532,7 +530,7 @@ __attribute__((noinline)) void tile_q16_lanes16x4(const __m256i* wide, const flo
     for (int parity = 0; parity < 2; ++parity) {
       __m256i a[2][4];
       parity_pass_16x4(wb + 2 * parity, xp[0] + parity, xp[1] + parity, xp[2] + parity, xp[3] + parity, a);
-      __m256 (&acc)[2][4] = parity == 0 ? acc_e : acc_o;
+      __m256(&acc)[2][4] = parity == 0 ? acc_e : acc_o;
       for (int g = 0; g < 2; ++g) {
         for (int x = 0; x < 4; ++x) acc[g][x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[g][x]), s[g][x], acc[g][x]);
       }
@@ -673,7 +671,8 @@ void tile_f(const std::byte* w, std::size_t row_bytes, const float* x, std::int6
   std::int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
     __m256 wv[NW];
-    for (int r = 0; r < NW; ++r) wv[r] = load8<T>(w + static_cast<std::size_t>(r) * row_bytes + static_cast<std::size_t>(i) * esz);
+    for (int r = 0; r < NW; ++r)
+      wv[r] = load8<T>(w + static_cast<std::size_t>(r) * row_bytes + static_cast<std::size_t>(i) * esz);
     for (int c = 0; c < NX; ++c) {
       const __m256 xv = _mm256_loadu_ps(x + static_cast<std::int64_t>(c) * ldx + i);
       for (int r = 0; r < NW; ++r) acc[r][c] = _mm256_fmadd_ps(wv[r], xv, acc[r][c]);
@@ -927,11 +926,14 @@ void by_type_and_layout(GgmlType type, WeightLayout layout, Args... args) {
   const bool r4 = layout == WeightLayout::rows4;
   switch (type) {
     case GgmlType::q8_0:
-      return r4 ? K<GgmlType::q8_0, WeightLayout::rows4>::run(args...) : K<GgmlType::q8_0, WeightLayout::rows>::run(args...);
+      return r4 ? K<GgmlType::q8_0, WeightLayout::rows4>::run(args...)
+                : K<GgmlType::q8_0, WeightLayout::rows>::run(args...);
     case GgmlType::q4_0:
-      return r4 ? K<GgmlType::q4_0, WeightLayout::rows4>::run(args...) : K<GgmlType::q4_0, WeightLayout::rows>::run(args...);
+      return r4 ? K<GgmlType::q4_0, WeightLayout::rows4>::run(args...)
+                : K<GgmlType::q4_0, WeightLayout::rows>::run(args...);
     case GgmlType::q4_1:
-      return r4 ? K<GgmlType::q4_1, WeightLayout::rows4>::run(args...) : K<GgmlType::q4_1, WeightLayout::rows>::run(args...);
+      return r4 ? K<GgmlType::q4_1, WeightLayout::rows4>::run(args...)
+                : K<GgmlType::q4_1, WeightLayout::rows>::run(args...);
     default: return;
   }
 }
@@ -939,17 +941,23 @@ void by_type_and_layout(GgmlType type, WeightLayout layout, Args... args) {
 template <GgmlType T, WeightLayout L>
 struct GemmQ {
   template <typename... Args>
-  static void run(Args... args) { gemm_q_typed<T, L>(args...); }
+  static void run(Args... args) {
+    gemm_q_typed<T, L>(args...);
+  }
 };
 template <GgmlType T, WeightLayout L>
 struct GemmQ16 {
   template <typename... Args>
-  static void run(Args... args) { gemm_q16_typed<T, L>(args...); }
+  static void run(Args... args) {
+    gemm_q16_typed<T, L>(args...);
+  }
 };
 template <GgmlType T, WeightLayout L>
 struct GemmQf {
   template <typename... Args>
-  static void run(Args... args) { gemm_qf_typed<T, L>(args...); }
+  static void run(Args... args) {
+    gemm_qf_typed<T, L>(args...);
+  }
 };
 
 }  // namespace

@@ -35,9 +35,9 @@ namespace kallpa::model::kernels {
 #if KALLPA_X86
 
 bool avx512_vnni_available() noexcept {
-  static const bool ok = avx2_available() && __builtin_cpu_supports("avx512f") &&
-                         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+  static const bool ok = avx2_available() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+                         __builtin_cpu_supports("avx512vbmi");
   return ok;
 }
 
@@ -117,7 +117,8 @@ inline void group_scales(const std::byte* w, std::size_t row_bytes, std::int64_t
     auto halves = [&](std::size_t offset) {
       const std::byte* p[4];
       for (int i = 0; i < 4; ++i) {
-        p[i] = w + static_cast<std::size_t>(r0 + 4 * i) * row_bytes + static_cast<std::size_t>(b) * 4 * g.bytes + offset;
+        p[i] =
+            w + static_cast<std::size_t>(r0 + 4 * i) * row_bytes + static_cast<std::size_t>(b) * 4 * g.bytes + offset;
       }
       auto two = [](const std::byte* a, const std::byte* c) {
         return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
@@ -291,8 +292,8 @@ struct alignas(64) RowAcc {
 // multiplied into every activation row's half. The accumulators start at zero for b0 = 0 (else
 // from acc) and end in y for b1 = nb (else in acc), so chunking changes no operation's order.
 template <int NX>
-void tile_group(const std::byte* wide, const std::int32_t* xp, const BlockQ16x* xq, std::int64_t nb,
-                std::int64_t b0, std::int64_t b1, RowAcc* acc, float* y, std::int64_t ldy) {
+void tile_group(const std::byte* wide, const std::int32_t* xp, const BlockQ16x* xq, std::int64_t nb, std::int64_t b0,
+                std::int64_t b1, RowAcc* acc, float* y, std::int64_t ldy) {
   __m512 acc_e[NX], acc_o[NX], macc[NX];
   for (int x = 0; x < NX; ++x) {
     if (b0 == 0) {
@@ -444,8 +445,9 @@ bool avx512_vnni_available() noexcept { return false; }
 void pair_q16_activations_avx512(const BlockQ16x* xq, std::int64_t nb, std::int32_t* out) {
   for (std::int64_t b = 0; b < nb; ++b) {
     for (int j = 0; j < 16; ++j) {
-      out[16 * b + j] = static_cast<std::int32_t>(static_cast<std::uint16_t>(xq[b].qs[j]) |
-                                                  static_cast<std::uint32_t>(static_cast<std::uint16_t>(xq[b].qs[j + 16])) << 16);
+      out[16 * b + j] =
+          static_cast<std::int32_t>(static_cast<std::uint16_t>(xq[b].qs[j]) |
+                                    static_cast<std::uint32_t>(static_cast<std::uint16_t>(xq[b].qs[j + 16])) << 16);
     }
   }
 }

@@ -98,8 +98,8 @@ void gemm_q_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::
 void quantize_row_q16x_scalar(const float* x, BlockQ16x* out, std::int64_t k);
 void gemm_q16_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                      const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
-void gemm_f_scalar(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
-                   const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
+void gemm_f_scalar(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
+                   std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 void gemm_qf_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                     const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 
@@ -119,8 +119,8 @@ void quantize_row_q16x_avx2(const float* x, BlockQ16x* out, std::int64_t k);
 constexpr std::int64_t kQ16LanesMinBatch = 4;
 void gemm_q16_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                    const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
-void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
-                 const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
+void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
+                 std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 void gemm_qf_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                   const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 

@@ -24,9 +24,7 @@ T load(const void* p) noexcept {
 void dequantize_row_scalar(GgmlType type, const void* src, float* dst, std::int64_t n) {
   const auto* p = static_cast<const std::byte*>(src);
   switch (type) {
-    case GgmlType::f32:
-      std::memcpy(dst, p, static_cast<std::size_t>(n) * sizeof(float));
-      return;
+    case GgmlType::f32: std::memcpy(dst, p, static_cast<std::size_t>(n) * sizeof(float)); return;
     case GgmlType::f16:
       for (std::int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(load<std::uint16_t>(p + 2 * i));
       return;
@@ -71,9 +69,7 @@ void quantize_row_scalar(GgmlType type, const float* src, void* dst, std::int64_
   auto* p = static_cast<std::byte*>(dst);
   auto store = [](std::byte* at, const auto& v) { std::memcpy(at, &v, sizeof(v)); };
   switch (type) {
-    case GgmlType::f32:
-      std::memcpy(p, src, static_cast<std::size_t>(n) * sizeof(float));
-      return;
+    case GgmlType::f32: std::memcpy(p, src, static_cast<std::size_t>(n) * sizeof(float)); return;
     case GgmlType::f16:
       for (std::int64_t i = 0; i < n; ++i) store(p + 2 * i, f32_to_f16(src[i]));
       return;
@@ -136,8 +132,7 @@ void quantize_row_scalar(GgmlType type, const float* src, void* dst, std::int64_
         store(p + b * static_cast<std::int64_t>(sizeof blk), blk);
       }
       return;
-    default:
-      return;
+    default: return;
   }
 }
 

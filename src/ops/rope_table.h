@@ -45,7 +45,8 @@ class RopeTable {
     if (end > rows_) {
       const std::size_t width = 2 * inv_freq_.size();
       cs_.resize(static_cast<std::size_t>(end) * width);
-      for (std::int64_t p = rows_; p < end; ++p) cos_sin(double(p), inv_freq_, cs_.data() + static_cast<std::size_t>(p) * width);
+      for (std::int64_t p = rows_; p < end; ++p)
+        cos_sin(double(p), inv_freq_, cs_.data() + static_cast<std::size_t>(p) * width);
       rows_ = end;
     }
     return inv_freq_;

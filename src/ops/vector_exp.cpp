@@ -24,8 +24,8 @@ __attribute__((target("avx2,fma"))) std::int64_t max_ignoring_nan_avx2(const flo
   return i;
 }
 
-__attribute__((target("avx2,fma"))) std::int64_t shifted_exp_avx2(const float* x, float* out, std::int64_t n, float shift,
-                                                                 float scale) {
+__attribute__((target("avx2,fma"))) std::int64_t shifted_exp_avx2(const float* x, float* out, std::int64_t n,
+                                                                  float shift, float scale) {
   const __m256 s = _mm256_set1_ps(shift), k = _mm256_set1_ps(scale), floor = _mm256_set1_ps(-87.0f);
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) {

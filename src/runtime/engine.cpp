@@ -48,7 +48,8 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   return load(*file, options);
 }
 
-Result<std::unique_ptr<Engine>> Engine::load(std::shared_ptr<const model::GgufFile> file, const EngineOptions& options) {
+Result<std::unique_ptr<Engine>> Engine::load(std::shared_ptr<const model::GgufFile> file,
+                                             const EngineOptions& options) {
   std::unique_ptr<Engine> e(new Engine());
   e->options_ = options;
   auto ops = make_ops(options.device);
@@ -66,8 +67,9 @@ Result<std::unique_ptr<Engine>> Engine::load(std::shared_ptr<const model::GgufFi
   e->tokenizer_.emplace(std::move(*tok));
   e->chat_ = model::chat_options_from_gguf(*file);
   if (e->tokenizer_->vocab_size() != e->model_->config().vocab_size) {
-    return Status::invalid("tokenizer.ggml.tokens", fmt::format("{} tokens, but the model's output has {} rows",
-                                                                e->tokenizer_->vocab_size(), e->model_->config().vocab_size));
+    return Status::invalid("tokenizer.ggml.tokens",
+                           fmt::format("{} tokens, but the model's output has {} rows", e->tokenizer_->vocab_size(),
+                                       e->model_->config().vocab_size));
   }
   // The cache's capacity is shared by every sequence, so it is not capped at the model's context
   // length: that limit applies per sequence (generate() and the scheduler check it).

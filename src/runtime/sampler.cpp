@@ -16,7 +16,8 @@ Status SamplingParams::validate() const {
     return Status::invalid("temperature", fmt::format("is {}, must be finite and >= 0", temperature));
   }
   if (!(top_p > 0.0f && top_p <= 1.0f)) return Status::invalid("top_p", fmt::format("is {}, must be in (0, 1]", top_p));
-  if (!(min_p >= 0.0f && min_p <= 1.0f)) return Status::invalid("min_p", fmt::format("is {}, must be in [0, 1]", min_p));
+  if (!(min_p >= 0.0f && min_p <= 1.0f))
+    return Status::invalid("min_p", fmt::format("is {}, must be in [0, 1]", min_p));
   if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty)) {
     return Status::invalid("repetition_penalty", fmt::format("is {}, must be finite and > 0", repetition_penalty));
   }
@@ -74,7 +75,8 @@ std::int32_t Sampler::draw_unfiltered(std::span<const float> logits) {
       for (std::size_t j = 0; j < 8; ++j) lanes[j] += exps_[i + j];
     }
     for (; i < end; ++i) lanes[0] += exps_[i];
-    const double sum = double((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + double((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    const double sum =
+        double((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + double((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
     block_sums_[b] = sum;
     total += sum;
   }
@@ -111,7 +113,8 @@ void Sampler::sort_by_logit(std::size_t from, std::size_t to, std::size_t vocab)
   // id), so that stable radix passes on the logit alone leave ties in id order, as ByLogit does.
   const std::size_t n = to - from;
   position_by_id_.assign(vocab, -1);
-  for (std::size_t i = from; i < to; ++i) position_by_id_[static_cast<std::size_t>(candidates_[i].id)] = static_cast<std::int64_t>(i);
+  for (std::size_t i = from; i < to; ++i)
+    position_by_id_[static_cast<std::size_t>(candidates_[i].id)] = static_cast<std::int64_t>(i);
   radix_in_.clear();
   for (std::int64_t pos : position_by_id_) {
     if (pos >= 0) radix_in_.push_back(candidates_[static_cast<std::size_t>(pos)]);
@@ -144,7 +147,8 @@ std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32
   // CTRL-style penalty (as llama.cpp applies it): divide positive logits, multiply negative ones,
   // once per distinct token in the window.
   if (params_.repetition_penalty != 1.0f && params_.repetition_window > 0) {
-    const std::size_t window = std::min<std::size_t>(recent.size(), static_cast<std::size_t>(params_.repetition_window));
+    const std::size_t window =
+        std::min<std::size_t>(recent.size(), static_cast<std::size_t>(params_.repetition_window));
     std::vector<std::int32_t> seen(recent.end() - static_cast<std::ptrdiff_t>(window), recent.end());
     std::sort(seen.begin(), seen.end());
     seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
@@ -221,7 +225,7 @@ std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32
     const double floor = static_cast<double>(params_.min_p) * (1.0 / sum);
     auto unsorted_begin = candidates_.begin() + static_cast<std::ptrdiff_t>(sorted);
     auto kept_end = std::partition(unsorted_begin, candidates_.begin() + static_cast<std::ptrdiff_t>(keep),
-                                          [&](const Candidate& c) { return c.prob >= floor; });
+                                   [&](const Candidate& c) { return c.prob >= floor; });
     // A sorted prefix stays a sorted prefix: its survivors are a prefix of it.
     std::size_t n = 0;
     while (n < sorted && candidates_[n].prob >= floor) ++n;

@@ -14,7 +14,7 @@ struct Scheduler::Pending {
   std::shared_ptr<RequestHandle> handle;
   RequestOptions request;
   RequestCallbacks callbacks;
-  std::int64_t limit = 0;  // positions the sequence may reach: min(prompt + max_tokens, context)
+  std::int64_t limit = 0;   // positions the sequence may reach: min(prompt + max_tokens, context)
   std::int64_t blocks = 0;  // KV blocks of that worst case
 };
 
@@ -41,7 +41,7 @@ struct Scheduler::Active {
   std::int64_t fed = 0;              // positions in the KV cache
   std::int64_t cached = 0;           // of them, attached from the prefix cache
   std::int64_t generated = 0;
-  std::string held;                  // decoded text not yet final (a stop string may be starting)
+  std::string held;  // decoded text not yet final (a stop string may be starting)
   bool done = false;
 
   std::int64_t prompt_size() const { return static_cast<std::int64_t>(request.prompt.size()); }
@@ -79,8 +79,8 @@ Result<std::shared_ptr<RequestHandle>> Scheduler::submit(RequestOptions request,
   const auto prompt = static_cast<std::int64_t>(request.prompt.size());
   if (prompt == 0) return Status::invalid("prompt", "is empty");
   if (prompt >= context_) {
-    return Status::invalid("prompt", fmt::format("{} tokens leave no room in the model's context of {} tokens",
-                                                 prompt, context_));
+    return Status::invalid(
+        "prompt", fmt::format("{} tokens leave no room in the model's context of {} tokens", prompt, context_));
   }
   const auto vocab = static_cast<std::int32_t>(engine_.config().vocab_size);
   for (std::size_t i = 0; i < request.prompt.size(); ++i) {
@@ -89,7 +89,8 @@ Result<std::shared_ptr<RequestHandle>> Scheduler::submit(RequestOptions request,
                              fmt::format("token id {} is outside the vocabulary [0, {})", request.prompt[i], vocab));
     }
   }
-  if (request.max_tokens < 1) return Status::invalid("max_tokens", fmt::format("is {}, must be >= 1", request.max_tokens));
+  if (request.max_tokens < 1)
+    return Status::invalid("max_tokens", fmt::format("is {}, must be >= 1", request.max_tokens));
   for (const std::string& s : request.stop) {
     if (s.empty()) return Status::invalid("stop", "stop strings must not be empty");
   }
@@ -100,8 +101,8 @@ Result<std::shared_ptr<RequestHandle>> Scheduler::submit(RequestOptions request,
   pending->blocks = blocks_for(pending->limit);
   if (pending->blocks > total_blocks_) {
     return Status(ErrorCode::out_of_memory, "kv_cache",
-                  fmt::format("{} prompt tokens + max_tokens {} need {} KV blocks; the cache has {} in all",
-                              prompt, request.max_tokens, pending->blocks, total_blocks_));
+                  fmt::format("{} prompt tokens + max_tokens {} need {} KV blocks; the cache has {} in all", prompt,
+                              request.max_tokens, pending->blocks, total_blocks_));
   }
   std::lock_guard lock(mu_);
   if (stopping_) return Status(ErrorCode::unsupported, "scheduler", "shutting down");
@@ -297,12 +298,14 @@ bool Scheduler::step() {
   bool any_prefill = false;
   for (auto& a : running_) {
     if (a->done || !a->prefilling()) continue;
-    const std::int64_t chunk_end = std::min(a->prompt_size(), (a->fed / options_.prefill_chunk + 1) * options_.prefill_chunk);
+    const std::int64_t chunk_end =
+        std::min(a->prompt_size(), (a->fed / options_.prefill_chunk + 1) * options_.prefill_chunk);
     const std::int64_t n = chunk_end - a->fed;
     if (n > budget && any_prefill) continue;  // a shorter chunk further on may still fit
     model::ForwardItem it;
     it.seq = a->seq;
-    it.tokens = std::span<const std::int32_t>(a->tokens).subspan(static_cast<std::size_t>(a->fed), static_cast<std::size_t>(n));
+    it.tokens =
+        std::span<const std::int32_t>(a->tokens).subspan(static_cast<std::size_t>(a->fed), static_cast<std::size_t>(n));
     it.start_pos = a->fed;
     it.want_logits = chunk_end == a->prompt_size();
     it.prompt = true;

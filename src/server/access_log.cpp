@@ -12,7 +12,8 @@ namespace kallpa::server {
 
 std::string format_access_log(const AccessLogEntry& e) {
   nlohmann::json j;
-  j["ts"] = fmt::format("{:%Y-%m-%dT%H:%M:%S}Z", std::chrono::floor<std::chrono::milliseconds>(std::chrono::system_clock::now()));
+  j["ts"] = fmt::format("{:%Y-%m-%dT%H:%M:%S}Z",
+                        std::chrono::floor<std::chrono::milliseconds>(std::chrono::system_clock::now()));
   j["event"] = "http_request";
   j["id"] = e.id;
   j["method"] = e.method;

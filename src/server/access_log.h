@@ -10,18 +10,18 @@
 namespace kallpa::server {
 
 struct AccessLogEntry {
-  std::string id;      // the X-Request-Id the response carried
+  std::string id;  // the X-Request-Id the response carried
   std::string method;
   std::string path;
   std::string route;   // the matched route, or "unmatched"
   std::string remote;  // client address
   int status = 0;
   bool stream = false;
-  std::int64_t prompt_tokens = -1;      // -1: not a generation request (omitted)
+  std::int64_t prompt_tokens = -1;  // -1: not a generation request (omitted)
   std::int64_t completion_tokens = -1;
-  std::string finish_reason;            // "" when none
-  double latency_seconds = 0.0;         // request received to response finished
-  double ttft_seconds = -1.0;           // -1: no token was generated
+  std::string finish_reason;     // "" when none
+  double latency_seconds = 0.0;  // request received to response finished
+  double ttft_seconds = -1.0;    // -1: no token was generated
 };
 
 std::string format_access_log(const AccessLogEntry& entry);

@@ -15,7 +15,7 @@ struct ApiError {
   std::string code;                            // machine-readable; "" renders as null
   std::string param;                           // the offending request field; "" renders as null
   std::string message;
-  int retry_after_seconds = 0;                 // > 0: the response carries Retry-After
+  int retry_after_seconds = 0;  // > 0: the response carries Retry-After
 
   nlohmann::json to_json() const;
 };

@@ -76,7 +76,8 @@ ApiError failure(const runtime::Completion& c) {
 }
 
 Result<std::vector<std::int32_t>> tokenize(const runtime::Engine& engine, const CompletionRequest& r) {
-  if (r.endpoint == Endpoint::chat) return tokenizer::encode_chatml(engine.tokenizer(), r.messages, engine.chat_options());
+  if (r.endpoint == Endpoint::chat)
+    return tokenizer::encode_chatml(engine.tokenizer(), r.messages, engine.chat_options());
   if (r.prompt_is_tokens) return r.prompt_tokens;
   // A raw completion prompt is the caller's whole input: special-token text in it is meant.
   return engine.tokenizer().encode(r.prompt, {.add_special = true, .parse_special = true});
@@ -147,7 +148,8 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
   meta.endpoint = endpoint;
   meta.id = fmt::format("{}-{}-{}", endpoint == Endpoint::chat ? "chatcmpl" : "cmpl", id_prefix, (*handle)->id());
   meta.model = options.model_name;
-  meta.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  meta.created =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   // What the access log reports once the response is over.
   auto record = [g, ctx](const std::string& finish_reason) {
     if (!ctx) return;
@@ -172,8 +174,7 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
     }
     std::lock_guard lock(g->mu);
     res.status = 200;
-    res.set_content(dump_json(completion_body(meta, g->text, c.finish_reason, usage_of(c))),
-                    "application/json");
+    res.set_content(dump_json(completion_body(meta, g->text, c.finish_reason, usage_of(c))), "application/json");
     return;
   }
 

@@ -52,14 +52,17 @@ std::string escape_label_value(const std::string& value) {
 
 MetricFamily::MetricFamily(std::string name, std::string help, MetricType type, std::vector<std::string> label_names,
                            std::vector<double> buckets)
-    : name_(std::move(name)), help_(std::move(help)), type_(type), label_names_(std::move(label_names)),
+    : name_(std::move(name)),
+      help_(std::move(help)),
+      type_(type),
+      label_names_(std::move(label_names)),
       buckets_(std::move(buckets)) {}
 
 MetricFamily::Series& MetricFamily::series(const LabelValues& labels) {
   if (labels.size() != label_names_.size()) {
     // A programming error in the caller, not an input error: fail loudly.
-    throw std::logic_error(fmt::format("metric {}: {} label values for {} labels", name_, labels.size(),
-                                       label_names_.size()));
+    throw std::logic_error(
+        fmt::format("metric {}: {} label values for {} labels", name_, labels.size(), label_names_.size()));
   }
   Series& s = series_[labels];
   if (type_ == MetricType::histogram && s.counts.empty()) s.counts.assign(buckets_.size() + 1, 0);

@@ -13,7 +13,7 @@ namespace kallpa::server {
 
 struct ResponseMeta {
   Endpoint endpoint = Endpoint::chat;
-  std::string id;     // chatcmpl-... / cmpl-...
+  std::string id;  // chatcmpl-... / cmpl-...
   std::string model;
   std::int64_t created = 0;  // Unix seconds
 };

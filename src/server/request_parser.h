@@ -24,18 +24,18 @@ struct RequestLimits {
 
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::chat;
-  std::string model;                               // as given ("" when absent)
-  std::vector<tokenizer::ChatMessage> messages;    // chat
-  std::string prompt;                              // completions, text
-  std::vector<std::int32_t> prompt_tokens;         // completions, given as token ids
+  std::string model;                             // as given ("" when absent)
+  std::vector<tokenizer::ChatMessage> messages;  // chat
+  std::string prompt;                            // completions, text
+  std::vector<std::int32_t> prompt_tokens;       // completions, given as token ids
   bool prompt_is_tokens = false;
   std::int64_t max_tokens = 0;
   runtime::SamplingParams sampling;
-  bool seed_given = false;                         // false: the caller picks a random seed
+  bool seed_given = false;  // false: the caller picks a random seed
   std::vector<std::string> stop;
-  bool ignore_eos = false;                         // vLLM's extension: run to max_tokens or a stop string
+  bool ignore_eos = false;  // vLLM's extension: run to max_tokens or a stop string
   bool stream = false;
-  bool include_usage = false;                      // stream_options.include_usage
+  bool include_usage = false;  // stream_options.include_usage
 };
 
 using ParsedRequest = std::variant<CompletionRequest, ApiError>;

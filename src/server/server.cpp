@@ -14,8 +14,12 @@ struct Route {
   const char* path;
   const char* method;
 };
-constexpr Route kRoutes[] = {{"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"}, {"/v1/models", "GET"},
-                             {"/health", "GET"}, {"/ready", "GET"}, {"/metrics", "GET"}};
+constexpr Route kRoutes[] = {{"/v1/chat/completions", "POST"},
+                             {"/v1/completions", "POST"},
+                             {"/v1/models", "GET"},
+                             {"/health", "GET"},
+                             {"/ready", "GET"},
+                             {"/metrics", "GET"}};
 constexpr std::string_view kModelPrefix = "/v1/models/";
 
 // The route a path belongs to, as metrics label it (one label for every model id, so that a client
@@ -73,7 +77,8 @@ Server::Impl::Impl(runtime::Engine& e, ServerOptions o)
   const std::int64_t context = engine.config().context_length;
   max_prompt_tokens = options.max_prompt_tokens > 0 ? std::min(options.max_prompt_tokens, context - 1) : context - 1;
   limits.max_tokens = std::max<std::int64_t>(1, options.max_tokens);
-  created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  created =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   if (options.model_name.empty()) options.model_name = "kallpa";
   id_prefix = fmt::format("{:08x}", std::random_device{}());
   scheduler = std::make_unique<runtime::Scheduler>(engine, options.scheduler);
@@ -155,9 +160,8 @@ Server::Server(runtime::Engine& engine, ServerOptions options)
     : impl_(std::make_unique<Impl>(engine, std::move(options))) {
   Impl& s = *impl_;
   const ServerOptions& o = s.options;
-  const int threads = o.http_threads > 0
-                          ? o.http_threads
-                          : static_cast<int>(o.scheduler.max_running + o.scheduler.max_queue + 8);
+  const int threads =
+      o.http_threads > 0 ? o.http_threads : static_cast<int>(o.scheduler.max_running + o.scheduler.max_queue + 8);
   s.http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
   s.http.set_payload_max_length(o.max_body_bytes);
   s.http.set_keep_alive_timeout(2);  // bounds how long an idle keep-alive connection delays exit
@@ -181,7 +185,8 @@ Server::Server(runtime::Engine& engine, ServerOptions options)
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
-  s.http.set_error_handler(httplib::Server::HandlerWithResponse([&s](const httplib::Request& req, httplib::Response& res) {
+  s.http.set_error_handler(httplib::Server::HandlerWithResponse([&s](const httplib::Request& req,
+                                                                     httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // ours already
     ApiError e;
     e.status = res.status;
@@ -281,9 +286,9 @@ Result<int> Server::bind() {
     port = s.options.port;
   }
   if (port <= 0) {
-    return Status(ErrorCode::invalid_argument, "port",
-                  fmt::format("cannot listen on {}:{} (in use, or the address is not local)", s.options.host,
-                              s.options.port));
+    return Status(
+        ErrorCode::invalid_argument, "port",
+        fmt::format("cannot listen on {}:{} (in use, or the address is not local)", s.options.host, s.options.port));
   }
   s.bound = true;
   return port;

@@ -17,8 +17,8 @@ std::vector<double> attention_bounds() {
 ServerMetrics::ServerMetrics() {
   using T = MetricType;
   auto& r = registry_;
-  requests_ = &r.add("kallpa_http_requests_total", "HTTP requests by route and status code.", T::counter,
-                     {"route", "status"});
+  requests_ =
+      &r.add("kallpa_http_requests_total", "HTTP requests by route and status code.", T::counter, {"route", "status"});
   request_seconds_ = &r.add("kallpa_http_request_duration_seconds",
                             "Time from receiving a request to the end of its response (streams included).",
                             T::histogram, {"route"}, {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
@@ -36,24 +36,24 @@ ServerMetrics::ServerMetrics() {
   inflight_ = &r.add("kallpa_http_inflight_requests", "Generation requests being served.", T::gauge);
   kv_used_ = &r.add("kallpa_kv_cache_used_blocks", "KV cache blocks holding tokens.", T::gauge);
   kv_free_ = &r.add("kallpa_kv_cache_free_blocks", "KV cache blocks free.", T::gauge);
-  kv_cached_ = &r.add("kallpa_kv_cache_cached_blocks",
-                      "Free KV cache blocks still holding a reusable prompt prefix.", T::gauge);
+  kv_cached_ =
+      &r.add("kallpa_kv_cache_cached_blocks", "Free KV cache blocks still holding a reusable prompt prefix.", T::gauge);
   kv_committed_ = &r.add("kallpa_kv_cache_committed_blocks",
                          "KV cache blocks the running requests may need at most (admission control).", T::gauge);
   steps_ = &r.add("kallpa_scheduler_steps_total", "Forward passes run by the scheduler.", T::counter);
   batch_tokens_ = &r.add("kallpa_scheduler_batch_tokens_total", "Tokens over all forward passes.", T::counter);
   batch_sequences_ = &r.add("kallpa_scheduler_batch_sequences_total", "Sequences over all forward passes.", T::counter);
   att_calls_ = &r.add("kallpa_attention_calls_total", "Attention calls run, by backend.", T::counter, {"backend"});
-  att_failures_ = &r.add("kallpa_attention_failures_total", "Attention calls that failed, by backend.", T::counter,
-                         {"backend"});
-  att_fallbacks_ = &r.add("kallpa_attention_fallbacks_total",
-                          "Attention calls a backend ran because an earlier choice failed, by backend.", T::counter,
-                          {"backend"});
+  att_failures_ =
+      &r.add("kallpa_attention_failures_total", "Attention calls that failed, by backend.", T::counter, {"backend"});
+  att_fallbacks_ =
+      &r.add("kallpa_attention_fallbacks_total",
+             "Attention calls a backend ran because an earlier choice failed, by backend.", T::counter, {"backend"});
   att_seconds_ = &r.add("kallpa_attention_duration_seconds", "Attention call latency, by backend.", T::histogram,
                         {"backend"}, attention_bounds());
-  op_fallbacks_ = &r.add("kallpa_op_fallbacks_total",
-                         "Engine ops the device lacked that ran on the CPU with copies, by op (0 on the CPU).",
-                         T::counter, {"op"});
+  op_fallbacks_ =
+      &r.add("kallpa_op_fallbacks_total",
+             "Engine ops the device lacked that ran on the CPU with copies, by op (0 on the CPU).", T::counter, {"op"});
   // Series without labels exist from the start, so that a scrape before any traffic shows zeros.
   for (MetricFamily* f : {prompt_tokens_, generation_tokens_, queued_, running_, inflight_, kv_used_, kv_free_,
                           kv_cached_, prompt_cached_, kv_committed_, steps_, batch_tokens_, batch_sequences_}) {

@@ -14,7 +14,9 @@ struct ByteLevel {
 
   ByteLevel() {
     cp_to_byte.fill(-1);
-    auto printable = [](int b) { return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF); };
+    auto printable = [](int b) {
+      return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    };
     char32_t next = 256;
     for (int b = 0; b < 256; ++b) {
       const char32_t cp = printable(b) ? static_cast<char32_t>(b) : next++;

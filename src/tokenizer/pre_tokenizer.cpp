@@ -9,8 +9,7 @@ namespace kallpa::tokenizer::detail {
 namespace {
 
 // GPT-2's expression (openai/gpt-2 encoder.py; Hugging Face ByteLevel(use_regex=True)).
-constexpr std::string_view kGpt2 =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kGpt2 = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 // Every digit on its own (Hugging Face Digits(individual_digits=True); llama.cpp's "\p{N}").
 constexpr std::string_view kDigits = R"(\p{N})";
 // Llama 3 and Qwen2 (as in their tokenizer.json; (?i:...) written out as llama.cpp does).
@@ -28,10 +27,18 @@ const std::vector<Definition>& definitions() {
   // llama.cpp (llama-vocab.cpp) gives "smollm" the same expressions as starcoder, refact,
   // command-r, codeshell, exaone and minerva: \p{N}, then GPT-2's pattern.
   static const std::vector<Definition> defs = {
-      {"smollm", {kDigits, kGpt2}},   {"starcoder", {kDigits, kGpt2}}, {"refact", {kDigits, kGpt2}},
-      {"command-r", {kDigits, kGpt2}}, {"codeshell", {kDigits, kGpt2}}, {"exaone", {kDigits, kGpt2}},
-      {"minerva-7b", {kDigits, kGpt2}}, {"gpt2", {kGpt2}},              {"default", {kGpt2}},
-      {"llama3", {kLlama3}},          {"llama-bpe", {kLlama3}},        {"qwen2", {kQwen2}},
+      {"smollm", {kDigits, kGpt2}},
+      {"starcoder", {kDigits, kGpt2}},
+      {"refact", {kDigits, kGpt2}},
+      {"command-r", {kDigits, kGpt2}},
+      {"codeshell", {kDigits, kGpt2}},
+      {"exaone", {kDigits, kGpt2}},
+      {"minerva-7b", {kDigits, kGpt2}},
+      {"gpt2", {kGpt2}},
+      {"default", {kGpt2}},
+      {"llama3", {kLlama3}},
+      {"llama-bpe", {kLlama3}},
+      {"qwen2", {kQwen2}},
   };
   return defs;
 }

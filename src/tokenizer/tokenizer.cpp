@@ -272,8 +272,8 @@ Result<Tokenizer> Tokenizer::create(TokenizerData data) {
     return Status::invalid("tokenizer.ggml.tokens", "too many tokens: " + std::to_string(n));
   }
   if (!data.token_types.empty() && data.token_types.size() != n) {
-    return Status::invalid("tokenizer.ggml.token_type", std::to_string(data.token_types.size()) +
-                                                            " token types for " + std::to_string(n) + " tokens");
+    return Status::invalid("tokenizer.ggml.token_type", std::to_string(data.token_types.size()) + " token types for " +
+                                                            std::to_string(n) + " tokens");
   }
 
   auto pre = PreTokenizer::create(data.pre);
@@ -299,9 +299,7 @@ Result<Tokenizer> Tokenizer::create(TokenizerData data) {
     switch (impl->types[i]) {
       case TokenType::control:
       case TokenType::user_defined:
-      case TokenType::unknown:
-        impl->bytes[i] = text;
-        break;
+      case TokenType::unknown: impl->bytes[i] = text; break;
       case TokenType::byte: {
         const int b = parse_byte_token(text);
         if (b < 0) {
@@ -312,9 +310,7 @@ Result<Tokenizer> Tokenizer::create(TokenizerData data) {
         if (impl->byte_fallback[static_cast<std::size_t>(b)] < 0) impl->byte_fallback[static_cast<std::size_t>(b)] = id;
         break;
       }
-      default:
-        impl->bytes[i] = byte_level_decode(text);
-        break;
+      default: impl->bytes[i] = byte_level_decode(text); break;
     }
     if (!text.empty()) impl->token_to_id[text] = id;  // a duplicate text: the last one wins (as HF and llama.cpp)
     if ((impl->types[i] == TokenType::control || impl->types[i] == TokenType::user_defined) && !text.empty()) {
@@ -365,12 +361,11 @@ Result<Tokenizer> Tokenizer::create(TokenizerData data) {
     impl->merges.insert(pair_key(l->second, r->second), Merge{static_cast<std::int32_t>(i), res->second});
   }
 
-  auto special = [n](const std::optional<std::int64_t>& v, const char* key,
-                     std::optional<TokenId>& dst) -> Status {
+  auto special = [n](const std::optional<std::int64_t>& v, const char* key, std::optional<TokenId>& dst) -> Status {
     if (!v) return {};
     if (*v < 0 || *v >= static_cast<std::int64_t>(n)) {
-      return Status::invalid(key, "token id " + std::to_string(*v) + " is outside the vocabulary [0, " +
-                                      std::to_string(n) + ")");
+      return Status::invalid(
+          key, "token id " + std::to_string(*v) + " is outside the vocabulary [0, " + std::to_string(n) + ")");
     }
     dst = static_cast<TokenId>(*v);
     return {};

@@ -42,12 +42,8 @@ std::size_t utf8_sanitize(std::string_view s, std::string& out, bool final) {
     if (i == s.size()) break;
     const Utf8Step st = utf8_step(s, i);
     switch (st.kind) {
-      case Utf8Kind::ok:
-        out.append(s.substr(i, st.len));
-        break;
-      case Utf8Kind::invalid:
-        out.append(kReplacementChar);
-        break;
+      case Utf8Kind::ok: out.append(s.substr(i, st.len)); break;
+      case Utf8Kind::invalid: out.append(kReplacementChar); break;
       case Utf8Kind::truncated:
         if (!final) return i;
         out.append(kReplacementChar);

@@ -60,7 +60,8 @@ struct Outputs {
 std::vector<bool> owned_rows(const AttentionProblem& p, std::int64_t rows) {
   std::vector<bool> owned(static_cast<std::size_t>(rows), p.q_layout == QLayout::dense);
   if (p.q_layout == QLayout::packed) {
-    for (std::int64_t r = p.cu_seqlens_q[0]; r < p.cu_seqlens_q[p.batch]; ++r) owned[static_cast<std::size_t>(r)] = true;
+    for (std::int64_t r = p.cu_seqlens_q[0]; r < p.cu_seqlens_q[p.batch]; ++r)
+      owned[static_cast<std::size_t>(r)] = true;
   }
   return owned;
 }
@@ -69,13 +70,15 @@ std::vector<bool> owned_rows(const AttentionProblem& p, std::int64_t rows) {
 // with the value an earlier run left there.
 void poison(const AttentionProblem& p) {
   for (std::int64_t i = 0; i < p.o.numel(); ++i) store_f32(p.o.dtype, p.o.data, i, std::nanf(""));
-  for (std::int64_t i = 0; p.lse.present() && i < p.lse.numel(); ++i) store_f32(DType::f32, p.lse.data, i, std::nanf(""));
+  for (std::int64_t i = 0; p.lse.present() && i < p.lse.numel(); ++i)
+    store_f32(DType::f32, p.lse.data, i, std::nanf(""));
 }
 
 Outputs read(const AttentionProblem& p) {
   Outputs out;
   for (std::int64_t i = 0; i < p.o.numel(); ++i) out.o.push_back(load_f32(p.o.dtype, p.o.data, i));
-  for (std::int64_t i = 0; p.lse.present() && i < p.lse.numel(); ++i) out.lse.push_back(load_f32(DType::f32, p.lse.data, i));
+  for (std::int64_t i = 0; p.lse.present() && i < p.lse.numel(); ++i)
+    out.lse.push_back(load_f32(DType::f32, p.lse.data, i));
   return out;
 }
 

@@ -24,10 +24,10 @@ class FuzzBytes {
 };
 
 // Not assert(): it must hold in every build type, Release included (the replay tests run there).
-#define FUZZ_CHECK(cond, what)                                                        \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
+#define FUZZ_CHECK(cond, what)                                                               \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
       std::fprintf(stderr, "fuzz property failed at %s:%d: %s\n", __FILE__, __LINE__, what); \
-      std::abort();                                                                   \
-    }                                                                                 \
+      std::abort();                                                                          \
+    }                                                                                        \
   } while (0)

@@ -62,8 +62,9 @@ void write_positions(KvCache& cache, SeqId seq, const std::vector<std::int32_t>&
     }
   }
   const auto blocks = cache.blocks(seq);
-  FUZZ_CHECK(cache.write(0, blocks, static_cast<std::int64_t>(from), k.data(), v.data(), static_cast<std::int64_t>(n)).is_ok(),
-             "writing reserved positions failed");
+  FUZZ_CHECK(
+      cache.write(0, blocks, static_cast<std::int64_t>(from), k.data(), v.data(), static_cast<std::int64_t>(n)).is_ok(),
+      "writing reserved positions failed");
 }
 
 std::vector<std::int32_t> token_run(FuzzBytes& in) {

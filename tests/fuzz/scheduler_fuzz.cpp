@@ -130,7 +130,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (int i = 0; i < n; ++i) {
       auto h = sched.submit(requests[static_cast<std::size_t>(i)], c.callbacks(&batched[static_cast<std::size_t>(i)]));
       if (!h) {
-        FUZZ_CHECK(h.status().code() == kallpa::ErrorCode::out_of_memory, "a valid request was refused for another reason");
+        FUZZ_CHECK(h.status().code() == kallpa::ErrorCode::out_of_memory,
+                   "a valid request was refused for another reason");
         batched[static_cast<std::size_t>(i)].done.finish_reason = "refused";
         continue;
       }

@@ -112,7 +112,8 @@ void chat(const Tokenizer& tok, std::string_view rest) {
     parts.push_back(rest.substr(at, end - at));
     at = end + 1;
   }
-  for (std::size_t i = 0; i + 1 < parts.size(); i += 2) messages.push_back({std::string(parts[i]), std::string(parts[i + 1])});
+  for (std::size_t i = 0; i + 1 < parts.size(); i += 2)
+    messages.push_back({std::string(parts[i]), std::string(parts[i + 1])});
   if (messages.empty()) return;
   const std::string text = kallpa::tokenizer::format_chatml(messages);
   // Only where every byte is spellable and valid (else encode_chatml drops or replaces, by design).

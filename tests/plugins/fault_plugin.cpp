@@ -14,12 +14,12 @@
 // The run-time faults (error, nan, throw) start after KALLPA_FAULT_AFTER successful calls (default
 // 0), so a test can let a plugin pass its health check and break afterwards.
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <stdexcept>
-#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -133,27 +133,37 @@ struct TableV1_0 {
   void (*destroy)(void*);
 };
 static_assert(sizeof(TableV1_0) == KALLPA_PLUGIN_TABLE_SIZE_1_0);
-const TableV1_0 kTable = {sizeof(TableV1_0), 1, 0, KALLPA_FAULT_NAME, "1.0.0", KALLPA_DEVICE_CPU, 1000, nullptr,
-                          supports, workspace, run, nullptr};
+const TableV1_0 kTable = {
+    sizeof(TableV1_0), 1,   0,      KALLPA_FAULT_NAME, "1.0.0", KALLPA_DEVICE_CPU, 1000, nullptr, supports,
+    workspace,         run, nullptr};
 #else
 int g_destroyed = 0;
 void destroy(void*) { ++g_destroyed; }
-const kallpa_plugin_table kTable = {
-    sizeof(kallpa_plugin_table),
 #if KALLPA_FAULT == KALLPA_FAULT_WRONG_MAJOR
-    KALLPA_PLUGIN_ABI_MAJOR + 1,
+constexpr auto kAbiMajor = KALLPA_PLUGIN_ABI_MAJOR + 1;
 #else
-    KALLPA_PLUGIN_ABI_MAJOR,
+constexpr auto kAbiMajor = KALLPA_PLUGIN_ABI_MAJOR;
 #endif
-    KALLPA_PLUGIN_ABI_MINOR, KALLPA_FAULT_NAME, "1.0.0", KALLPA_DEVICE_CPU, 1000, nullptr, supports, workspace, run,
-    destroy, "fault-injection test plugin (tests/plugins/fault_plugin.cpp)"};
+const kallpa_plugin_table kTable = {sizeof(kallpa_plugin_table),
+                                    kAbiMajor,
+                                    KALLPA_PLUGIN_ABI_MINOR,
+                                    KALLPA_FAULT_NAME,
+                                    "1.0.0",
+                                    KALLPA_DEVICE_CPU,
+                                    1000,
+                                    nullptr,
+                                    supports,
+                                    workspace,
+                                    run,
+                                    destroy,
+                                    "fault-injection test plugin (tests/plugins/fault_plugin.cpp)"};
 #endif
 
 }  // namespace
 
 extern "C" KALLPA_PLUGIN_EXPORT const kallpa_plugin_table* kallpa_attention_plugin_init(const kallpa_plugin_host* host,
-                                                                                       char* error,
-                                                                                       std::size_t capacity) {
+                                                                                        char* error,
+                                                                                        std::size_t capacity) {
   if (host->abi_major != KALLPA_PLUGIN_ABI_MAJOR) return nullptr;
   // Each load starts counting afresh (the library may stay mapped between loads).
   const char* after = std::getenv("KALLPA_FAULT_AFTER");

@@ -10,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
-#include "kallpa/ops/ggml_type.h"
 #include "kallpa/model/gguf.h"
+#include "kallpa/ops/ggml_type.h"
 #include "kallpa/status.h"
 
 namespace kallpa::model {
@@ -19,9 +19,9 @@ namespace kallpa::model {
 class GgufWriter {
  public:
   struct TensorLayout {
-    std::uint64_t info_at = 0;    // start of the tensor info (name length)
+    std::uint64_t info_at = 0;  // start of the tensor info (name length)
     std::uint64_t n_dims_at = 0;
-    std::uint64_t dims_at = 0;    // first dimension
+    std::uint64_t dims_at = 0;  // first dimension
     std::uint64_t type_at = 0;
     std::uint64_t offset_at = 0;  // the uint64 data offset field
     std::uint64_t data_at = 0;    // absolute position of the data
@@ -31,7 +31,7 @@ class GgufWriter {
     std::vector<std::uint64_t> kv_at;        // start of each key/value pair (key length)
     std::vector<std::uint64_t> kv_value_at;  // start of each value (after its type)
     std::vector<TensorLayout> tensors;
-    std::uint64_t data_at = 0;               // start of the data section
+    std::uint64_t data_at = 0;  // start of the data section
   };
 
   explicit GgufWriter(std::uint32_t version = 3) : version_(version) {}
@@ -67,8 +67,7 @@ class GgufWriter {
 
   // Tensors: ne in ggml order (ne[0] contiguous); data must be exactly the tensor's byte size for
   // known types (other bytes are accepted as given, for corrupt fixtures).
-  void add_tensor(std::string_view name, std::uint32_t type, std::vector<std::int64_t> ne,
-                  std::vector<std::byte> data);
+  void add_tensor(std::string_view name, std::uint32_t type, std::vector<std::int64_t> ne, std::vector<std::byte> data);
   void add_tensor(std::string_view name, GgmlType type, std::vector<std::int64_t> ne, std::vector<std::byte> data) {
     add_tensor(name, static_cast<std::uint32_t>(type), std::move(ne), std::move(data));
   }

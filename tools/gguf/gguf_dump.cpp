@@ -1,7 +1,8 @@
 // kallpa_gguf_dump: prints what kallpa's GGUF reader sees in a file as JSON, for cross-checking
 // against the independent gguf-py reader (tools/gguf/crosscheck.py). Not installed.
 //
-//   kallpa_gguf_dump FILE [--llama] [--dequant NAME[:ROWS]]... [--matmul NAME --x FILE.f32 --batch B [--activations f32|q8]]
+//   kallpa_gguf_dump FILE [--llama] [--dequant NAME[:ROWS]]... [--matmul NAME --x FILE.f32 --batch B [--activations
+//   f32|q8]]
 //
 // Output: {"ok", "error"?, "version", "alignment", "data_offset", "file_size", "metadata": [...],
 // "tensors": [...], "llama"?: {...}, "dequant"?: {NAME: [floats]}, "matmul"?: {NAME: [floats]}}.
@@ -24,7 +25,8 @@ using namespace kallpa::model;
 namespace {
 
 json status_json(const kallpa::Status& st) {
-  return json{{"code", std::string(kallpa::error_code_name(st.code()))}, {"field", st.field()}, {"message", st.message()}};
+  return json{
+      {"code", std::string(kallpa::error_code_name(st.code()))}, {"field", st.field()}, {"message", st.message()}};
 }
 
 json element(GgufValueType t, const std::byte* p) {
@@ -50,9 +52,14 @@ json element(GgufValueType t, const std::byte* p) {
 
 std::size_t element_size(GgufValueType t) {
   switch (t) {
-    case GgufValueType::u8: case GgufValueType::i8: case GgufValueType::boolean: return 1;
-    case GgufValueType::u16: case GgufValueType::i16: return 2;
-    case GgufValueType::u32: case GgufValueType::i32: case GgufValueType::f32: return 4;
+    case GgufValueType::u8:
+    case GgufValueType::i8:
+    case GgufValueType::boolean: return 1;
+    case GgufValueType::u16:
+    case GgufValueType::i16: return 2;
+    case GgufValueType::u32:
+    case GgufValueType::i32:
+    case GgufValueType::f32: return 4;
     default: return 8;
   }
 }
@@ -64,9 +71,12 @@ json value_json(const GgufValue& v) {
   if (v.element_type() == GgufValueType::string) {
     for (auto s : v.strings()) arr.push_back(std::string(s));
   } else if (v.element_type() == GgufValueType::array) {
-    for (const auto& item : v.items()) arr.push_back(json{{"element_type", std::string(gguf_value_type_name(item.element_type()))}, {"value", value_json(item)}});
+    for (const auto& item : v.items())
+      arr.push_back(
+          json{{"element_type", std::string(gguf_value_type_name(item.element_type()))}, {"value", value_json(item)}});
   } else {
-    for (std::uint64_t i = 0; i < v.size(); ++i) arr.push_back(element(v.element_type(), v.raw() + i * element_size(v.element_type())));
+    for (std::uint64_t i = 0; i < v.size(); ++i)
+      arr.push_back(element(v.element_type(), v.raw() + i * element_size(v.element_type())));
   }
   return arr;
 }
@@ -75,7 +85,10 @@ json value_json(const GgufValue& v) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s FILE [--llama] [--dequant NAME[:ROWS]]... [--matmul NAME --x FILE --batch B [--activations f32|q8]]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s FILE [--llama] [--dequant NAME[:ROWS]]... [--matmul NAME --x FILE --batch B [--activations "
+                 "f32|q8]]\n",
+                 argv[0]);
     return 2;
   }
   const std::string path = argv[1];
@@ -93,10 +106,15 @@ int main(int argc, char** argv) {
     else if (a == "--batch" && i + 1 < argc) batch = std::stol(argv[++i]);
     else if (a == "--activations" && i + 1 < argc) {
       const std::string v = argv[++i];
-      if (v != "f32" && v != "q8") { std::fprintf(stderr, "--activations must be f32 or q8\n"); return 2; }
+      if (v != "f32" && v != "q8") {
+        std::fprintf(stderr, "--activations must be f32 or q8\n");
+        return 2;
+      }
       matmul_options.activations = v == "q8" ? MatmulOptions::Activations::q8 : MatmulOptions::Activations::f32;
+    } else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
     }
-    else { std::fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
   }
   json out;
   auto file = GgufFile::open(path);
@@ -114,16 +132,21 @@ int main(int argc, char** argv) {
   out["file_size"] = f.file_size();
   json md = json::array();
   for (const auto& kv : f.metadata()) {
-    json e{{"key", std::string(kv.key)}, {"type", std::string(gguf_value_type_name(kv.value.type()))}, {"value", value_json(kv.value)}};
+    json e{{"key", std::string(kv.key)},
+           {"type", std::string(gguf_value_type_name(kv.value.type()))},
+           {"value", value_json(kv.value)}};
     if (kv.value.is_array()) e["element_type"] = std::string(gguf_value_type_name(kv.value.element_type()));
     md.push_back(std::move(e));
   }
   out["metadata"] = std::move(md);
   json ts = json::array();
   for (const auto& t : f.tensors()) {
-    ts.push_back(json{{"name", std::string(t.name)}, {"type", std::string(ggml_type_name(t.type))},
+    ts.push_back(json{{"name", std::string(t.name)},
+                      {"type", std::string(ggml_type_name(t.type))},
                       {"ne", std::vector<std::int64_t>(t.ne.begin(), t.ne.begin() + t.n_dims)},
-                      {"offset", t.offset}, {"file_offset", t.file_offset}, {"nbytes", t.nbytes}});
+                      {"offset", t.offset},
+                      {"file_offset", t.file_offset},
+                      {"nbytes", t.nbytes}});
   }
   out["tensors"] = std::move(ts);
   if (llama) {
@@ -132,37 +155,55 @@ int main(int argc, char** argv) {
     if (!cfg) {
       out["llama"] = json{{"error", status_json(cfg.status())}};
     } else {
-      out["llama"] = json{{"n_layer", cfg->n_layer}, {"n_embd", cfg->n_embd}, {"n_ff", cfg->n_ff},
-                          {"n_head", cfg->n_head}, {"n_head_kv", cfg->n_head_kv}, {"head_dim", cfg->head_dim},
-                          {"n_rot", cfg->n_rot}, {"vocab_size", cfg->vocab_size},
-                          {"context_length", cfg->context_length}, {"rope_freq_base", cfg->rope_freq_base},
-                          {"rms_norm_eps", cfg->rms_norm_eps}, {"tied_embeddings", cfg->tied_embeddings}};
+      out["llama"] = json{{"n_layer", cfg->n_layer},
+                          {"n_embd", cfg->n_embd},
+                          {"n_ff", cfg->n_ff},
+                          {"n_head", cfg->n_head},
+                          {"n_head_kv", cfg->n_head_kv},
+                          {"head_dim", cfg->head_dim},
+                          {"n_rot", cfg->n_rot},
+                          {"vocab_size", cfg->vocab_size},
+                          {"context_length", cfg->context_length},
+                          {"rope_freq_base", cfg->rope_freq_base},
+                          {"rms_norm_eps", cfg->rms_norm_eps},
+                          {"tied_embeddings", cfg->tied_embeddings}};
     }
   }
   for (const std::string& spec : dequant) {
     const auto colon = spec.find(':');
     const std::string name = spec.substr(0, colon);
     auto t = f.tensor(name);
-    if (!t) { out["dequant_error"][name] = status_json(t.status()); continue; }
+    if (!t) {
+      out["dequant_error"][name] = status_json(t.status());
+      continue;
+    }
     const TensorView& tv = **t;
     std::int64_t rows = tv.nrows();
     if (colon != std::string::npos) rows = std::min<std::int64_t>(rows, std::stol(spec.substr(colon + 1)));
     std::vector<float> v(static_cast<std::size_t>(rows * tv.ne[0]));
     const auto st = dequantize_row(tv.type, tv.data, v.data(), rows * tv.ne[0]);
-    if (!st) { out["dequant_error"][name] = status_json(st); continue; }
+    if (!st) {
+      out["dequant_error"][name] = status_json(st);
+      continue;
+    }
     out["dequant"][name] = v;
   }
   if (!matmul_name.empty()) {
     auto t = f.tensor(matmul_name);
-    if (!t) { out["matmul_error"] = status_json(t.status()); }
-    else {
+    if (!t) {
+      out["matmul_error"] = status_json(t.status());
+    } else {
       auto wm = as_weight_matrix(**t);
-      if (!wm) { out["matmul_error"] = status_json(wm.status()); }
-      else {
+      if (!wm) {
+        out["matmul_error"] = status_json(wm.status());
+      } else {
         std::vector<float> x(static_cast<std::size_t>(batch * wm->cols));
         std::ifstream in(x_path, std::ios::binary);
         in.read(reinterpret_cast<char*>(x.data()), static_cast<std::streamsize>(x.size() * sizeof(float)));
-        if (!in) { std::fprintf(stderr, "cannot read %zu floats from %s\n", x.size(), x_path.c_str()); return 1; }
+        if (!in) {
+          std::fprintf(stderr, "cannot read %zu floats from %s\n", x.size(), x_path.c_str());
+          return 1;
+        }
         std::vector<float> y(static_cast<std::size_t>(batch * wm->rows));
         const auto st = matmul(*wm, x.data(), batch, wm->cols, y.data(), wm->rows, matmul_options);
         if (!st) out["matmul_error"] = status_json(st);

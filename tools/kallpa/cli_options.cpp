@@ -51,8 +51,7 @@ void setup_backends(const GlobalOptions& options) {
 }
 
 void configure_logging(const GlobalOptions& options) {
-  auto logger = std::make_shared<spdlog::logger>(
-      "", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+  auto logger = std::make_shared<spdlog::logger>("", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
   spdlog::set_default_logger(std::move(logger));
   spdlog::set_level(spdlog::level::from_str(options.log_level));
 }
@@ -64,9 +63,9 @@ Status require_backend(std::string_view name, std::string_view field, const Back
     if (!known.empty()) known += ", ";
     known += info.backend->name();
   }
-  return Status(ErrorCode::not_found, std::string(field),
-                fmt::format("no backend named '{}' (registered: {})", name,
-                            known.empty() ? std::string("none") : known));
+  return Status(
+      ErrorCode::not_found, std::string(field),
+      fmt::format("no backend named '{}' (registered: {})", name, known.empty() ? std::string("none") : known));
 }
 
 Result<DispatchOptions> dispatch_options(const GlobalOptions& options, const BackendRegistry& registry) {

@@ -39,19 +39,17 @@ int list_backends(const BackendsOptions& options) {
     fmt::print("{}\n", out.dump(2));
     return kExitOk;
   }
-  Table table({{"name"}, {"device"}, {"version"}, {"priority", Table::Align::right}, {"health"},
-               {"description"}});
+  Table table({{"name"}, {"device"}, {"version"}, {"priority", Table::Align::right}, {"health"}, {"description"}});
   for (const BackendInfo& info : backends) {
     const AttentionBackend& b = *info.backend;
     std::string health(health_name(info.health));
     if (!info.health_reason.empty()) health += " (" + info.health_reason + ")";
-    table.add_row({std::string(b.name()), std::string(device_kind_name(b.device_kind())),
-                   std::string(b.version()), std::to_string(b.priority()), health,
-                   std::string(b.description())});
+    table.add_row({std::string(b.name()), std::string(device_kind_name(b.device_kind())), std::string(b.version()),
+                   std::to_string(b.priority()), health, std::string(b.description())});
   }
   table.print(stdout);
-  fmt::print("{} backend(s); health check: {} checked, {} quarantined, {:.1f} ms\n", backends.size(),
-             counters.checked, counters.quarantined_at_check, counters.check_milliseconds);
+  fmt::print("{} backend(s); health check: {} checked, {} quarantined, {:.1f} ms\n", backends.size(), counters.checked,
+             counters.quarantined_at_check, counters.check_milliseconds);
   return kExitOk;
 }
 
@@ -91,8 +89,8 @@ int explain(const BackendsOptions& options, const GlobalOptions& global) {
   Table table({{"backend"}, {"health"}, {"verdict"}, {"rank", Table::Align::right}, {"reason"}});
   for (const Verdict& v : verdicts) {
     const std::string verdict = v.selected ? "selected" : v.supported ? "supported" : "unsupported";
-    table.add_row({v.backend, std::string(health_name(v.health)), verdict,
-                   v.rank >= 0 ? std::to_string(v.rank) : "-", v.reason});
+    table.add_row(
+        {v.backend, std::string(health_name(v.health)), verdict, v.rank >= 0 ? std::to_string(v.rank) : "-", v.reason});
   }
   table.print(stdout);
   if (!order) {

@@ -1,5 +1,5 @@
-// `kallpa bench attention` and `kallpa bench peak` (`bench model` lives in cmd_bench_model.cpp): every selected backend on every shape, side by side, against the
-// machine's measured peaks (the harness in src/harness does the work).
+// `kallpa bench attention` and `kallpa bench peak` (`bench model` lives in cmd_bench_model.cpp): every selected backend
+// on every shape, side by side, against the machine's measured peaks (the harness in src/harness does the work).
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -35,15 +35,17 @@ int run_peak(const BenchCliOptions& options) {
   set_threads(options.threads);
   const harness::MachinePeak peak = harness::measure_peak(options.threads);
   if (options.json) {
-    fmt::print("{{\"threads\": {}, \"simd\": \"{}\", \"fma_gflops\": {:.2f}, \"int16_gops\": {:.2f}, "
-               "\"dram_read_gbps\": {:.2f}, \"llc_bytes\": {}}}\n",
-               peak.threads, peak.simd_target, peak.fma_gflops, peak.int16_gops, peak.dram_read_gbps,
-               peak.last_level_cache_bytes);
+    fmt::print(
+        "{{\"threads\": {}, \"simd\": \"{}\", \"fma_gflops\": {:.2f}, \"int16_gops\": {:.2f}, "
+        "\"dram_read_gbps\": {:.2f}, \"llc_bytes\": {}}}\n",
+        peak.threads, peak.simd_target, peak.fma_gflops, peak.int16_gops, peak.dram_read_gbps,
+        peak.last_level_cache_bytes);
   } else {
-    fmt::print("threads {}  simd {}  f32 FMA peak {:.1f} GFLOP/s  int16 multiply-add peak {:.1f} GOP/s  DRAM read {:.1f} GB/s"
-               "  last-level cache {:.0f} MiB\n",
-               peak.threads, peak.simd_target, peak.fma_gflops, peak.int16_gops, peak.dram_read_gbps,
-               static_cast<double>(peak.last_level_cache_bytes) / (1 << 20));
+    fmt::print(
+        "threads {}  simd {}  f32 FMA peak {:.1f} GFLOP/s  int16 multiply-add peak {:.1f} GOP/s  DRAM read {:.1f} GB/s"
+        "  last-level cache {:.0f} MiB\n",
+        peak.threads, peak.simd_target, peak.fma_gflops, peak.int16_gops, peak.dram_read_gbps,
+        static_cast<double>(peak.last_level_cache_bytes) / (1 << 20));
   }
   return kExitOk;
 }
@@ -106,8 +108,7 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--backend,-b", options->backends, "Backend(s) to time (repeatable or comma-separated; default: all)")
       ->type_name("NAME")
       ->delimiter(',');
-  sub->add_option("--spec", options->specs, "Shape(s) to time instead of the default suite")
-      ->type_name("SPEC");
+  sub->add_option("--spec", options->specs, "Shape(s) to time instead of the default suite")->type_name("SPEC");
   sub->add_option("--min-time", options->min_time, "Seconds to keep timing each case")
       ->check(CLI::Range(0.0, 600.0))
       ->capture_default_str();

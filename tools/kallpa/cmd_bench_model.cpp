@@ -15,9 +15,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <memory>
-#include <cmath>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -25,8 +25,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "engine_cli.h"
 #include "core/parallel.h"
+#include "engine_cli.h"
 #include "output.h"
 
 namespace kallpa::cli {
@@ -55,7 +55,7 @@ constexpr const char* kText =
 struct Measurement {
   std::string test;  // "pp512", "tg128", "tg128 x16"
   std::int64_t depth = 0;
-  std::int64_t tokens = 0;  // over all sequences of a batch
+  std::int64_t tokens = 0;      // over all sequences of a batch
   std::vector<double> seconds;  // one per repetition
 };
 
@@ -123,7 +123,8 @@ Status run_batched(runtime::Engine& engine, const BenchModelOptions& o, std::int
   std::vector<std::int32_t> next(n);
   std::vector<std::int64_t> position(n);
   for (std::size_t b = 0; b < n; ++b) {
-    auto& session = *sessions.emplace_back(std::make_unique<runtime::Session>(engine, runtime::SamplingParams{.temperature = 0}));
+    auto& session =
+        *sessions.emplace_back(std::make_unique<runtime::Session>(engine, runtime::SamplingParams{.temperature = 0}));
     if (depth > 1) {
       if (Status s = session.feed(context.first(static_cast<std::size_t>(depth - 1))); !s) return s;
     }
@@ -164,9 +165,9 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
   if (!engine) return code;
   const std::int64_t limit = engine->config().context_length;
   if (max_depth + std::max(o.prompt_tokens, o.gen_tokens + 1) > limit) {
-    print_error("", Status::invalid("--depth", fmt::format("depth {} + {} tokens exceed the model's context of {}",
-                                                           max_depth, std::max(o.prompt_tokens, o.gen_tokens + 1),
-                                                           limit)));
+    print_error(
+        "", Status::invalid("--depth", fmt::format("depth {} + {} tokens exceed the model's context of {}", max_depth,
+                                                   std::max(o.prompt_tokens, o.gen_tokens + 1), limit)));
     return kExitUsage;
   }
   auto context = tiled_text(engine->tokenizer(), std::max<std::int64_t>(max_depth, 1));
@@ -242,8 +243,13 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
     fmt::print("{}\n", out.dump(2));
     return kExitOk;
   }
-  Table table({{"model"}, {"threads", Table::Align::right}, {"device"}, {"attention"}, {"test"},
-               {"tok/s", Table::Align::right}, {"matmul GOP/s", Table::Align::right}});
+  Table table({{"model"},
+               {"threads", Table::Align::right},
+               {"device"},
+               {"attention"},
+               {"test"},
+               {"tok/s", Table::Align::right},
+               {"matmul GOP/s", Table::Align::right}});
   for (const Measurement& m : results) {
     const auto [rate, sd] = rate_stats(m);
     table.add_row({std::filesystem::path(model).filename().string(), std::to_string(threads), device, backend,

@@ -38,8 +38,8 @@ void print_case(const conformance::CaseResult& r) {
   if (r.skipped) {
     fmt::print("skip  {} {}: {}\n", r.backend, r.case_name, r.skip_reason);
   } else if (r.passed) {
-    fmt::print("pass  {} {}: max error {} (allowed {})\n", r.backend, r.case_name,
-               format_error(r.max_abs_error), format_error(r.allowed_error));
+    fmt::print("pass  {} {}: max error {} (allowed {})\n", r.backend, r.case_name, format_error(r.max_abs_error),
+               format_error(r.allowed_error));
   } else {
     fmt::print("FAIL  {} {}: {} (max error {}, allowed {})\n", r.backend, r.case_name, r.failure,
                format_error(r.max_abs_error), format_error(r.allowed_error));
@@ -98,16 +98,18 @@ int run_conformance(const ConformanceOptions& options) {
   if (options.json) fmt::print("{}\n", results.dump(2));
 
   std::size_t passed = 0, failed = 0, skipped = 0;
-  Table table({{"backend"}, {"cases", Table::Align::right}, {"passed", Table::Align::right},
-               {"failed", Table::Align::right}, {"skipped", Table::Align::right},
+  Table table({{"backend"},
+               {"cases", Table::Align::right},
+               {"passed", Table::Align::right},
+               {"failed", Table::Align::right},
+               {"skipped", Table::Align::right},
                {"max error", Table::Align::right}});
   for (const conformance::Report& r : reports) {
     passed += r.passed();
     failed += r.failed();
     skipped += r.skipped();
-    table.add_row({r.backend, std::to_string(r.results.size()), std::to_string(r.passed()),
-                   std::to_string(r.failed()), std::to_string(r.skipped()),
-                   format_error(r.max_abs_error())});
+    table.add_row({r.backend, std::to_string(r.results.size()), std::to_string(r.passed()), std::to_string(r.failed()),
+                   std::to_string(r.skipped()), format_error(r.max_abs_error())});
   }
   fmt::print(text, "\n");
   table.print(text);
@@ -121,15 +123,13 @@ int run_conformance(const ConformanceOptions& options) {
 
 Command add_conformance_command(CLI::App& app) {
   auto options = std::make_shared<ConformanceOptions>();
-  CLI::App* sub = app.add_subcommand(
-      "conformance", "Run the conformance suite against backends (default: every registered one)");
+  CLI::App* sub =
+      app.add_subcommand("conformance", "Run the conformance suite against backends (default: every registered one)");
   sub->add_option("--backend,-b", options->backends, "Backend to test (repeatable)")->type_name("NAME");
   sub->add_flag("--quick", options->quick, "The quick subset of cases instead of the full matrix");
-  sub->add_option("--filter", options->filters,
-                  "Only cases whose name contains TEXT (repeatable: any of them)")
+  sub->add_option("--filter", options->filters, "Only cases whose name contains TEXT (repeatable: any of them)")
       ->type_name("TEXT");
-  sub->add_flag("--json", options->json,
-                "Results as a JSON array on stdout (summary and table go to stderr)");
+  sub->add_flag("--json", options->json, "Results as a JSON array on stdout (summary and table go to stderr)");
   sub->add_flag("--verbose,-v", options->verbose, "Print every case, not only failures");
   sub->add_flag("--list", options->list, "List the selected case names and exit");
   return {sub, [options](const GlobalOptions&) { return run_conformance(*options); }};

@@ -19,8 +19,8 @@
 
 #include "cli.h"
 #include "harness/problem_instance.h"
-#include "kallpa/half.h"
 #include "kallpa/conformance.h"
+#include "kallpa/half.h"
 #include "kallpa/observer.h"
 #include "kallpa/problem_spec.h"
 #include "output.h"
@@ -51,9 +51,9 @@ struct DemoOptions {
 class AlignedBuffer {
  public:
   explicit AlignedBuffer(std::size_t bytes)
-      : bytes_(bytes), data_(bytes ? ::operator new(bytes, std::align_val_t{64}) : nullptr) {}
+      : bytes_(bytes), data_(bytes ? ::operator new (bytes, std::align_val_t{64}) : nullptr) {}
   ~AlignedBuffer() {
-    if (data_) ::operator delete(data_, std::align_val_t{64});
+    if (data_) ::operator delete (data_, std::align_val_t{64});
   }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
@@ -189,15 +189,20 @@ std::string describe_dispatch(const DispatchOptions& options) {
 }
 
 void print_stats(const StatsObserver& stats) {
-  Table table({{"backend"}, {"calls", Table::Align::right}, {"failed", Table::Align::right},
-               {"fallbacks", Table::Align::right}, {"mean", Table::Align::right},
-               {"min", Table::Align::right}, {"p50 <=", Table::Align::right},
-               {"p99 <=", Table::Align::right}, {"max", Table::Align::right}});
+  Table table({{"backend"},
+               {"calls", Table::Align::right},
+               {"failed", Table::Align::right},
+               {"fallbacks", Table::Align::right},
+               {"mean", Table::Align::right},
+               {"min", Table::Align::right},
+               {"p50 <=", Table::Align::right},
+               {"p99 <=", Table::Align::right},
+               {"max", Table::Align::right}});
   for (const auto& [name, s] : stats.snapshot()) {
-    table.add_row({name, std::to_string(s.calls), std::to_string(s.failures),
-                   std::to_string(s.fallbacks), format_duration(s.mean_seconds()),
-                   format_duration(s.min_seconds), format_duration(s.quantile_seconds(0.5)),
-                   format_duration(s.quantile_seconds(0.99)), format_duration(s.max_seconds)});
+    table.add_row({name, std::to_string(s.calls), std::to_string(s.failures), std::to_string(s.fallbacks),
+                   format_duration(s.mean_seconds()), format_duration(s.min_seconds),
+                   format_duration(s.quantile_seconds(0.5)), format_duration(s.quantile_seconds(0.99)),
+                   format_duration(s.max_seconds)});
   }
   fmt::print("dispatch telemetry (StatsObserver):\n");
   table.print(stdout);
@@ -224,8 +229,7 @@ int run_demo(const DemoOptions& options, const GlobalOptions& global) {
   }
 
   const std::vector<BackendInfo> backends = registry.list();
-  fmt::print("kallpa demo: {} backend(s) registered; dispatch {}\n\n", backends.size(),
-             describe_dispatch(*dispatch));
+  fmt::print("kallpa demo: {} backend(s) registered; dispatch {}\n\n", backends.size(), describe_dispatch(*dispatch));
 
   Dispatcher dispatcher(*dispatch, &registry);
   auto stats = std::make_shared<StatsObserver>();
@@ -238,13 +242,12 @@ int run_demo(const DemoOptions& options, const GlobalOptions& global) {
   for (std::size_t n = 0; n < specs.size(); ++n) {
     const ProblemSpec& spec = specs[n];
     if (spec.device != Device::cpu()) {
-      print_error("", Status(ErrorCode::unsupported, "device",
-                             fmt::format("the demo allocates host memory only; '{}' is not cpu",
-                                         spec.device.to_string())));
+      print_error("",
+                  Status(ErrorCode::unsupported, "device",
+                         fmt::format("the demo allocates host memory only; '{}' is not cpu", spec.device.to_string())));
       return kExitUsage;
     }
-    Result<std::unique_ptr<ProblemInstance>> built =
-        ProblemInstance::create(spec, options.seed + n, kMaxDemoBytes);
+    Result<std::unique_ptr<ProblemInstance>> built = ProblemInstance::create(spec, options.seed + n, kMaxDemoBytes);
     if (!built) {
       print_error(fmt::format("cannot build '{}'", spec.to_string()), built.status());
       return kExitUsage;
@@ -257,8 +260,7 @@ int run_demo(const DemoOptions& options, const GlobalOptions& global) {
     }
     const ValidatedProblem& vp = *validated;
     const ProblemSignature& sig = vp.signature();
-    fmt::print("problem {}/{}: {}  ({:.3g} GFLOP)\n", n + 1, specs.size(), spec.to_string(),
-               inst.flops() * 1e-9);
+    fmt::print("problem {}/{}: {}  ({:.3g} GFLOP)\n", n + 1, specs.size(), spec.to_string(), inst.flops() * 1e-9);
 
     // The oracle first, so that every other backend can be compared with it.
     std::optional<Timing> oracle;
@@ -273,9 +275,14 @@ int run_demo(const DemoOptions& options, const GlobalOptions& global) {
     }
     const bool have_oracle = oracle && oracle->status;
 
-    Table table({{"backend"}, {"device"}, {"result"}, {"best", Table::Align::right},
-                 {"runs", Table::Align::right}, {"GFLOP/s", Table::Align::right},
-                 {"max|diff|", Table::Align::right}, {"note"}});
+    Table table({{"backend"},
+                 {"device"},
+                 {"result"},
+                 {"best", Table::Align::right},
+                 {"runs", Table::Align::right},
+                 {"GFLOP/s", Table::Align::right},
+                 {"max|diff|", Table::Align::right},
+                 {"note"}});
     for (const BackendInfo& info : backends) {
       AttentionBackend& backend = *info.backend;
       const std::string name(backend.name());
@@ -307,8 +314,8 @@ int run_demo(const DemoOptions& options, const GlobalOptions& global) {
       } else if (have_oracle) {
         diff = format_error(max_abs_diff(t.output, oracle->output));
         if (beyond_tolerance(t.output, oracle->output, spec.dtype)) {
-          note = fmt::format("beyond the {} tolerance: run `kallpa conformance --backend {}`",
-                             dtype_name(spec.dtype), name);
+          note = fmt::format("beyond the {} tolerance: run `kallpa conformance --backend {}`", dtype_name(spec.dtype),
+                             name);
           notes.push_back(fmt::format("{} disagrees with reference on {}", name, spec.to_string()));
         }
       } else {
@@ -336,8 +343,8 @@ int run_demo(const DemoOptions& options, const GlobalOptions& global) {
       ran = last->take();
     }
     if (!status) {
-      fmt::print("dispatcher ({}): candidates {}; call FAILED: {}\n\n", describe_dispatch(*dispatch),
-                 order_text, status.to_string());
+      fmt::print("dispatcher ({}): candidates {}; call FAILED: {}\n\n", describe_dispatch(*dispatch), order_text,
+                 status.to_string());
       exit_code = kExitFailure;
       continue;
     }
@@ -355,8 +362,7 @@ int run_demo(const DemoOptions& options, const GlobalOptions& global) {
 
 Command add_demo_command(CLI::App& app) {
   auto options = std::make_shared<DemoOptions>();
-  CLI::App* sub = app.add_subcommand(
-      "demo", "Run real attention problems on every backend and through the dispatcher");
+  CLI::App* sub = app.add_subcommand("demo", "Run real attention problems on every backend and through the dispatcher");
   sub->add_option("--spec", options->specs,
                   "Problem(s) to run instead of the defaults, e.g. "
                   "b=1,sq=4096,skv=4096,hq=32,hkv=8,d=128,causal,dtype=bf16")

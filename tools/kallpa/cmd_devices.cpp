@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
-#include "kallpa/registry.h"
 #include "kallpa/ops/ops.h"
+#include "kallpa/registry.h"
 #include "output.h"
 
 namespace kallpa::cli {

@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
-#include "kallpa/runtime/engine.h"
 #include "engine_cli.h"
+#include "kallpa/runtime/engine.h"
 #include "output.h"
 
 namespace kallpa::cli {
@@ -65,13 +65,15 @@ std::unique_ptr<runtime::Engine> load_for_sampling(const EngineCliOptions& e, co
 
 void print_summary(runtime::Engine& engine, const runtime::GenerateResult& r) {
   std::string fallbacks;
-  for (const auto& [op, n] : engine.op_fallbacks()) fallbacks += fmt::format("{}{} {}x", fallbacks.empty() ? "" : ", ", op, n);
-  fmt::print(stderr, "\n[{} prompt tokens in {:.2f} s ({:.1f} tok/s); {} generated in {:.2f} s ({:.1f} tok/s); "
-                     "finish: {}; device: {}; attention: {}{}]\n",
-             r.prompt_tokens, r.prefill_seconds, r.prefill_seconds > 0 ? double(r.prompt_tokens) / r.prefill_seconds : 0.0,
-             r.generated_tokens, r.decode_seconds,
-             r.decode_seconds > 0 ? double(r.generated_tokens) / r.decode_seconds : 0.0, r.finish_reason,
-             engine.ops().device_name(), main_attention_backend(engine),
+  for (const auto& [op, n] : engine.op_fallbacks())
+    fallbacks += fmt::format("{}{} {}x", fallbacks.empty() ? "" : ", ", op, n);
+  fmt::print(stderr,
+             "\n[{} prompt tokens in {:.2f} s ({:.1f} tok/s); {} generated in {:.2f} s ({:.1f} tok/s); "
+             "finish: {}; device: {}; attention: {}{}]\n",
+             r.prompt_tokens, r.prefill_seconds,
+             r.prefill_seconds > 0 ? double(r.prompt_tokens) / r.prefill_seconds : 0.0, r.generated_tokens,
+             r.decode_seconds, r.decode_seconds > 0 ? double(r.generated_tokens) / r.decode_seconds : 0.0,
+             r.finish_reason, engine.ops().device_name(), main_attention_backend(engine),
              fallbacks.empty() ? "" : "; on the CPU: " + fallbacks);
 }
 
@@ -203,7 +205,9 @@ int run_tokenize(const TokenizeCliOptions& o, const GlobalOptions& global) {
     fmt::print("{}\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     return kExitOk;
   }
-  for (std::int32_t id : *ids) fmt::print("{:>7} {}\n", id, nlohmann::json(tok.token_bytes(id)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  for (std::int32_t id : *ids)
+    fmt::print("{:>7} {}\n", id,
+               nlohmann::json(tok.token_bytes(id)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   fmt::print(stderr, "{} token(s)\n", ids->size());
   return kExitOk;
 }

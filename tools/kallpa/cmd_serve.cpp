@@ -66,8 +66,8 @@ int run_serve(ServeCliOptions& o, const GlobalOptions& global) {
     bool draining = false;
     while (!finished.load()) {
       if (const int signo = g_signal.load(); signo != 0 && !draining) {
-        fmt::print(stderr, "kallpa serve: {} received: draining (up to {:g} s)\n", signo == SIGTERM ? "SIGTERM" : "SIGINT",
-                   o.server.drain_seconds);
+        fmt::print(stderr, "kallpa serve: {} received: draining (up to {:g} s)\n",
+                   signo == SIGTERM ? "SIGTERM" : "SIGINT", o.server.drain_seconds);
         srv.shutdown();
         draining = true;
       }
@@ -101,8 +101,7 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--model-name", s.model_name, "Model id reported by /v1/models (default: the file name)");
   sub->add_option("--max-queue", s.scheduler.max_queue, "Requests waiting for a slot; more get 429")
       ->check(CLI::Range(0, 1 << 20));
-  sub->add_option("--max-running", s.scheduler.max_running, "Sequences generating at once")
-      ->check(CLI::Range(1, 4096));
+  sub->add_option("--max-running", s.scheduler.max_running, "Sequences generating at once")->check(CLI::Range(1, 4096));
   sub->add_option("--max-batch-tokens", s.scheduler.max_batch_tokens, "Tokens per forward pass")
       ->check(CLI::Range(1, 1 << 20));
   sub->add_flag("--no-prefix-cache{false}", s.scheduler.prefix_cache,

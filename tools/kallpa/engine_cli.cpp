@@ -85,8 +85,8 @@ class LoadIndicator {
 }  // namespace
 
 void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
-  sub->add_option("-m,--model", o.model, "GGUF model (default: $KALLPA_MODEL or models/" +
-                                             std::string(kDefaultModelFile) + ")");
+  sub->add_option("-m,--model", o.model,
+                  "GGUF model (default: $KALLPA_MODEL or models/" + std::string(kDefaultModelFile) + ")");
   sub->add_option("--threads,-t", o.threads, "CPU threads (default: all cores; env KALLPA_THREADS)")
       ->check(CLI::Range(1, 1024));
   sub->add_option("--context", o.context, "KV cache capacity in tokens")->check(CLI::Range(16, 1 << 20));

@@ -26,8 +26,7 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& options);
 // Loads the engine; prints the error and returns nullptr on failure, with the exit code in *code
 // (usage for a missing model or a bad --attention, failure otherwise). Shows progress on stderr
 // when the load takes longer than a second.
-std::unique_ptr<runtime::Engine> load_engine(const EngineCliOptions& options, const GlobalOptions& global,
-                                             int* code);
+std::unique_ptr<runtime::Engine> load_engine(const EngineCliOptions& options, const GlobalOptions& global, int* code);
 
 // The attention backend that served the most successful calls since load ("-" when none), for
 // summary lines and reports.

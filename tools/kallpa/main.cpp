@@ -3,8 +3,8 @@
 #include <new>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "cli.h"
 #include "kallpa/attention.h"
@@ -17,25 +17,26 @@ int main(int argc, char** argv) {
   using namespace kallpa::cli;
   try {
     CLI::App app{"kallpa: Transformer inference with interchangeable attention backends", "kallpa"};
-    app.set_version_flag("--version", fmt::format("kallpa {} (attention contract v{})",
-                                                  KALLPA_VERSION_STRING, kallpa::kAttentionContractVersion));
+    app.set_version_flag("--version", fmt::format("kallpa {} (attention contract v{})", KALLPA_VERSION_STRING,
+                                                  kallpa::kAttentionContractVersion));
     app.require_subcommand(1);
     app.fallthrough();  // global options may follow the subcommand: `kallpa demo --strict`
 
     GlobalOptions global;
     add_global_options(app, global);
-    const std::vector<Command> commands = {add_demo_command(app), add_backends_command(app),
-                                           add_devices_command(app),
-                                           add_conformance_command(app), add_bench_command(app),
-                                           add_generate_command(app),    add_chat_command(app),
-                                           add_tokenize_command(app),    add_serve_command(app)};
+    const std::vector<Command> commands = {
+        add_demo_command(app),        add_backends_command(app), add_devices_command(app),
+        add_conformance_command(app), add_bench_command(app),    add_generate_command(app),
+        add_chat_command(app),        add_tokenize_command(app), add_serve_command(app)};
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
       if (app.get_subcommands().empty() && !app.remaining().empty()) {
         // `kallpa frobnicate`: say so, rather than CLI11's "a subcommand is required".
-        fmt::print(stderr, "kallpa: unknown command '{}' (commands: generate, chat, tokenize, serve, demo, backends, conformance, bench)\n"
-                           "Run with --help for more information.\n",
+        fmt::print(stderr,
+                   "kallpa: unknown command '{}' (commands: generate, chat, tokenize, serve, demo, backends, "
+                   "conformance, bench)\n"
+                   "Run with --help for more information.\n",
                    app.remaining().front());
         return kExitUsage;
       }

@@ -16,6 +16,7 @@
 #define HWY_TARGET_INCLUDE "bench/lab/cpu-flash/decode_v5.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+
 #include "backends/cpu-flash/decode_common-inl.h"
 
 #include <algorithm>
@@ -108,12 +109,10 @@ HWY_INLINE void Pv(const T* const* v, std::int64_t len, const float* const* p, s
   for (; x < len; x += N) PvBlock<RB, 1>(v, p, a, e, o, x);
 }
 
-
 // v5 stream: a block is walked in memory order. Scores go four keys at a time across every KV
 // head (the four key rows, all heads, are a few KiB side by side), then the softmax of every row,
 // then P·V four keys at a time across every head; so K and V are each read as one forward stream
 // per thread, and a software prefetch runs a fixed number of keys ahead of each stream into L2.
-
 
 // s[rb][j + u] = <q[rb], k[u]> for u < 4 (RB rows of one KV head against four key rows).
 template <int RB, typename T>
@@ -187,15 +186,15 @@ void StreamBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a
       });
     }
   }
-  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) SoftmaxRows(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * c.R * kDecodeBlock);
+  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh)
+    SoftmaxRows(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * c.R * kDecodeBlock);
   StreamPvPass<T>(c, j0, nb, a_i, e_i, voff, vpf, ahead);
 }
 
-
 // One task: the block walk of decode v5 over the task's keys; layouts it cannot read in place run the
 // production by_head kernel (which converts them first), as they did.
-void RunDecodeV5(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch, std::byte* slots,
-            std::int32_t* counters) {
+void RunDecodeV5(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
+                 std::byte* slots, std::int32_t* counters) {
   if (!KvInPlace(vp)) {
     run_decode_by_head(vp, plan, t, scratch, slots, counters);
     return;
@@ -217,9 +216,8 @@ void RunDecodeV5(const ValidatedProblem& vp, const DecodePlan& plan, const Decod
     }
     FillOffsets(c, j0, nb, c.koff, c.voff);
     if (!any) continue;
-    ForKvType(p.k.dtype, [&](auto type) {
-      StreamBlock<decltype(type)>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream);
-    });
+    ForKvType(p.k.dtype,
+              [&](auto type) { StreamBlock<decltype(type)>(c, j0, nb, a_i, e_i, c.koff, c.voff, kstream, vstream); });
   }
   FinishTask(c, plan, slots, counters);
 }

@@ -14,6 +14,7 @@
 #define HWY_TARGET_INCLUDE "bench/lab/cpu-flash/decode_v6.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+
 #include "backends/cpu-flash/decode_common-inl.h"
 
 #include <algorithm>
@@ -108,7 +109,6 @@ HWY_INLINE void Pv(const T* const* v, std::int64_t len, const float* const* p, s
   for (; x < len; x += N) PvBlock<RB, 1>(v, p, a, e, o, x);
 }
 
-
 // s[rb][j + u] = <q[rb], k[u]> for u < 4 (RB rows of one KV head against four key rows).
 template <int RB, typename T>
 HWY_INLINE void StreamDots(Ctx& c, std::int64_t kvh, std::int64_t first_row, const T* const* k, std::int64_t nk,
@@ -163,7 +163,6 @@ void StreamPvPass(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* 
     }
   }
 }
-
 
 // v6 fused: v5's walk in memory order (from L3 or DRAM it beats v4's head-by-head order 1.5-1.9x,
 // one thread, side by side), with one change: the prefetches of each step are spread over its
@@ -249,16 +248,15 @@ void FusedBlock(Ctx& c, std::int64_t j0, std::int64_t nb, const std::int64_t* a_
       });
     }
   }
-  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) SoftmaxRows(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * c.R * kDecodeBlock);
+  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh)
+    SoftmaxRows(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * c.R * kDecodeBlock);
   StreamPvPass<T>(c, j0, nb, a_i, e_i, voff, vpf, ahead);
 }
 
-
-
 // One task: the block walk of decode v6 over the task's keys; layouts it cannot read in place run the
 // production by_head kernel (which converts them first), as they did.
-void RunDecodeV6(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch, std::byte* slots,
-            std::int32_t* counters) {
+void RunDecodeV6(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
+                 std::byte* slots, std::int32_t* counters) {
   if (!KvInPlace(vp)) {
     run_decode_by_head(vp, plan, t, scratch, slots, counters);
     return;

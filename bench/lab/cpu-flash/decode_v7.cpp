@@ -25,6 +25,7 @@
 #define HWY_TARGET_INCLUDE "bench/lab/cpu-flash/decode_v7.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+
 #include "backends/cpu-flash/decode_grouped-inl.h"
 
 #include <algorithm>
@@ -71,7 +72,9 @@ constexpr std::int64_t kGroupStep = 8;
 // Keys per dot step for RB rows: RB x KU accumulators plus KU key vectors within 16 registers, and
 // enough independent FMA chains (at least eight) to hide the FMA latency.
 template <int RB>
-inline constexpr int kGroupKeys = RB == 1 ? 8 : RB == 2 ? 4 : 2;
+inline constexpr int kGroupKeys = RB == 1   ? 8
+                                  : RB == 2 ? 4
+                                            : 2;
 
 // s[rb * kB7 + j + u] = <q[rb], k[j + u]> for u < KU and RB rows (q rows qs floats apart),
 // over len elements.
@@ -144,7 +147,10 @@ HWY_INLINE void GroupPvSlice(const T* const* v, const float* HWY_RESTRICT p, std
 
 // Head-dim vectors per P·V slice for RB rows: RB x C accumulators within 16 registers.
 template <int RB>
-inline constexpr int kGroupSlice = RB == 1 ? 8 : RB == 2 ? 4 : RB == 3 ? 3 : 2;
+inline constexpr int kGroupSlice = RB == 1   ? 8
+                                   : RB == 2 ? 4
+                                   : RB == 3 ? 3
+                                             : 2;
 
 template <int RB, typename T>
 HWY_INLINE void GroupPv(const T* const* v, const float* p, std::int64_t a, std::int64_t e, float* o, std::int64_t os,

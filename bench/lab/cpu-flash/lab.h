@@ -133,7 +133,8 @@ inline double error_vs_reference(const ValidatedProblem& vp) {
         const double got_lse = static_cast<const float*>(p.lse.data)[vp.lse_offset(b, h, i)];
         const double w_lse = want.lse[lat++];
         if (std::isinf(w_lse) || std::isnan(w_lse)) {
-          if (!(got_lse == w_lse || (std::isnan(got_lse) && std::isnan(w_lse)))) return std::numeric_limits<double>::infinity();
+          if (!(got_lse == w_lse || (std::isnan(got_lse) && std::isnan(w_lse))))
+            return std::numeric_limits<double>::infinity();
         } else {
           worst = std::max(worst, std::abs(got_lse - w_lse) / (1e-4 + 1e-4 * std::abs(w_lse)));
         }
@@ -249,8 +250,8 @@ inline void combine_rows(const ValidatedProblem& vp, const Plan& plan, const Com
       float mx = neg_inf;
       bool nan = false;
       for (std::int32_t s = 0; s < c.splits; ++s) {
-        const auto* slot = reinterpret_cast<const float*>(
-            partials + static_cast<std::size_t>(c.first_partial + s) * plan.partial_bytes);
+        const auto* slot = reinterpret_cast<const float*>(partials + static_cast<std::size_t>(c.first_partial + s) *
+                                                                         plan.partial_bytes);
         if (std::isnan(slot[r])) nan = true;
         else mx = std::max(mx, slot[r]);
       }
@@ -258,8 +259,8 @@ inline void combine_rows(const ValidatedProblem& vp, const Plan& plan, const Com
       float l = 0.0f;
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (std::int32_t s = 0; s < c.splits; ++s) {
-        const auto* slot = reinterpret_cast<const float*>(
-            partials + static_cast<std::size_t>(c.first_partial + s) * plan.partial_bytes);
+        const auto* slot = reinterpret_cast<const float*>(partials + static_cast<std::size_t>(c.first_partial + s) *
+                                                                         plan.partial_bytes);
         const float w = std::exp(slot[r] - muse);
         l += w * slot[rows_max + r];
         const float* o = slot + 2 * rows_max + r * dv;
@@ -289,9 +290,10 @@ inline void run_prefill(const ValidatedProblem& vp, PrefillTaskFn task_fn) {
       static_cast<std::int64_t>(plan.tasks.size()),
       [&](std::int64_t t, int worker) {
         const Task& task = plan.tasks[static_cast<std::size_t>(t)];
-        float* partial = task.partial < 0 ? nullptr
-                                          : reinterpret_cast<float*>(
-                                                partials + static_cast<std::size_t>(task.partial) * plan.partial_bytes);
+        float* partial =
+            task.partial < 0
+                ? nullptr
+                : reinterpret_cast<float*>(partials + static_cast<std::size_t>(task.partial) * plan.partial_bytes);
         task_fn(vp, plan, task, base + static_cast<std::size_t>(worker) * plan.worker_bytes, partial);
       },
       threads);

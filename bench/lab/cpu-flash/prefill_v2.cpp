@@ -20,6 +20,7 @@
 #define HWY_TARGET_INCLUDE "bench/lab/cpu-flash/prefill_v2.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+
 #include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 
@@ -32,8 +33,8 @@
 #include <vector>
 
 #include "backends/cpu-flash/flash_internal.h"
-#include "kallpa/half.h"
 #include "bench/lab/cpu-flash/lab.h"
+#include "kallpa/half.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kallpa::cpu_flash {
@@ -81,7 +82,8 @@ inline void StoreScalar(const TensorView& t, std::int64_t idx, float v) {
 
 // t.data[off + x * stride] = src[x] for x < n, converted to t's dtype (f16 by F16C where the row is
 // contiguous: a scalar conversion per element was a tenth of a prefill task's instructions).
-void StoreRow(const TensorView& t, std::int64_t off, std::int64_t stride, std::int64_t n, const float* HWY_RESTRICT src) {
+void StoreRow(const TensorView& t, std::int64_t off, std::int64_t stride, std::int64_t n,
+              const float* HWY_RESTRICT src) {
   std::int64_t x = 0;
   if (stride == 1 && t.dtype == DType::f32) {
     std::memcpy(static_cast<float*>(t.data) + off, src, static_cast<std::size_t>(n) * sizeof(float));
@@ -147,8 +149,9 @@ HWY_INLINE void Block(const float* HWY_RESTRICT a, std::size_t a_kk, std::size_t
   VF acc[KB][C];
   for (int kk = 0; kk < KB; ++kk)
     for (int c = 0; c < C; ++c)
-      acc[kk][c] = accumulate ? hn::Load(d, out + static_cast<std::size_t>(kk) * out_kk + static_cast<std::size_t>(c) * N)
-                              : hn::Zero(d);
+      acc[kk][c] = accumulate
+                       ? hn::Load(d, out + static_cast<std::size_t>(kk) * out_kk + static_cast<std::size_t>(c) * N)
+                       : hn::Zero(d);
   if (colscale != nullptr) {
     for (int c = 0; c < C; ++c) {
       const VF sc = hn::Load(d, colscale + static_cast<std::size_t>(c) * N);
@@ -178,7 +181,8 @@ HWY_INLINE void GemmCols(const float* a, std::size_t a_kk, std::size_t a_l, cons
     Block<kKB, C>(a + kk * a_kk, a_kk, a_l, b, b_l, L, out + kk * out_kk, out_kk, accumulate, colscale);
   for (; kk + 2 <= K; kk += 2)
     Block<2, C>(a + kk * a_kk, a_kk, a_l, b, b_l, L, out + kk * out_kk, out_kk, accumulate, colscale);
-  for (; kk < K; ++kk) Block<1, C>(a + kk * a_kk, a_kk, a_l, b, b_l, L, out + kk * out_kk, out_kk, accumulate, colscale);
+  for (; kk < K; ++kk)
+    Block<1, C>(a + kk * a_kk, a_kk, a_l, b, b_l, L, out + kk * out_kk, out_kk, accumulate, colscale);
 }
 
 HWY_INLINE void GemmColsAny(std::size_t vecs, const float* a, std::size_t a_kk, std::size_t a_l, const float* b,
@@ -191,9 +195,8 @@ HWY_INLINE void GemmColsAny(std::size_t vecs, const float* a, std::size_t a_kk, 
 
 // out[kk][r] (+)= sum_l A(kk, l) B[l][r] for kk < K, r < rvecs * N (out, b row strides in floats);
 // with colscale, out[kk][r] = colscale[r] * out[kk][r] + sum_l ...
-void Gemm(const float* a, std::size_t a_kk, std::size_t a_l, const float* b, std::size_t b_l, std::size_t L,
-          float* out, std::size_t out_kk, std::size_t K, std::size_t rvecs, bool accumulate,
-          const float* colscale = nullptr) {
+void Gemm(const float* a, std::size_t a_kk, std::size_t a_l, const float* b, std::size_t b_l, std::size_t L, float* out,
+          std::size_t out_kk, std::size_t K, std::size_t rvecs, bool accumulate, const float* colscale = nullptr) {
   const DF d;
   const std::size_t N = hn::Lanes(d);
   auto cs = [&](std::size_t rv) { return colscale == nullptr ? nullptr : colscale + rv * N; };
@@ -326,7 +329,7 @@ void RowsKernel(TaskCtx& c) {
          static_cast<std::size_t>(Rs), static_cast<std::size_t>(nk), rvecs, false);
 
     // Online softmax, one lane per row.
-    const bool fold = false;  // the rescale of o is a pass of its own
+    const bool fold = false;   // the rescale of o is a pass of its own
     const bool plain = false;  // every tile's scores take the transform and mask pass
     for (std::int64_t r0 = 0; r0 < Rp; r0 += N) {
       VF mt = neg_inf;
@@ -482,7 +485,8 @@ void DecodeKernel(TaskCtx& c) {
         }
         if (x < a || x + N > e + 1) {  // keep masked keys at -inf after ALiBi
           const auto jv = hn::Iota(d, static_cast<float>(x));
-          const auto vis = hn::And(hn::Ge(jv, hn::Set(d, static_cast<float>(a))), hn::Le(jv, hn::Set(d, static_cast<float>(e))));
+          const auto vis =
+              hn::And(hn::Ge(jv, hn::Set(d, static_cast<float>(a))), hn::Le(jv, hn::Set(d, static_cast<float>(e))));
           sv = hn::IfThenElse(vis, sv, neg_inf);
         }
         hn::Store(sv, d, s + x);
@@ -610,7 +614,8 @@ void RunPrefillV2(const ValidatedProblem& vp, const Plan& plan, const Task& t, v
     const float l = c.l[r];
     if (l == 0.0f) {
       for (std::int64_t x = 0; x < c.Dv; ++x) StoreScalar(p.o, ooff + x * ods, 0.0f);
-      if (p.lse.present()) static_cast<float*>(p.lse.data)[vp.lse_offset(t.b, h, i)] = -std::numeric_limits<float>::infinity();
+      if (p.lse.present())
+        static_cast<float*>(p.lse.data)[vp.lse_offset(t.b, h, i)] = -std::numeric_limits<float>::infinity();
       continue;
     }
     const float inv = 1.0f / l;

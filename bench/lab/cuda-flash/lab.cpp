@@ -33,8 +33,8 @@ struct Shape {
 
 std::string describe(const Shape& s) {
   char buf[160];
-  std::snprintf(buf, sizeof buf, "b=%d,sq=%d,skv=%d,hq=%d,hkv=%d,d=%d,dtype=%s%s", s.batch, s.sq, s.skv, s.hq,
-                s.hkv, s.d, s.bf16 ? "bf16" : "f16", s.causal ? ",causal" : "");
+  std::snprintf(buf, sizeof buf, "b=%d,sq=%d,skv=%d,hq=%d,hkv=%d,d=%d,dtype=%s%s", s.batch, s.sq, s.skv, s.hq, s.hkv,
+                s.d, s.bf16 ? "bf16" : "f16", s.causal ? ",causal" : "");
   return buf;
 }
 
@@ -83,14 +83,15 @@ class Problem {
       m.sq = s.sq;
       m.skv = s.skv;
     }
-    ok_ = cuda_ok(cudaMalloc(&dq_, q_elems * 2), "cudaMalloc") && cuda_ok(cudaMalloc(&dk_, kv_elems * 2), "cudaMalloc") &&
-          cuda_ok(cudaMalloc(&dv_, kv_elems * 2), "cudaMalloc") && cuda_ok(cudaMalloc(&do_, q_elems * 2), "cudaMalloc") &&
-          cuda_ok(cudaMalloc(&dmeta_, meta_.size() * sizeof(cuda::SeqMeta)), "cudaMalloc") &&
-          cuda_ok(cudaMemcpy(dq_, q_.data(), q_elems * 2, cudaMemcpyHostToDevice), "cudaMemcpy") &&
-          cuda_ok(cudaMemcpy(dk_, k_.data(), kv_elems * 2, cudaMemcpyHostToDevice), "cudaMemcpy") &&
-          cuda_ok(cudaMemcpy(dv_, v_.data(), kv_elems * 2, cudaMemcpyHostToDevice), "cudaMemcpy") &&
-          cuda_ok(cudaMemcpy(dmeta_, meta_.data(), meta_.size() * sizeof(cuda::SeqMeta), cudaMemcpyHostToDevice),
-                  "cudaMemcpy");
+    ok_ =
+        cuda_ok(cudaMalloc(&dq_, q_elems * 2), "cudaMalloc") && cuda_ok(cudaMalloc(&dk_, kv_elems * 2), "cudaMalloc") &&
+        cuda_ok(cudaMalloc(&dv_, kv_elems * 2), "cudaMalloc") && cuda_ok(cudaMalloc(&do_, q_elems * 2), "cudaMalloc") &&
+        cuda_ok(cudaMalloc(&dmeta_, meta_.size() * sizeof(cuda::SeqMeta)), "cudaMalloc") &&
+        cuda_ok(cudaMemcpy(dq_, q_.data(), q_elems * 2, cudaMemcpyHostToDevice), "cudaMemcpy") &&
+        cuda_ok(cudaMemcpy(dk_, k_.data(), kv_elems * 2, cudaMemcpyHostToDevice), "cudaMemcpy") &&
+        cuda_ok(cudaMemcpy(dv_, v_.data(), kv_elems * 2, cudaMemcpyHostToDevice), "cudaMemcpy") &&
+        cuda_ok(cudaMemcpy(dmeta_, meta_.data(), meta_.size() * sizeof(cuda::SeqMeta), cudaMemcpyHostToDevice),
+                "cudaMemcpy");
     p_.q = dq_;
     p_.k = dk_;
     p_.v = dv_;
@@ -159,7 +160,8 @@ class Problem {
             mx = std::max(mx, w[static_cast<std::size_t>(j)]);
           }
           double sum = 0.0;
-          for (int j = 0; j <= last; ++j) sum += (w[static_cast<std::size_t>(j)] = std::exp(w[static_cast<std::size_t>(j)] - mx));
+          for (int j = 0; j <= last; ++j)
+            sum += (w[static_cast<std::size_t>(j)] = std::exp(w[static_cast<std::size_t>(j)] - mx));
           for (int c = 0; c < s.d; ++c) {
             double acc = 0.0;
             for (int j = 0; j <= last; ++j) {
@@ -225,7 +227,8 @@ struct Production {
 };
 
 std::vector<Production> production_kernels(const cuda::DeviceFacts& dev) {
-  std::vector<Production> kernels = {{"forward_tensor_core", cuda::FlashKernel::tensor_core, cuda::launch_forward_tensor_core}};
+  std::vector<Production> kernels = {
+      {"forward_tensor_core", cuda::FlashKernel::tensor_core, cuda::launch_forward_tensor_core}};
 #ifdef KALLPA_CUDA_WGMMA_BUILT
   cuda::FlashParams lean;
   lean.scale = 1.0f;
@@ -264,11 +267,8 @@ int run(const Generation& g) {
 
   // Checks: ragged tiles (lengths that are not multiples of any tile), Sq < Skv, grouped heads.
   const Shape checks[] = {
-      {1, 256, 256, 4, 2, 128, true, true},
-      {2, 200, 333, 4, 1, 128, true, false},
-      {2, 130, 130, 4, 4, 128, true, true},
-      {1, 190, 190, 2, 2, 64, false, true},
-      {1, 77, 300, 2, 1, 64, false, false},
+      {1, 256, 256, 4, 2, 128, true, true}, {2, 200, 333, 4, 1, 128, true, false}, {2, 130, 130, 4, 4, 128, true, true},
+      {1, 190, 190, 2, 2, 64, false, true}, {1, 77, 300, 2, 1, 64, false, false},
   };
   bool passed = true;
   for (const Shape& s : checks) {
@@ -314,7 +314,8 @@ int run(const Generation& g) {
       if (!bench(k.name, k.launch, k.kernel)) return 1;
     }
     const cuda::KernelChoice choice = cuda::choose_kernel(prob.params(), prob.meta(), dev);
-    std::printf("      (cuda-flash chooses %s here)\n", choice.kernel == cuda::FlashKernel::wgmma ? "forward_wgmma" : "forward_tensor_core");
+    std::printf("      (cuda-flash chooses %s here)\n",
+                choice.kernel == cuda::FlashKernel::wgmma ? "forward_wgmma" : "forward_tensor_core");
   }
   return 0;
 }

@@ -111,8 +111,8 @@ constexpr std::int64_t kWideBlockVectors = 8;
 constexpr std::int64_t kWideBlockFloats = 12;
 
 template <GgmlType T, int NX>
-__attribute__((noinline)) void tile_wide(const __m256i* wide, const float* scales, const BlockQ16x* xq,
-                                         std::int64_t nb, __m256 (&acc_out)[4], __m128 (&macc_out)[4]) {
+__attribute__((noinline)) void tile_wide(const __m256i* wide, const float* scales, const BlockQ16x* xq, std::int64_t nb,
+                                         __m256 (&acc_out)[4], __m128 (&macc_out)[4]) {
   constexpr bool has_m = T != GgmlType::q8_0;
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, m01 = a0, m23 = a0;
   for (std::int64_t b = 0; b < nb; ++b) {
@@ -123,7 +123,8 @@ __attribute__((noinline)) void tile_wide(const __m256i* wide, const float* scale
     auto constant_terms = [&](std::int64_t x, __m256& macc) {
       const __m128 s0 = _mm_broadcast_ss(&xq[x * nb + b].s);
       const __m128 s1 = x + 1 < NX ? _mm_broadcast_ss(&xq[(x + 1) * nb + b].s) : _mm_setzero_ps();
-      macc = _mm256_fmadd_ps(_mm256_broadcast_ps(reinterpret_cast<const __m128*>(sb + 8)), _mm256_set_m128(s1, s0), macc);
+      macc =
+          _mm256_fmadd_ps(_mm256_broadcast_ps(reinterpret_cast<const __m128*>(sb + 8)), _mm256_set_m128(s1, s0), macc);
     };
     row(0, a0);
     if constexpr (NX > 1) row(1, a1);
@@ -147,8 +148,8 @@ __attribute__((noinline)) void tile_wide(const __m256i* wide, const float* scale
 // Every 4-row group of a rows4 matrix (nw % 4 == 0): widened once, swept by tiles of up to 4
 // activation rows.
 template <GgmlType T>
-void gemm_q16_fold_all(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ16x* xq,
-                       std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+void gemm_q16_fold_all(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ16x* xq, std::int64_t nx,
+                       std::int64_t k, float* y, std::int64_t ldy) {
   const std::int64_t nb = k / kQK;
   static std::vector<std::int16_t> wide_buf;
   static std::vector<float> scale_buf;
@@ -228,7 +229,8 @@ Matrix make_matrix(GgmlType t, std::int64_t rows, std::int64_t cols) {
   namespace m = kallpa::model;
   const std::size_t row_bytes = m::row_size(t, cols);
   std::vector<std::byte> plain(row_bytes * static_cast<std::size_t>(rows));
-  const auto wf = values(static_cast<std::uint64_t>(rows * 7919 + cols), plain.size() / row_bytes * static_cast<std::size_t>(cols), 0.05f);
+  const auto wf = values(static_cast<std::uint64_t>(rows * 7919 + cols),
+                         plain.size() / row_bytes * static_cast<std::size_t>(cols), 0.05f);
   for (std::int64_t r = 0; r < rows; ++r) {
     (void)m::quantize_row(t, wf.data() + r * cols, plain.data() + static_cast<std::size_t>(r) * row_bytes, cols);
   }
@@ -294,7 +296,8 @@ int main() {
       const std::int64_t nb = s.cols / kallpa::model::kQK;
       const auto x = lab::values(static_cast<std::uint64_t>(batch), static_cast<std::size_t>(batch * s.cols), 1.0f);
       std::vector<kallpa::model::BlockQ16x> xq(static_cast<std::size_t>(batch * nb));
-      for (std::int64_t b = 0; b < batch; ++b) k::quantize_row_q16x_avx2(x.data() + b * s.cols, xq.data() + b * nb, s.cols);
+      for (std::int64_t b = 0; b < batch; ++b)
+        k::quantize_row_q16x_avx2(x.data() + b * s.cols, xq.data() + b * nb, s.cols);
       const auto* wp = w.packed.data();
       const auto layout = kallpa::model::WeightLayout::rows4;
       std::vector<float> ref(static_cast<std::size_t>(batch * s.rows)), fold(ref.size()), prod(ref.size());
@@ -304,9 +307,10 @@ int main() {
       const bool fold_ok = std::memcmp(ref.data(), fold.data(), ref.size() * sizeof(float)) == 0;
       const bool prod_ok = std::memcmp(ref.data(), prod.data(), ref.size() * sizeof(float)) == 0;
       if (!fold_ok || !prod_ok) {
-        std::printf("MISMATCH %s %lldx%lld batch %lld:%s%s\n", std::string(kallpa::model::ggml_type_name(s.type)).c_str(),
-                    static_cast<long long>(s.rows), static_cast<long long>(s.cols), static_cast<long long>(batch),
-                    fold_ok ? "" : " fold", prod_ok ? "" : " production");
+        std::printf("MISMATCH %s %lldx%lld batch %lld:%s%s\n",
+                    std::string(kallpa::model::ggml_type_name(s.type)).c_str(), static_cast<long long>(s.rows),
+                    static_cast<long long>(s.cols), static_cast<long long>(batch), fold_ok ? "" : " fold",
+                    prod_ok ? "" : " production");
         ok = false;
         continue;
       }
@@ -315,9 +319,10 @@ int main() {
           [&] {
             k::gemm_q16_avx2(s.type, layout, wp, w.row_bytes, s.rows, xq.data(), batch, s.cols, prod.data(), s.rows);
           });
-      std::printf("%-6s %4lldx%-5lld %5lld %12.1f %12.1f %8.2f\n", std::string(kallpa::model::ggml_type_name(s.type)).c_str(),
-                  static_cast<long long>(s.rows), static_cast<long long>(s.cols), static_cast<long long>(batch),
-                  t_fold * 1e6, t_prod * 1e6, t_fold / t_prod);
+      std::printf("%-6s %4lldx%-5lld %5lld %12.1f %12.1f %8.2f\n",
+                  std::string(kallpa::model::ggml_type_name(s.type)).c_str(), static_cast<long long>(s.rows),
+                  static_cast<long long>(s.cols), static_cast<long long>(batch), t_fold * 1e6, t_prod * 1e6,
+                  t_fold / t_prod);
     }
   }
   std::printf(ok ? "all checks passed (bit for bit against gemm_q16_scalar)\n" : "CHECKS FAILED\n");

@@ -107,10 +107,10 @@ struct TensorView {
   // ggml order: ne[0] is the contiguous dimension (a row's length), ne[1] the number of rows of a
   // matrix; dimensions past n_dims are 1. A GGUF matrix W[n][k] has ne = {k, n, 1, 1}.
   std::array<std::int64_t, 4> ne{1, 1, 1, 1};
-  const void* data = nullptr;       // aligned to the file's alignment
+  const void* data = nullptr;  // aligned to the file's alignment
   std::uint64_t nbytes = 0;
-  std::uint64_t offset = 0;         // relative to the data section, as stored in the file
-  std::uint64_t file_offset = 0;    // absolute byte offset of the data in the file
+  std::uint64_t offset = 0;       // relative to the data section, as stored in the file
+  std::uint64_t file_offset = 0;  // absolute byte offset of the data in the file
 
   std::int64_t nelements() const noexcept { return ne[0] * ne[1] * ne[2] * ne[3]; }
   std::int64_t nrows() const noexcept { return ne[1] * ne[2] * ne[3]; }
@@ -191,8 +191,8 @@ class GgufFile {
   std::string path_;
   const std::byte* base_ = nullptr;
   std::uint64_t size_ = 0;
-  void* map_ = nullptr;          // mmap'd region (open), or nullptr
-  std::byte* owned_ = nullptr;   // aligned heap copy (from_bytes), or nullptr
+  void* map_ = nullptr;         // mmap'd region (open), or nullptr
+  std::byte* owned_ = nullptr;  // aligned heap copy (from_bytes), or nullptr
 
   std::uint32_t version_ = 0;
   std::uint64_t alignment_ = 32;

@@ -20,20 +20,20 @@
 namespace kallpa::model {
 
 struct ModelConfig {
-  std::string architecture;       // "llama"
-  std::string name;               // general.name, "" when absent
+  std::string architecture;  // "llama"
+  std::string name;          // general.name, "" when absent
   std::uint32_t context_length = 0;
-  std::uint32_t n_embd = 0;       // embedding_length
-  std::uint32_t n_layer = 0;      // block_count
-  std::uint32_t n_ff = 0;         // feed_forward_length
-  std::uint32_t n_head = 0;       // attention.head_count
-  std::uint32_t n_head_kv = 0;    // attention.head_count_kv (default n_head)
-  std::uint32_t head_dim = 0;     // attention.key_length, default n_embd / n_head
-  std::uint32_t n_rot = 0;        // rope.dimension_count, default head_dim
-  std::uint32_t vocab_size = 0;   // length of tokenizer.ggml.tokens
+  std::uint32_t n_embd = 0;      // embedding_length
+  std::uint32_t n_layer = 0;     // block_count
+  std::uint32_t n_ff = 0;        // feed_forward_length
+  std::uint32_t n_head = 0;      // attention.head_count
+  std::uint32_t n_head_kv = 0;   // attention.head_count_kv (default n_head)
+  std::uint32_t head_dim = 0;    // attention.key_length, default n_embd / n_head
+  std::uint32_t n_rot = 0;       // rope.dimension_count, default head_dim
+  std::uint32_t vocab_size = 0;  // length of tokenizer.ggml.tokens
   float rope_freq_base = 10000.0f;
-  float rms_norm_eps = 1e-5f;     // attention.layer_norm_rms_epsilon
-  bool tied_embeddings = false;   // no output.weight: the output projection is token_embd.weight
+  float rms_norm_eps = 1e-5f;    // attention.layer_norm_rms_epsilon
+  bool tied_embeddings = false;  // no output.weight: the output projection is token_embd.weight
 
   std::uint32_t q_dim() const noexcept { return n_head * head_dim; }
   std::uint32_t kv_dim() const noexcept { return n_head_kv * head_dim; }

@@ -15,9 +15,9 @@
 #include "kallpa/dispatcher.h"
 #include "kallpa/model/gguf.h"
 #include "kallpa/model/llama.h"
-#include "kallpa/ops/quant.h"
 #include "kallpa/ops/kv_cache.h"
 #include "kallpa/ops/ops.h"
+#include "kallpa/ops/quant.h"
 
 namespace kallpa::model {
 

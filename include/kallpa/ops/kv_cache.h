@@ -28,9 +28,9 @@
 namespace kallpa::runtime {
 
 struct KvCacheOptions {
-  std::int32_t page_size = 16;       // tokens per block
-  std::int64_t max_tokens = 8192;    // capacity over all sequences (rounded up to whole blocks)
-  DType dtype = DType::f16;          // storage type of K and V
+  std::int32_t page_size = 16;     // tokens per block
+  std::int64_t max_tokens = 8192;  // capacity over all sequences (rounded up to whole blocks)
+  DType dtype = DType::f16;        // storage type of K and V
 };
 
 using SeqId = std::int32_t;
@@ -39,9 +39,8 @@ class KvCache {
  public:
   // `memory`: the device the blocks live on (its ops write and copy them; it must outlive the
   // cache); nullptr or a host-addressable one: host memory on huge pages.
-  static Result<std::unique_ptr<KvCache>> create(std::int32_t n_layer, std::int32_t n_head_kv,
-                                                 std::int32_t head_dim, KvCacheOptions options,
-                                                 Ops* memory = nullptr);
+  static Result<std::unique_ptr<KvCache>> create(std::int32_t n_layer, std::int32_t n_head_kv, std::int32_t head_dim,
+                                                 KvCacheOptions options, Ops* memory = nullptr);
 
   const KvCacheOptions& options() const noexcept { return options_; }
   std::int64_t total_blocks() const noexcept { return n_blocks_; }
@@ -127,11 +126,11 @@ class KvCache {
   }
   std::byte* v_data(std::int32_t layer) const noexcept { return k_data(layer) + layer_bytes_; }
   mutable std::mutex mu_;
-  std::vector<std::int32_t> free_;  // never-used or dropped block ids (a stack)
-  std::vector<std::int32_t> refs_;  // sequences holding each block
-  std::vector<Published> published_;                     // by block id
+  std::vector<std::int32_t> free_;                         // never-used or dropped block ids (a stack)
+  std::vector<std::int32_t> refs_;                         // sequences holding each block
+  std::vector<Published> published_;                       // by block id
   std::unordered_map<std::uint64_t, std::int32_t> index_;  // chain hash -> published block
-  std::map<std::uint64_t, std::int32_t> idle_;           // cached, unheld blocks by age (LRU first)
+  std::map<std::uint64_t, std::int32_t> idle_;             // cached, unheld blocks by age (LRU first)
   std::uint64_t clock_ = 0;
   std::vector<Sequence> seqs_;
   SeqId next_id_ = 0;

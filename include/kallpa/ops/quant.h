@@ -88,8 +88,8 @@ struct MatmulOptions {
 
 // y[b * ldy + i] = sum_j W[i][j] * x[b * ldx + j] for b < batch, i < w.rows. ldx >= w.cols,
 // ldy >= w.rows. x and y must not overlap.
-Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::int64_t ldx, float* y,
-              std::int64_t ldy, const MatmulOptions& options = {});
+Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::int64_t ldx, float* y, std::int64_t ldy,
+              const MatmulOptions& options = {});
 
 // Several products that share x (a layer's q/k/v, or gate/up) in one pass over the thread pool:
 // x is quantised once, and the tasks of all matrices are spread over the threads together. Each

@@ -39,8 +39,8 @@ struct EngineOptions {
   // lacks runs on the CPU with copies (counted: Engine::op_fallbacks()) unless strict_device.
   std::string device = "cpu";
   bool strict_device = false;
-  DispatchOptions attention;     // which attention backends; default: automatic
-  KvCacheOptions cache;          // capacity over all sessions
+  DispatchOptions attention;         // which attention backends; default: automatic
+  KvCacheOptions cache;              // capacity over all sessions
   std::int64_t prefill_chunk = 256;  // prompt tokens per forward pass
 };
 

@@ -105,12 +105,12 @@ struct SchedulerStats {
   std::int64_t running = 0;
   std::int64_t kv_blocks_used = 0;
   std::int64_t kv_blocks_free = 0;
-  std::int64_t kv_blocks_committed = 0;  // worst case of the running requests
-  std::int64_t kv_blocks_cached = 0;     // prefix-cache blocks no sequence holds (part of free)
+  std::int64_t kv_blocks_committed = 0;    // worst case of the running requests
+  std::int64_t kv_blocks_cached = 0;       // prefix-cache blocks no sequence holds (part of free)
   std::uint64_t prompt_tokens_cached = 0;  // prompt tokens taken from the prefix cache
-  std::uint64_t steps = 0;               // forward passes
-  std::uint64_t batch_tokens = 0;        // tokens over all forward passes
-  std::uint64_t batch_sequences = 0;     // sequences over all forward passes
+  std::uint64_t steps = 0;                 // forward passes
+  std::uint64_t batch_tokens = 0;          // tokens over all forward passes
+  std::uint64_t batch_sequences = 0;       // sequences over all forward passes
 };
 
 class Scheduler {

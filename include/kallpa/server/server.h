@@ -29,9 +29,9 @@ namespace kallpa::server {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;                      // 0: pick a free port (bind() returns it)
-  std::string api_key;                  // "": no authentication
-  std::string model_name;               // the id /v1/models reports and responses carry
+  int port = 8080;         // 0: pick a free port (bind() returns it)
+  std::string api_key;     // "": no authentication
+  std::string model_name;  // the id /v1/models reports and responses carry
   std::size_t max_body_bytes = 1 << 20;
   std::int64_t max_prompt_tokens = 0;   // 0: the model's context length - 1
   std::int64_t max_tokens = 512;        // the largest max_tokens accepted, and the default

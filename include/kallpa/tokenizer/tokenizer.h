@@ -57,7 +57,7 @@ enum class TokenType : std::int32_t {
   control = 3,       // <|im_start|>, <|endoftext|>, ...: matched verbatim when parse_special
   user_defined = 4,  // added tokens: always matched verbatim, always decoded
   unused = 5,
-  byte = 6,          // <0xNN>
+  byte = 6,  // <0xNN>
 };
 
 struct TokenizerData {

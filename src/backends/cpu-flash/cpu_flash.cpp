@@ -140,8 +140,8 @@ void combine_rows(const ValidatedProblem& vp, const Plan& plan, const Combine& c
       float mx = kNegInf;
       bool nan = false;
       for (std::int32_t s = 0; s < c.splits; ++s) {
-        const auto* slot = reinterpret_cast<const float*>(
-            partials + static_cast<std::size_t>(c.first_partial + s) * plan.partial_bytes);
+        const auto* slot = reinterpret_cast<const float*>(partials + static_cast<std::size_t>(c.first_partial + s) *
+                                                                         plan.partial_bytes);
         const float ms = slot[r];
         if (std::isnan(ms)) nan = true;
         else mx = std::max(mx, ms);
@@ -150,8 +150,8 @@ void combine_rows(const ValidatedProblem& vp, const Plan& plan, const Combine& c
       float l = 0.0f;
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (std::int32_t s = 0; s < c.splits; ++s) {
-        const auto* slot = reinterpret_cast<const float*>(
-            partials + static_cast<std::size_t>(c.first_partial + s) * plan.partial_bytes);
+        const auto* slot = reinterpret_cast<const float*>(partials + static_cast<std::size_t>(c.first_partial + s) *
+                                                                         plan.partial_bytes);
         const float w = std::exp(slot[r] - muse);
         l += w * slot[rows_max + r];
         const float* o = slot + 2 * rows_max + r * dv;
@@ -267,7 +267,8 @@ Plan make_plan(const ValidatedProblem& vp) {
   });
   const auto layout = scratch_layout(plan.rows_max, vp.head_dim(), vp.head_dim_v());
   plan.worker_bytes = layout.total;
-  plan.partial_bytes = static_cast<std::size_t>(round_up((2 * plan.rows_max + plan.rows_max * vp.head_dim_v()) * 4, 64));
+  plan.partial_bytes =
+      static_cast<std::size_t>(round_up((2 * plan.rows_max + plan.rows_max * vp.head_dim_v()) * 4, 64));
   return plan;
 }
 
@@ -533,8 +534,7 @@ Status CpuFlashBackend::run_decode(const ValidatedProblem& vp, Workspace workspa
         switch (kernel) {
           case DecodeKernel::grouped: return run_decode_grouped(vp, plan, task, mine, slots, counters);
           case DecodeKernel::lanes: return run_decode_lanes(vp, plan, task, mine, slots, counters);
-          case DecodeKernel::lanes_half_dots:
-            return run_decode_lanes_half_dots(vp, plan, task, mine, slots, counters);
+          case DecodeKernel::lanes_half_dots: return run_decode_lanes_half_dots(vp, plan, task, mine, slots, counters);
           case DecodeKernel::automatic:
           case DecodeKernel::by_head: break;
         }
@@ -562,9 +562,10 @@ Status CpuFlashBackend::run(const ValidatedProblem& vp, Workspace workspace) noe
         static_cast<std::int64_t>(plan.tasks.size()),
         [&](std::int64_t t, int worker) {
           const Task& task = plan.tasks[static_cast<std::size_t>(t)];
-          float* partial = task.partial < 0 ? nullptr
-                                            : reinterpret_cast<float*>(
-                                                  partials + static_cast<std::size_t>(task.partial) * plan.partial_bytes);
+          float* partial =
+              task.partial < 0
+                  ? nullptr
+                  : reinterpret_cast<float*>(partials + static_cast<std::size_t>(task.partial) * plan.partial_bytes);
           run_fast_task(vp, plan, task, base + static_cast<std::size_t>(worker) * plan.worker_bytes, partial);
         },
         threads);

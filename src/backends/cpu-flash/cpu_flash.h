@@ -25,12 +25,12 @@ enum class Path : int {
 // chooses by shape and machine (choose_decode_kernel in flash_internal.h); a named kernel runs that
 // one, for tests and benchmarks that compare them side by side.
 enum class DecodeKernel : int {
-  automatic = 0,    // choose_decode_kernel's choice
-  by_head = 1,      // each block head by head, K/V read in place (or converted to f32 first where
-                    // the layout cannot be read in place): in cache on AVX2 and narrower targets
-  grouped = 2,      // blocks walked in memory order in steps of eight keys across every head, the
-                    // rows of a GQA group served together: streamed on AVX2 and narrower targets
-  lanes = 3,        // grouped's walk in steps of one key per vector lane: AVX-512
+  automatic = 0,        // choose_decode_kernel's choice
+  by_head = 1,          // each block head by head, K/V read in place (or converted to f32 first where
+                        // the layout cannot be read in place): in cache on AVX2 and narrower targets
+  grouped = 2,          // blocks walked in memory order in steps of eight keys across every head, the
+                        // rows of a GQA group served together: streamed on AVX2 and narrower targets
+  lanes = 3,            // grouped's walk in steps of one key per vector lane: AVX-512
   lanes_half_dots = 4,  // lanes with its dots on 256-bit halves on AVX-512: AVX-512 on AMD
 };
 

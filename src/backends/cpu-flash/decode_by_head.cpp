@@ -17,9 +17,10 @@
 #define HWY_TARGET_INCLUDE "backends/cpu-flash/decode_by_head.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+
+#include "backends/cpu-flash/decode_common-inl.h"
 #include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
-#include "backends/cpu-flash/decode_common-inl.h"
 
 #include <algorithm>
 #include <atomic>
@@ -37,7 +38,6 @@ HWY_BEFORE_NAMESPACE();
 namespace kallpa::cpu_flash {
 namespace HWY_NAMESPACE {
 namespace {
-
 
 // Converts the rows offs[0, nb) (+ head offset) of t into dst [nb][npad].
 // Prefetches the cache lines of [base + elem_off, + bytes) elements of elem_size bytes.
@@ -200,7 +200,6 @@ HWY_INLINE void Pv(const T* const* v, std::int64_t len, const float* const* p, s
   for (; x < len; x += N) PvBlock<RB, 1>(v, p, a, e, o, x);
 }
 
-
 // One block of keys [j0, j0 + nb) for the query rows of KV head kvh (its K/V already in c.k, c.v).
 // krows/vrows: the block's key/value rows of this head (klen/vlen elements, multiples of the vector).
 template <typename T>
@@ -270,8 +269,7 @@ void RunDecodeTaskImpl(const ValidatedProblem& vp, const DecodePlan& plan, const
   // f32 rows in scratch.
   const bool direct = KvInPlace(vp);
   int cur = 0;
-  if (t.k_begin < t.k_end)
-    FillOffsets(c, t.k_begin, std::min(kDecodeBlock, t.k_end - t.k_begin), c.koff, c.voff);
+  if (t.k_begin < t.k_end) FillOffsets(c, t.k_begin, std::min(kDecodeBlock, t.k_end - t.k_begin), c.koff, c.voff);
   std::int64_t a_i[kDecodeMaxRows], e_i[kDecodeMaxRows];
   for (std::int64_t j0 = t.k_begin; j0 < t.k_end; j0 += kDecodeBlock) {
     const std::int64_t nb = std::min(kDecodeBlock, t.k_end - j0);
@@ -292,12 +290,8 @@ void RunDecodeTaskImpl(const ValidatedProblem& vp, const DecodePlan& plan, const
       for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) {
         const PrefetchList kpf{koffn, nbn, k_bytes}, vpf{voffn, nbn, v_bytes};
         switch (direct ? p.k.dtype : DType::f32) {
-          case DType::f16:
-            DirectHead<hwy::float16_t>(c, kvh, j0, nb, a_i, e_i, koff, voff, kpf, vpf);
-            break;
-          case DType::bf16:
-            DirectHead<hwy::bfloat16_t>(c, kvh, j0, nb, a_i, e_i, koff, voff, kpf, vpf);
-            break;
+          case DType::f16: DirectHead<hwy::float16_t>(c, kvh, j0, nb, a_i, e_i, koff, voff, kpf, vpf); break;
+          case DType::bf16: DirectHead<hwy::bfloat16_t>(c, kvh, j0, nb, a_i, e_i, koff, voff, kpf, vpf); break;
           case DType::f32:
             if (direct) {
               DirectHead<float>(c, kvh, j0, nb, a_i, e_i, koff, voff, kpf, vpf);
@@ -332,8 +326,8 @@ namespace kallpa::cpu_flash {
 
 HWY_EXPORT(RunDecodeTaskImpl);
 
-void run_decode_by_head(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
-                        void* scratch, std::byte* slots, std::int32_t* counters) {
+void run_decode_by_head(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task, void* scratch,
+                        std::byte* slots, std::int32_t* counters) {
   HWY_DYNAMIC_DISPATCH(RunDecodeTaskImpl)(problem, plan, task, scratch, slots, counters);
 }
 

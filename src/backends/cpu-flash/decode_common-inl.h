@@ -81,7 +81,7 @@ HWY_INLINE void ConvertRow(const void* HWY_RESTRICT base, std::int64_t off, std:
 }
 
 inline void ConvertRowAny(const TensorView& t, std::int64_t off, std::int64_t stride, std::int64_t n, float* dst,
-                   std::int64_t npad) {
+                          std::int64_t npad) {
   switch (t.dtype) {
     case DType::f16: return ConvertRow<DType::f16>(t.data, off, stride, n, dst, npad);
     case DType::bf16: return ConvertRow<DType::bf16>(t.data, off, stride, n, dst, npad);
@@ -251,7 +251,8 @@ inline float MaskScoresAndMax(const Ctx& c, float* s, std::int64_t x_begin, std:
       sv = hn::IfThenElse(hn::IsNaN(sv), sv, tv);
     }
     const VF jv = hn::Iota(d, static_cast<float>(x));
-    if (c.slopes) sv = hn::NegMulAdd(slope, hn::Abs(hn::Sub(posv, hn::Add(jv, hn::Set(d, static_cast<float>(j0))))), sv);
+    if (c.slopes)
+      sv = hn::NegMulAdd(slope, hn::Abs(hn::Sub(posv, hn::Add(jv, hn::Set(d, static_cast<float>(j0))))), sv);
     if (x < a || x + N > e + 1) sv = hn::IfThenElse(hn::And(hn::Ge(jv, av), hn::Le(jv, ev)), sv, neg_inf);
     nan = hn::Or(nan, hn::IsNaN(sv));
     hn::Store(sv, d, s + x);
@@ -292,7 +293,7 @@ HWY_INLINE void ForSeeingRows(const Ctx& c, const std::int64_t* a_i, const std::
 // keys: s_rows [R][kDecodeBlock] holds the scores and receives the probabilities; m, l and the
 // accumulators of the rows are updated.
 inline void SoftmaxRows(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
-                 const std::int64_t* e_i, float* s_rows) {
+                        const std::int64_t* e_i, float* s_rows) {
   const DF d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t G = c.G;
@@ -326,7 +327,7 @@ struct StreamPrefetcher {
   std::int64_t off = 0;            // element offset of key next - 1 (valid when next > first)
   std::int64_t first = 0;
   std::int64_t step = 0, page = 0, es = 0;
-  std::int64_t span = 0;           // bytes of one key row over all heads, when contiguous enough
+  std::int64_t span = 0;  // bytes of one key row over all heads, when contiguous enough
   std::int64_t head_stride = 0, head_bytes = 0, heads = 0;
   bool k = true;
 
@@ -430,7 +431,8 @@ inline void Combine(const Ctx& c, const DecodePlan& plan, const std::byte* slots
     float mx = kNegInf;
     bool nan = false;
     for (std::int32_t ch = 0; ch < c.t->chunks; ++ch) {
-      const auto* slot = reinterpret_cast<const float*>(slots + static_cast<std::size_t>(c.t->first_slot + ch) * plan.slot_bytes);
+      const auto* slot =
+          reinterpret_cast<const float*>(slots + static_cast<std::size_t>(c.t->first_slot + ch) * plan.slot_bytes);
       const float ms = slot[row];
       if (std::isnan(ms)) nan = true;
       else mx = std::max(mx, ms);
@@ -439,7 +441,8 @@ inline void Combine(const Ctx& c, const DecodePlan& plan, const std::byte* slots
     float l = 0.0f;
     std::fill(acc, acc + c.Dv, 0.0f);
     for (std::int32_t ch = 0; ch < c.t->chunks; ++ch) {
-      const auto* slot = reinterpret_cast<const float*>(slots + static_cast<std::size_t>(c.t->first_slot + ch) * plan.slot_bytes);
+      const auto* slot =
+          reinterpret_cast<const float*>(slots + static_cast<std::size_t>(c.t->first_slot + ch) * plan.slot_bytes);
       const float w = std::exp(slot[row] - muse);
       l += w * slot[rm + row];
       const float* o = slot + 2 * rm + row * c.Dv;
@@ -451,8 +454,7 @@ inline void Combine(const Ctx& c, const DecodePlan& plan, const std::byte* slots
 
 // Binds the task's scratch, converts and scales its queries (rows ordered (kvh, i, g)), sets each
 // query's visible keys within the chunk and resets the online-softmax state.
-inline void InitTask(Ctx& c, const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t,
-                     void* scratch) {
+inline void InitTask(Ctx& c, const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch) {
   const DF d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   const AttentionProblem& p = vp.problem();
@@ -512,7 +514,6 @@ inline void InitTask(Ctx& c, const ValidatedProblem& vp, const DecodePlan& plan,
     c.m[r] = kNegInf;
     c.l[r] = 0.0f;
   }
-
 }
 
 // Writes o/lse (a task that is its sequence's only chunk) or the chunk's partial; the last chunk

@@ -8,13 +8,13 @@
 // flash_internal.h) to run the best SIMD target's `impl`; in the HWY_ONCE part of the kernel's
 // translation unit.
 #ifndef KALLPA_CPU_FLASH_KERNEL_ENTRY
-#define KALLPA_CPU_FLASH_KERNEL_ENTRY(entry, impl)                                                                \
-  namespace kallpa::cpu_flash {                                                                                  \
-  HWY_EXPORT(impl);                                                                                              \
-  void entry(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task, void* scratch,     \
-             std::byte* slots, std::int32_t* counters) {                                                         \
-    HWY_DYNAMIC_DISPATCH(impl)(problem, plan, task, scratch, slots, counters);                                   \
-  }                                                                                                              \
+#define KALLPA_CPU_FLASH_KERNEL_ENTRY(entry, impl)                                                           \
+  namespace kallpa::cpu_flash {                                                                              \
+  HWY_EXPORT(impl);                                                                                          \
+  void entry(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task, void* scratch, \
+             std::byte* slots, std::int32_t* counters) {                                                     \
+    HWY_DYNAMIC_DISPATCH(impl)(problem, plan, task, scratch, slots, counters);                               \
+  }                                                                                                          \
   }  // namespace kallpa::cpu_flash
 #endif
 
@@ -106,7 +106,7 @@ HWY_INLINE bool SoftmaxBelowRunningMax(float* HWY_RESTRICT s, std::int64_t nb, f
 // without softcap or ALiBi skips the masking pass (the max and the NaN check ride on one read of
 // the scores), and first tries SoftmaxBelowRunningMax.
 inline void GroupedSoftmax(Ctx& c, std::int64_t kvh, std::int64_t j0, std::int64_t nb, const std::int64_t* a_i,
-                    const std::int64_t* e_i, float* s_rows) {
+                           const std::int64_t* e_i, float* s_rows) {
   const DF d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t G = c.G;
@@ -191,7 +191,6 @@ HWY_INLINE void WithRows(int rb, F&& f) {
   }
 }
 
-
 // One block of keys [j0, j0 + nb) of the grouped and lanes kernels, in memory order: steps of
 // kStep key rows across every KV head for the scores, the softmax of every row, then steps across every head
 // again for P·V, K and V each prefetched `ahead` keys in front of the walk (ahead < 0: none). The
@@ -202,8 +201,8 @@ HWY_INLINE void WithRows(int rb, F&& f) {
 // DotsPart and pv(rb, kn = 0, rows, p, n, o, Dvp, Dv) take the visible keys only.
 template <int kStep, typename T, typename Dots, typename Pv>
 HWY_INLINE void StepWalk(Ctx& c, const RowGroup* groups, int n_groups, std::int64_t j0, std::int64_t nb,
-                         const std::int64_t* a_i, const std::int64_t* e_i, StreamPrefetcher& kpf,
-                         StreamPrefetcher& vpf, std::int64_t ahead, Dots&& dots, Pv&& pv) {
+                         const std::int64_t* a_i, const std::int64_t* e_i, StreamPrefetcher& kpf, StreamPrefetcher& vpf,
+                         std::int64_t ahead, Dots&& dots, Pv&& pv) {
   constexpr std::int64_t kB = kDecodeGroupedBlock;
   static_assert(kB % kStep == 0, "a block is whole steps");
   const T* kb = static_cast<const T*>(c.p->k.data);
@@ -232,8 +231,7 @@ HWY_INLINE void StepWalk(Ctx& c, const RowGroup* groups, int n_groups, std::int6
       for (std::int64_t u = 0; u < nk; ++u) rows[u] += c.khs;
     }
   }
-  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh)
-    GroupedSoftmax(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * R * kB);
+  for (std::int64_t kvh = 0; kvh < c.hkv; ++kvh) GroupedSoftmax(c, kvh, j0, nb, a_i, e_i, c.s_all + kvh * R * kB);
   for (std::int64_t u0 = 0; u0 < nb; u0 += kStep) {
     const std::int64_t nk = std::min<std::int64_t>(kStep, nb - u0);
     for (std::int64_t u = 0; u < nk; ++u) rows[u] = vb + c.voff[u0 + u];
@@ -303,9 +301,8 @@ HWY_INLINE void RunGroupedTask(const ValidatedProblem& vp, const DecodePlan& pla
 //   [](auto rb, auto... a) { DotsStep<decltype(rb)::value>(a...); }
 //   [](auto rb, auto kn, auto... a) { PvStep<decltype(rb)::value, decltype(kn)::value>(a...); }
 template <int kStep, typename Dots, typename Pv>
-HWY_INLINE void RunStepWalkTask(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t,
-                                void* scratch, std::byte* slots, std::int32_t* counters, std::int64_t ahead,
-                                Dots&& dots, Pv&& pv) {
+HWY_INLINE void RunStepWalkTask(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
+                                std::byte* slots, std::int32_t* counters, std::int64_t ahead, Dots&& dots, Pv&& pv) {
   RowGroup groups[kDecodeMaxRows];
   const int n_groups = PlanRowGroups(vp.seqlen_q(t.b), vp.group_size(), groups);
   RunGroupedTask(vp, plan, t, scratch, slots, counters, kDecodeGroupedBlock,

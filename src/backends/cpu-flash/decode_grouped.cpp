@@ -21,6 +21,7 @@
 #define HWY_TARGET_INCLUDE "backends/cpu-flash/decode_grouped.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+
 #include "backends/cpu-flash/decode_grouped-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -33,11 +34,16 @@ constexpr int kStep = 8;  // keys per step of the walk across every head
 
 // Keys per pass of the full-step dot kernel for RB rows: RB x KU = 8 accumulators, one reduction.
 template <int RB>
-inline constexpr int kPassKeys = RB == 1 ? 8 : RB == 2 ? 4 : 2;
+inline constexpr int kPassKeys = RB == 1   ? 8
+                                 : RB == 2 ? 4
+                                           : 2;
 
 // Head-dim vectors per P·V slice for RB rows: RB x C accumulators within 16 registers.
 template <int RB>
-inline constexpr int kSlice = RB == 1 ? 8 : RB == 2 ? 4 : RB == 3 ? 3 : 2;
+inline constexpr int kSlice = RB == 1   ? 8
+                              : RB == 2 ? 4
+                              : RB == 3 ? 3
+                                        : 2;
 
 // s[rb * kBlock + u] = <q[rb], k[u]> for the RB rows (q rows qs floats apart) and eight keys.
 template <int RB, typename T>
@@ -87,7 +93,7 @@ HWY_INLINE void DotsStep(const float* HWY_RESTRICT q, std::int64_t qs, const T* 
 // in registers; KN > 0 fixes n at compile time (a whole step: no per-key loop control).
 template <int RB, int C, int KN, typename T>
 HWY_INLINE void PvSlice(const T* const* v, const float* HWY_RESTRICT p, std::int64_t n, float* HWY_RESTRICT o,
-                         std::int64_t os, std::int64_t x0) {
+                        std::int64_t os, std::int64_t x0) {
   const DF d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   VF acc[RB][C];
@@ -107,8 +113,7 @@ HWY_INLINE void PvSlice(const T* const* v, const float* HWY_RESTRICT p, std::int
 }
 
 template <int RB, int KN, typename T>
-HWY_INLINE void PvStep(const T* const* v, const float* p, std::int64_t n, float* o, std::int64_t os,
-                       std::int64_t len) {
+HWY_INLINE void PvStep(const T* const* v, const float* p, std::int64_t n, float* o, std::int64_t os, std::int64_t len) {
   const DF d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   constexpr int C = kSlice<RB>;
@@ -123,11 +128,10 @@ HWY_INLINE void PvStep(const T* const* v, const float* p, std::int64_t n, float*
 }  // namespace
 
 void RunDecodeGroupedImpl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
-                         std::byte* slots, std::int32_t* counters) {
+                          std::byte* slots, std::int32_t* counters) {
   const std::int64_t ahead = grouped_prefetch_keys();
   RunStepWalkTask<kStep>(
-      vp, plan, t, scratch, slots, counters, ahead,
-      [](auto rb, auto... a) { DotsStep<decltype(rb)::value>(a...); },
+      vp, plan, t, scratch, slots, counters, ahead, [](auto rb, auto... a) { DotsStep<decltype(rb)::value>(a...); },
       [](auto rb, auto kn, auto... a) { PvStep<decltype(rb)::value, decltype(kn)::value>(a...); });
 }
 

@@ -28,6 +28,7 @@
 #define HWY_TARGET_INCLUDE "backends/cpu-flash/decode_lanes.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+
 #include "backends/cpu-flash/decode_grouped-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -54,8 +55,11 @@ inline constexpr int kPaddedRows = RB == 3 ? 4 : RB;
 // Keys per dot pass on vectors of L lanes: RB x KU = one accumulator per lane. Zero where a
 // vector has fewer lanes than rows (the scalar target): the step then runs one key at a time.
 // With S sets of L accumulators (half-width dots: two), RB x KU = S x L.
+// (clang-format 14 reads `S * L` here as a pointer declaration.)
+// clang-format off
 template <int RB, int L, int S = 1>
 inline constexpr int kPassKeys = L >= kPaddedRows<RB> ? S * L / kPaddedRows<RB> : 0;
+// clang-format on
 
 // The dots' vectors: full width (lanes), or 256-bit halves where vectors have 16 lanes
 // (lanes_half_dots). On a core that runs 512-bit operations as two 256-bit halves (AMD Zen 4) the
@@ -66,7 +70,7 @@ using DotsTag = std::conditional_t<kHalf && kLanes >= 16, hn::CappedTag<float, 8
 // Accumulator sets of a half-width pass: two trees of eight, so that a pass covers as many keys
 // as a full-width one and each query vector loaded serves as many FMAs.
 template <bool kHalf>
-inline constexpr int kDotsSets = kHalf && kLanes >= 16 ? 2 : 1;
+inline constexpr int kDotsSets = (kHalf && kLanes >= 16) ? 2 : 1;
 
 // Pins a query vector in a register: without it GCC folds the load into every FMA that uses it
 // (a memory operand per FMA, as objdump -d shows), and the pass is bound by loads.
@@ -82,7 +86,11 @@ HWY_INLINE void KeepInRegister(V& v) {
 // Head-dim vectors per P·V slice for RB rows: RB x C accumulators and C value vectors in the
 // target's registers.
 template <int RB>
-inline constexpr int kSlice = kVectorRegisters == 32 ? (RB <= 2 ? 8 : 4) : (RB == 1 ? 8 : RB == 2 ? 4 : RB == 3 ? 3 : 2);
+inline constexpr int kSlice = kVectorRegisters == 32 ? (RB <= 2 ? 8 : 4)
+                                                     : (RB == 1   ? 8
+                                                        : RB == 2 ? 4
+                                                        : RB == 3 ? 3
+                                                                  : 2);
 
 // Lane t of the result = the sum of the lanes of acc[t], for as many accumulators as lanes: one
 // transposing tree (within 128-bit blocks, then across them).
@@ -119,8 +127,12 @@ HWY_INLINE hn::Vec<DD> ReduceEachToLane(DD d, const hn::Vec<DD>* acc) {
 // RB x XC query vectors beside the kLanes accumulators, so that each key's row pointer is read
 // once per slice, not once per vector.
 template <int RB>
-inline constexpr int kQuerySlice = kVectorRegisters == 32 ? (RB == 1 ? 8 : RB == 2 ? 4 : 2)
-                                                           : (RB == 1 ? 4 : RB == 2 ? 2 : 1);
+inline constexpr int kQuerySlice = kVectorRegisters == 32 ? (RB == 1   ? 8
+                                                             : RB == 2 ? 4
+                                                                       : 2)
+                                                          : (RB == 1   ? 4
+                                                             : RB == 2 ? 2
+                                                                       : 1);
 
 // acc[rb * KU + u] += <q[rb][x0, x0 + XC N), k[u][x0, x0 + XC N)> on vectors of N lanes (DD).
 template <int RB, int KU, int XC, class DD, typename T>
@@ -205,14 +217,14 @@ HWY_INLINE void DotsStep(const float* HWY_RESTRICT q, std::int64_t qs, const T* 
 // ports times four cycles of latency; with one set, one row of D64 on AVX-512 (four chains, each
 // key's FMA waiting on the last) is latency-bound.
 template <int RB, int C>
-inline constexpr int kPvSets = RB * C >= 8 ? 1 : RB * C >= 4 ? 2 : 4;
+inline constexpr int kPvSets = (RB * C) >= 8 ? 1 : ((RB * C) >= 4 ? 2 : 4);
 
 // o[rb][x0 + c N] += sum_u p[rb * kBlock + u] v[u][x0 + c N] over the keys u < n, the accumulators
 // in registers (keys dealt round-robin to S sets, added at the end); KN > 0 fixes n at compile
 // time (a whole step: no per-key loop control).
 template <int RB, int C, int KN, typename T>
 HWY_INLINE void PvSlice(const T* const* v, const float* HWY_RESTRICT p, std::int64_t n, float* HWY_RESTRICT o,
-                         std::int64_t os, std::int64_t x0) {
+                        std::int64_t os, std::int64_t x0) {
   const DF d;
   constexpr int S = KN > 0 && KN % kPvSets<RB, C> == 0 ? kPvSets<RB, C> : 1;
   VF acc[S][RB][C];
@@ -243,8 +255,7 @@ HWY_INLINE void PvSlice(const T* const* v, const float* HWY_RESTRICT p, std::int
 }
 
 template <int RB, int KN, typename T>
-HWY_INLINE void PvStep(const T* const* v, const float* p, std::int64_t n, float* o, std::int64_t os,
-                       std::int64_t len) {
+HWY_INLINE void PvStep(const T* const* v, const float* p, std::int64_t n, float* o, std::int64_t os, std::int64_t len) {
   constexpr int C = kSlice<RB>;
   std::int64_t x = 0;
   for (; x + C * kLanes <= len; x += C * kLanes) PvSlice<RB, C, KN>(v, p, n, o, os, x);
@@ -272,8 +283,8 @@ struct DotsShape {
 // lanes (kHalf false) or lanes_half_dots (kHalf true: the dots on 256-bit halves, DotsTag), in
 // steps of kStep keys.
 template <bool kHalf, int kStep>
-HWY_INLINE void RunLanesSteps(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t,
-                              void* scratch, std::byte* slots, std::int32_t* counters, std::int64_t ahead) {
+HWY_INLINE void RunLanesSteps(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
+                              std::byte* slots, std::int32_t* counters, std::int64_t ahead) {
   RunStepWalkTask<kStep>(
       vp, plan, t, scratch, slots, counters, ahead,
       [](auto rb, auto... a) {
@@ -305,8 +316,8 @@ void RunDecodeLanesImpl(const ValidatedProblem& vp, const DecodePlan& plan, cons
   RunLanesTask<false>(vp, plan, t, scratch, slots, counters);
 }
 
-void RunDecodeLanesHalfDotsImpl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t,
-                                void* scratch, std::byte* slots, std::int32_t* counters) {
+void RunDecodeLanesHalfDotsImpl(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
+                                std::byte* slots, std::int32_t* counters) {
   RunLanesTask<true>(vp, plan, t, scratch, slots, counters);
 }
 

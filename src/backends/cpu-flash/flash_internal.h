@@ -2,8 +2,8 @@
 // decode_*.cpp). Not a public header. docs/cpu-flash.md describes the design.
 #pragma once
 
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -13,9 +13,9 @@
 
 namespace kallpa::cpu_flash {
 
-inline constexpr std::int64_t kKeyTile = 128;   // keys per tile
-inline constexpr std::int64_t kRowTarget = 128; // query rows (positions x heads) per task
-inline constexpr std::int64_t kAlign = 16;      // floats; rows and head dims pad to this
+inline constexpr std::int64_t kKeyTile = 128;    // keys per tile
+inline constexpr std::int64_t kRowTarget = 128;  // query rows (positions x heads) per task
+inline constexpr std::int64_t kAlign = 16;       // floats; rows and head dims pad to this
 inline constexpr std::int64_t kMaxFastHeadDim = 1024;
 
 inline constexpr std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
@@ -51,8 +51,7 @@ struct Plan {
   std::size_t partial_bytes = 0;  // one partial slot: m[rows_max], l[rows_max], o[rows_max * dv]
 
   std::size_t workspace_bytes(int threads) const {
-    return static_cast<std::size_t>(threads) * worker_bytes +
-           static_cast<std::size_t>(n_partials) * partial_bytes + 64;
+    return static_cast<std::size_t>(threads) * worker_bytes + static_cast<std::size_t>(n_partials) * partial_bytes + 64;
   }
 };
 
@@ -70,13 +69,13 @@ inline constexpr std::int64_t conflict_free_stride(std::int64_t n) {
 struct ScratchLayout {
   std::int64_t rp = 0, dp = 0, dvp = 0;
   std::int64_t rs = 0, ks = 0, vs = 0;
-  std::size_t q = 0;      // rows kernel: q^T [D][Rp]; decode kernel: q [R][Dp] (scaled)
-  std::size_t s = 0;      // rows kernel: scores [Nk][Rp]; decode kernel: [R][Nk]
-  std::size_t o = 0;      // rows kernel: o^T [Dv][Rp]; decode kernel: o [R][Dvp]
-  std::size_t k = 0;      // key tile, f32 [Nk][Dp]
-  std::size_t v = 0;      // value tile, f32 [Nk][Dvp]
+  std::size_t q = 0;  // rows kernel: q^T [D][Rp]; decode kernel: q [R][Dp] (scaled)
+  std::size_t s = 0;  // rows kernel: scores [Nk][Rp]; decode kernel: [R][Nk]
+  std::size_t o = 0;  // rows kernel: o^T [Dv][Rp]; decode kernel: o [R][Dvp]
+  std::size_t k = 0;  // key tile, f32 [Nk][Dp]
+  std::size_t v = 0;  // value tile, f32 [Nk][Dvp]
   std::size_t m = 0, l = 0, slope = 0, posf = 0, alpha = 0;  // f32 [Rp]
-  std::size_t lo = 0, hi = 0;                     // int32 [Rp]: visible keys per row
+  std::size_t lo = 0, hi = 0;                                // int32 [Rp]: visible keys per row
   std::size_t total = 0;
 };
 
@@ -115,8 +114,7 @@ Plan make_plan(const ValidatedProblem& problem);
 
 // Runs one task of the fast path. `scratch` is worker_bytes, 64-aligned; `partial` is the task's
 // partial slot (null when the task writes o/lse directly).
-void run_fast_task(const ValidatedProblem& problem, const Plan& plan, const Task& task, void* scratch,
-                   float* partial);
+void run_fast_task(const ValidatedProblem& problem, const Plan& plan, const Task& task, void* scratch, float* partial);
 
 // ---------------------------------------------------------------------------------------------
 // Decode path (few query rows per KV head, long KV): one task is a chunk of keys of one sequence
@@ -124,9 +122,9 @@ void run_fast_task(const ValidatedProblem& problem, const Plan& plan, const Task
 // (every head of a key row is used while it is in cache) and each chunk of a split sequence writes
 // a partial (m, l, o) that the last chunk to finish merges, so one parallel_for does everything.
 
-inline constexpr std::int64_t kDecodeMaxRows = 16;   // query rows per KV head (Sq * group) at most
-inline constexpr std::int64_t kDecodeBlock = 32;     // keys per block inside a chunk
-inline constexpr std::int64_t kDecodeMinChunk = 256; // keys
+inline constexpr std::int64_t kDecodeMaxRows = 16;    // query rows per KV head (Sq * group) at most
+inline constexpr std::int64_t kDecodeBlock = 32;      // keys per block inside a chunk
+inline constexpr std::int64_t kDecodeMinChunk = 256;  // keys
 inline constexpr std::int64_t kDecodeMaxChunk = 8192;
 inline constexpr std::int64_t kDecodeChunksTarget = 16;  // chunks for the whole call, if long enough
 
@@ -176,9 +174,9 @@ struct DecodePlan {
   std::int64_t n_slots = 0;
   std::int64_t n_counters = 0;
   std::size_t worker_bytes = 0;
-  std::size_t slot_bytes = 0;     // m[rows_max], l[rows_max], o[rows_max][Dv]
-  double kv_bytes = 0.0;          // K/V bytes the call reads
-  bool short_steps = false;       // the lanes kernels on AVX-512: steps of 8 keys (set by the caller)
+  std::size_t slot_bytes = 0;  // m[rows_max], l[rows_max], o[rows_max][Dv]
+  double kv_bytes = 0.0;       // K/V bytes the call reads
+  bool short_steps = false;    // the lanes kernels on AVX-512: steps of 8 keys (set by the caller)
 
   std::size_t workspace_bytes(int threads) const {
     return static_cast<std::size_t>(threads) * worker_bytes + static_cast<std::size_t>(n_slots) * slot_bytes +
@@ -189,13 +187,13 @@ struct DecodePlan {
 // Per-worker scratch of the decode path, byte offsets (each 64-aligned).
 struct DecodeLayout {
   std::int64_t dp = 0, dvp = 0;
-  std::size_t q = 0;     // f32 [rows][Dp], scaled; rows ordered (kvh, i, g)
-  std::size_t acc = 0;   // f32 [rows][Dvp]
-  std::size_t m = 0, l = 0;  // f32 [rows]
-  std::size_t s = 0;     // f32 [kDecodeMaxRows][kDecodeBlock]
-  std::size_t s_all = 0; // f32 [rows][kDecodeGroupedBlock]: the scores of every head of a block
-  std::size_t k = 0;     // f32 [kDecodeBlock][Dp]
-  std::size_t v = 0;     // f32 [kDecodeBlock][Dvp]
+  std::size_t q = 0;               // f32 [rows][Dp], scaled; rows ordered (kvh, i, g)
+  std::size_t acc = 0;             // f32 [rows][Dvp]
+  std::size_t m = 0, l = 0;        // f32 [rows]
+  std::size_t s = 0;               // f32 [kDecodeMaxRows][kDecodeBlock]
+  std::size_t s_all = 0;           // f32 [rows][kDecodeGroupedBlock]: the scores of every head of a block
+  std::size_t k = 0;               // f32 [kDecodeBlock][Dp]
+  std::size_t v = 0;               // f32 [kDecodeBlock][Dvp]
   std::size_t koff = 0, voff = 0;  // int64 [2][kDecodeBlock]: row offsets of this and the next block
                                    // (grouped kernels: [kDecodeGroupedBlock] of this block)
   std::size_t total = 0;
@@ -235,12 +233,12 @@ DecodePlan make_decode_plan(const ValidatedProblem& problem);
 // and writes o/lse. Every kernel takes any layout: those that cannot read K/V in place run by_head.
 // by_head (decode_by_head.cpp): each block head by head, K/V read in place, or converted to f32
 // rows first where the layout cannot be read in place (KvInPlace).
-void run_decode_by_head(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
-                        void* scratch, std::byte* slots, std::int32_t* counters);
+void run_decode_by_head(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task, void* scratch,
+                        std::byte* slots, std::int32_t* counters);
 // grouped (decode_grouped.cpp): blocks walked in memory order in steps of eight keys across every
 // head, the rows of a GQA group served together, K/V streamed with a software prefetch.
-void run_decode_grouped(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task,
-                        void* scratch, std::byte* slots, std::int32_t* counters);
+void run_decode_grouped(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task, void* scratch,
+                        std::byte* slots, std::int32_t* counters);
 // lanes / lanes_half_dots (decode_lanes.cpp): the grouped walk in steps of one key per vector lane,
 // the second with its dots on 256-bit halves on AVX-512.
 void run_decode_lanes(const ValidatedProblem& problem, const DecodePlan& plan, const DecodeTask& task, void* scratch,
@@ -284,10 +282,10 @@ bool decode_short_steps(const ValidatedProblem& problem, double kv_bytes);
 
 // The facts the decode kernel choice depends on; all of it, so that the rule is a pure function.
 struct DecodeFacts {
-  int simd_lanes = 8;        // float lanes of the SIMD target in use (decode_lane_keys)
-  bool amd = false;          // cpu_is_amd()
-  bool kv_in_place = true;   // the kernels can read K/V where they lie (KvInPlace)
-  double kv_bytes = 0.0;     // K/V bytes the call reads (DecodePlan::kv_bytes)
+  int simd_lanes = 8;           // float lanes of the SIMD target in use (decode_lane_keys)
+  bool amd = false;             // cpu_is_amd()
+  bool kv_in_place = true;      // the kernels can read K/V where they lie (KvInPlace)
+  double kv_bytes = 0.0;        // K/V bytes the call reads (DecodePlan::kv_bytes)
   bool steps_crowd_l1 = false;  // decode_steps_crowd_l1
 };
 struct DecodeChoice {
@@ -318,8 +316,8 @@ DecodeFacts decode_facts(const ValidatedProblem& problem, const DecodePlan& plan
 // The online softmax's exp (FastExp) on n values (for tests).
 void fast_exp(const float* x, float* y, std::size_t n);
 
-std::string fast_target_name();              // the target the dispatcher uses now
-std::vector<std::string> fast_target_names();  // compiled and supported by this CPU, best first
+std::string fast_target_name();                   // the target the dispatcher uses now
+std::vector<std::string> fast_target_names();     // compiled and supported by this CPU, best first
 bool force_fast_target(const std::string& name);  // tests: pin one target ("" restores)
 
 }  // namespace kallpa::cpu_flash

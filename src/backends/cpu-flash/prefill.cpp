@@ -17,9 +17,10 @@
 #define HWY_TARGET_INCLUDE "backends/cpu-flash/prefill.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+
+#include "backends/cpu-flash/fast_exp-inl.h"
 #include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
-#include "backends/cpu-flash/fast_exp-inl.h"
 
 #include <algorithm>
 #include <cmath>
@@ -76,7 +77,8 @@ inline void StoreScalar(const TensorView& t, std::int64_t idx, float v) {
 
 // t.data[off + x * stride] = src[x] for x < n, converted to t's dtype (f16 by F16C where the row is
 // contiguous: a scalar conversion per element would be a tenth of a prefill task's instructions).
-void StoreRow(const TensorView& t, std::int64_t off, std::int64_t stride, std::int64_t n, const float* HWY_RESTRICT src) {
+void StoreRow(const TensorView& t, std::int64_t off, std::int64_t stride, std::int64_t n,
+              const float* HWY_RESTRICT src) {
   std::int64_t x = 0;
   if (stride == 1 && t.dtype == DType::f32) {
     std::memcpy(static_cast<float*>(t.data) + off, src, static_cast<std::size_t>(n) * sizeof(float));
@@ -142,8 +144,9 @@ HWY_INLINE void Block(const float* HWY_RESTRICT a, std::size_t a_kk, std::size_t
   VF acc[KB][C];
   for (int kk = 0; kk < KB; ++kk)
     for (int c = 0; c < C; ++c)
-      acc[kk][c] = accumulate ? hn::Load(d, out + static_cast<std::size_t>(kk) * out_kk + static_cast<std::size_t>(c) * N)
-                              : hn::Zero(d);
+      acc[kk][c] = accumulate
+                       ? hn::Load(d, out + static_cast<std::size_t>(kk) * out_kk + static_cast<std::size_t>(c) * N)
+                       : hn::Zero(d);
   if (colscale != nullptr) {
     for (int c = 0; c < C; ++c) {
       const VF sc = hn::Load(d, colscale + static_cast<std::size_t>(c) * N);
@@ -173,7 +176,8 @@ HWY_INLINE void GemmCols(const float* a, std::size_t a_kk, std::size_t a_l, cons
     Block<kKB, C>(a + kk * a_kk, a_kk, a_l, b, b_l, L, out + kk * out_kk, out_kk, accumulate, colscale);
   for (; kk + 2 <= K; kk += 2)
     Block<2, C>(a + kk * a_kk, a_kk, a_l, b, b_l, L, out + kk * out_kk, out_kk, accumulate, colscale);
-  for (; kk < K; ++kk) Block<1, C>(a + kk * a_kk, a_kk, a_l, b, b_l, L, out + kk * out_kk, out_kk, accumulate, colscale);
+  for (; kk < K; ++kk)
+    Block<1, C>(a + kk * a_kk, a_kk, a_l, b, b_l, L, out + kk * out_kk, out_kk, accumulate, colscale);
 }
 
 HWY_INLINE void GemmColsAny(std::size_t vecs, const float* a, std::size_t a_kk, std::size_t a_l, const float* b,
@@ -328,7 +332,8 @@ void RowsKernel(TaskCtx& c) {
     // sees (on a causal diagonal tile about half the tile); the rest of S is masked below.
     for (std::size_t pi = 0; pi < panels.size(); ++pi) {
       const Panel& pn = panels[pi];
-      const std::int64_t kb = std::clamp<std::int64_t>(pn.lo - j0, 0, nk), ke = std::min<std::int64_t>(pn.hi - j0 + 1, nk);
+      const std::int64_t kb = std::clamp<std::int64_t>(pn.lo - j0, 0, nk),
+                         ke = std::min<std::int64_t>(pn.hi - j0 + 1, nk);
       if (kb >= ke) continue;
       GemmColsAny(pn.vecs, c.k + kb * c.Ks, static_cast<std::size_t>(c.Ks), 1, c.q + pn.rv * N,
                   static_cast<std::size_t>(Rs), static_cast<std::size_t>(c.D), c.s + kb * Rs + pn.rv * N,
@@ -501,7 +506,8 @@ void DecodeKernel(TaskCtx& c) {
         }
         if (x < a || x + N > e + 1) {  // keep masked keys at -inf after ALiBi
           const auto jv = hn::Iota(d, static_cast<float>(x));
-          const auto vis = hn::And(hn::Ge(jv, hn::Set(d, static_cast<float>(a))), hn::Le(jv, hn::Set(d, static_cast<float>(e))));
+          const auto vis =
+              hn::And(hn::Ge(jv, hn::Set(d, static_cast<float>(a))), hn::Le(jv, hn::Set(d, static_cast<float>(e))));
           sv = hn::IfThenElse(vis, sv, neg_inf);
         }
         hn::Store(sv, d, s + x);
@@ -643,7 +649,8 @@ void RunFastTaskImpl(const ValidatedProblem& vp, const Plan& plan, const Task& t
     const float l = c.l[r];
     if (l == 0.0f) {
       for (std::int64_t x = 0; x < c.Dv; ++x) StoreScalar(p.o, ooff + x * ods, 0.0f);
-      if (p.lse.present()) static_cast<float*>(p.lse.data)[vp.lse_offset(t.b, h, i)] = -std::numeric_limits<float>::infinity();
+      if (p.lse.present())
+        static_cast<float*>(p.lse.data)[vp.lse_offset(t.b, h, i)] = -std::numeric_limits<float>::infinity();
       continue;
     }
     const float inv = 1.0f / l;
@@ -666,8 +673,7 @@ HWY_EXPORT(FastExpArray);
 
 void fast_exp(const float* x, float* y, std::size_t n) { HWY_DYNAMIC_DISPATCH(FastExpArray)(x, y, n); }
 
-void run_fast_task(const ValidatedProblem& problem, const Plan& plan, const Task& task, void* scratch,
-                   float* partial) {
+void run_fast_task(const ValidatedProblem& problem, const Plan& plan, const Task& task, void* scratch, float* partial) {
   HWY_DYNAMIC_DISPATCH(RunFastTaskImpl)(problem, plan, task, scratch, partial);
 }
 

@@ -95,7 +95,9 @@ class CpuGemmBackend final : public AttentionBackend {
     const AttentionProblem& p = vp.problem();
     const std::int64_t sq = vp.seqlen_q(b), skv = vp.seqlen_k(b);
     const std::int64_t d = vp.head_dim(), dv = vp.head_dim_v(), group = vp.group_size();
-    const auto axis = [](const TensorView& t, int from_end) { return t.stride[static_cast<std::size_t>(t.rank - from_end)]; };
+    const auto axis = [](const TensorView& t, int from_end) {
+      return t.stride[static_cast<std::size_t>(t.rank - from_end)];
+    };
     if (sq == 0) return;
 
     // Gather this head's keys and values once, as dense f32 rows (resolves packed/paged/strided).
@@ -127,8 +129,8 @@ class CpuGemmBackend final : public AttentionBackend {
       }
       if (span > 0) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(span),
-                    static_cast<int>(d), vp.scale(), w.q, static_cast<int>(d), w.k + first * d,
-                    static_cast<int>(d), 0.0f, w.s, static_cast<int>(span));
+                    static_cast<int>(d), vp.scale(), w.q, static_cast<int>(d), w.k + first * d, static_cast<int>(d),
+                    0.0f, w.s, static_cast<int>(span));
       }
       softmax_rows(vp, b, kvh, i0, first, span, w.s, rows, w.o);
       if (span > 0 && v_has_nonfinite(w.v + first * dv, span * dv)) {
@@ -145,8 +147,8 @@ class CpuGemmBackend final : public AttentionBackend {
         }
       } else if (span > 0) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(dv),
-                    static_cast<int>(span), 1.0f, w.s, static_cast<int>(span), w.v + first * dv,
-                    static_cast<int>(dv), 0.0f, w.o, static_cast<int>(dv));
+                    static_cast<int>(span), 1.0f, w.s, static_cast<int>(span), w.v + first * dv, static_cast<int>(dv),
+                    0.0f, w.o, static_cast<int>(dv));
       }
       for (std::int64_t r = 0; r < rows; ++r) {
         const std::int64_t i = i0 + r / group, h = kvh * group + r % group;

@@ -48,8 +48,8 @@ CudaDevice* CudaDevice::create(std::string* why) noexcept {
     }
     cudaDeviceProp prop{};
     if (const cudaError_t err = cudaGetDeviceProperties(&prop, index); err != cudaSuccess) {
-      *why = fmt::format("CUDA runtime: cudaGetDeviceProperties({}) failed with {} ({})", index,
-                         cudaGetErrorName(err), cudaGetErrorString(err));
+      *why = fmt::format("CUDA runtime: cudaGetDeviceProperties({}) failed with {} ({})", index, cudaGetErrorName(err),
+                         cudaGetErrorString(err));
       return nullptr;
     }
     if (prop.major < 8) {
@@ -181,14 +181,15 @@ Status CudaMemory::check(const void* address, std::int64_t low, std::int64_t hig
   auto it = live_.upper_bound(a);
   if (it == live_.begin()) {
     return Status::invalid(what, fmt::format("{:#x} is not an address of CUDA device {} memory "
-                                             "(allocate tensors with its DeviceMemory)", a, device_.index()));
+                                             "(allocate tensors with its DeviceMemory)",
+                                             a, device_.index()));
   }
   --it;
   const auto offset = static_cast<std::int64_t>(a - it->first);
   const auto size = static_cast<std::int64_t>(it->second);
   if (offset + low < 0 || offset + high > size) {
-    return Status::invalid(what, fmt::format("bytes [{}, {}) from {:#x} fall outside its {}-byte CUDA allocation",
-                                             low, high, a, size));
+    return Status::invalid(
+        what, fmt::format("bytes [{}, {}) from {:#x} fall outside its {}-byte CUDA allocation", low, high, a, size));
   }
   return {};
 }
@@ -219,6 +220,5 @@ Status CudaMemory::synchronize() noexcept {
   const cudaError_t err = cudaDeviceSynchronize();
   return err == cudaSuccess ? Status{} : cuda_failure("cudaDeviceSynchronize", err);
 }
-
 
 }  // namespace kallpa::cuda

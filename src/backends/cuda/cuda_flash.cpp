@@ -172,9 +172,8 @@ class CudaFlash final : public AttentionBackend {
     LaunchShape shape;
     // Splits the partial results' scratch allows: each holds an output row, a max and a sum per
     // (query row, head).
-    const std::size_t per_split =
-        static_cast<std::size_t>(fp.total_q) * static_cast<std::size_t>(fp.hq) * (static_cast<std::size_t>(fp.dv) + 2) *
-        sizeof(float);
+    const std::size_t per_split = static_cast<std::size_t>(fp.total_q) * static_cast<std::size_t>(fp.hq) *
+                                  (static_cast<std::size_t>(fp.dv) + 2) * sizeof(float);
     const auto max_splits = static_cast<std::int64_t>(kSplitScratchBudget / std::max<std::size_t>(per_split, 1));
     if (tensor_cores) {
       shape = tensor_core_launch(fp);
@@ -251,14 +250,14 @@ class CudaFlash final : public AttentionBackend {
     if (tensor_cores) {
       if (const cudaError_t err = launch_forward(fp, stream); err != cudaSuccess) {
         return cuda_failure("flash_tensor_core launch", err,
-                            fmt::format("grid {}x{}x{}, {} bytes shared", shape.grid[0], shape.grid[1],
-                                        shape.grid[2], shape.smem_bytes));
+                            fmt::format("grid {}x{}x{}, {} bytes shared", shape.grid[0], shape.grid[1], shape.grid[2],
+                                        shape.smem_bytes));
       }
     } else if (decode) {
       if (const cudaError_t err = launch_flash_decode(fp, stream); err != cudaSuccess) {
         return cuda_failure("flash_decode_tc launch", err,
-                            fmt::format("grid {}x{}x{}, {} bytes shared", shape.grid[0], shape.grid[1],
-                                        shape.grid[2], shape.smem_bytes));
+                            fmt::format("grid {}x{}x{}, {} bytes shared", shape.grid[0], shape.grid[1], shape.grid[2],
+                                        shape.smem_bytes));
       }
       if (const cudaError_t err = launch_flash_combine(fp, stream); err != cudaSuccess) {
         return cuda_failure("flash_combine launch", err, fmt::format("{} splits", fp.num_splits));
@@ -266,8 +265,8 @@ class CudaFlash final : public AttentionBackend {
     } else {
       if (const cudaError_t err = launch_flash_generic(fp, stream); err != cudaSuccess) {
         return cuda_failure("flash_generic launch", err,
-                            fmt::format("grid {}x{}x{}, {} bytes shared", shape.grid[0], shape.grid[1],
-                                        shape.grid[2], shape.smem_bytes));
+                            fmt::format("grid {}x{}x{}, {} bytes shared", shape.grid[0], shape.grid[1], shape.grid[2],
+                                        shape.smem_bytes));
       }
       if (fp.num_splits > 1) {
         if (const cudaError_t err = launch_flash_combine(fp, stream); err != cudaSuccess) {

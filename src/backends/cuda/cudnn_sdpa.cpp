@@ -99,7 +99,7 @@ struct Cudnn {
   std::mutex mu;  // a handle serves one stream at a time
   // By shape key, kept for the process with every descriptor the plan was built from.
   std::map<std::string, std::vector<std::unique_ptr<Desc>>> plans;  // back(): the execution plan
-  std::map<std::string, std::string> failed_shapes;       // shape key -> why no plan
+  std::map<std::string, std::string> failed_shapes;                 // shape key -> why no plan
 };
 
 template <typename F>
@@ -273,7 +273,8 @@ class CudnnSdpa final : public AttentionBackend {
                                                      {p.lse.stride[0], p.lse.stride[1], p.lse.stride[2], 1}}
                                        : TensorShape{};
     std::string key = fmt::format("{}|{}|lse{}", static_cast<int>(type), fmt::join(q.dims, ","), with_lse);
-    for (const TensorShape* s : {&q, &k, &v, &o, &stats}) key += fmt::format("|{}|{}", fmt::join(s->dims, ","), fmt::join(s->strides, ","));
+    for (const TensorShape* s : {&q, &k, &v, &o, &stats})
+      key += fmt::format("|{}|{}", fmt::join(s->dims, ","), fmt::join(s->strides, ","));
 
     std::lock_guard lock(c->mu);
     if (Status s = c->device->make_current(); !s) return s;
@@ -281,8 +282,8 @@ class CudnnSdpa final : public AttentionBackend {
     if (!plan) return plan.status();
 
     std::int64_t workspace_bytes = 0, count = 0;
-    if (const cudnnStatus_t st = c->api.GetAttribute(*plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                     CUDNN_TYPE_INT64, 1, &count, &workspace_bytes);
+    if (const cudnnStatus_t st = c->api.GetAttribute(*plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64,
+                                                     1, &count, &workspace_bytes);
         st != CUDNN_STATUS_SUCCESS) {
       return Status(ErrorCode::backend_failure, "cudnnBackendGetAttribute", c->api.GetErrorString(st));
     }

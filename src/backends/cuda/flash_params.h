@@ -42,9 +42,9 @@ struct FlashParams {
   std::int32_t kv_dtype = kF32;
   std::int32_t o_dtype = kF32;
 
-  const SeqMeta* meta = nullptr;           // device, [batch]
+  const SeqMeta* meta = nullptr;              // device, [batch]
   const std::int32_t* block_table = nullptr;  // device, paged only
-  const float* alibi = nullptr;            // device, [hq], nullptr when off
+  const float* alibi = nullptr;               // device, [hq], nullptr when off
 
   std::int32_t batch = 0;
   std::int32_t hq = 0;

@@ -191,8 +191,10 @@ SplitPlan plan_decode_splits(std::int64_t units, std::int64_t max_seqlen_k, int 
 
 std::string grid_refusal(const LaunchShape& shape) {
   if (shape.grid[0] > 0x7fffffffu) return fmt::format("grid x of {} is over CUDA's 2^31 - 1", shape.grid[0]);
-  if (shape.grid[1] > 65535u) return fmt::format("grid y of {} (query heads or KV splits) is over CUDA's 65535", shape.grid[1]);
-  if (shape.grid[2] > 65535u) return fmt::format("a batch of {} sequences is over CUDA's grid limit of 65535", shape.grid[2]);
+  if (shape.grid[1] > 65535u)
+    return fmt::format("grid y of {} (query heads or KV splits) is over CUDA's 65535", shape.grid[1]);
+  if (shape.grid[2] > 65535u)
+    return fmt::format("a batch of {} sequences is over CUDA's grid limit of 65535", shape.grid[2]);
   return {};
 }
 
@@ -206,9 +208,10 @@ namespace kallpa::cuda {
 Support flash_support(const ProblemSignature& sig, const DeviceFacts* device, std::string_view unavailable) {
   if (device == nullptr) return Support::no(std::string(unavailable));
   if (sig.device.kind != DeviceKind::cuda || sig.device.index != device->index) {
-    return Support::no(fmt::format("the tensors are on {}; cuda-flash runs on cuda:{} ('{}'): put them there "
-                                   "through its device_memory()",
-                                   sig.device.to_string(), device->index, device->name));
+    return Support::no(
+        fmt::format("the tensors are on {}; cuda-flash runs on cuda:{} ('{}'): put them there "
+                    "through its device_memory()",
+                    sig.device.to_string(), device->index, device->name));
   }
   // Every dtype, layout, mask and head dim has the generic kernel; its only limit is shared memory
   // for one q row and one output row per warp.

@@ -15,9 +15,10 @@ OpenClMemory::~OpenClMemory() {
 
 Result<void*> OpenClMemory::allocate(std::size_t bytes) noexcept {
   if (runtime_.limits().max_alloc_bytes > 0 && bytes > runtime_.limits().max_alloc_bytes) {
-    return Status(ErrorCode::out_of_memory, "opencl allocate",
-                  fmt::format("{} bytes is over the device's {}-byte limit per allocation (CL_DEVICE_MAX_MEM_ALLOC_SIZE)",
-                              bytes, runtime_.limits().max_alloc_bytes));
+    return Status(
+        ErrorCode::out_of_memory, "opencl allocate",
+        fmt::format("{} bytes is over the device's {}-byte limit per allocation (CL_DEVICE_MAX_MEM_ALLOC_SIZE)", bytes,
+                    runtime_.limits().max_alloc_bytes));
   }
   cl_int err = CL_SUCCESS;
   // OpenCL refuses empty buffers; a zero-byte allocation still gets a distinct address.
@@ -53,14 +54,15 @@ Result<OpenClMemory::Resolved> OpenClMemory::resolve(const void* address, std::i
   auto it = live_.upper_bound(a);
   if (it == live_.begin()) {
     return Status::invalid(what, fmt::format("{:#x} is not an address of OpenCL device {} memory "
-                                             "(allocate tensors with its DeviceMemory)", a, runtime_.index()));
+                                             "(allocate tensors with its DeviceMemory)",
+                                             a, runtime_.index()));
   }
   --it;
   const auto offset = static_cast<std::int64_t>(a - it->first);
   const auto size = static_cast<std::int64_t>(it->second.bytes);
   if (offset + low < 0 || offset + high > size) {
-    return Status::invalid(what, fmt::format("bytes [{}, {}) from {:#x} fall outside its {}-byte OpenCL allocation",
-                                             low, high, a, size));
+    return Status::invalid(
+        what, fmt::format("bytes [{}, {}) from {:#x} fall outside its {}-byte OpenCL allocation", low, high, a, size));
   }
   return Resolved{it->second.buffer, static_cast<std::size_t>(offset)};
 }
@@ -69,8 +71,8 @@ Status OpenClMemory::upload(void* device_dst, const void* host_src, std::size_t 
   Result<Resolved> r = resolve(device_dst, 0, static_cast<std::int64_t>(bytes), "upload destination");
   if (!r) return r.status();
   if (bytes == 0) return {};
-  const cl_int err = clEnqueueWriteBuffer(runtime_.queue(), r->buffer, CL_TRUE, r->offset, bytes, host_src, 0,
-                                          nullptr, nullptr);
+  const cl_int err =
+      clEnqueueWriteBuffer(runtime_.queue(), r->buffer, CL_TRUE, r->offset, bytes, host_src, 0, nullptr, nullptr);
   return err == CL_SUCCESS ? Status{} : cl_failure("clEnqueueWriteBuffer", err, fmt::format("{} bytes", bytes));
 }
 
@@ -78,8 +80,8 @@ Status OpenClMemory::download(void* host_dst, const void* device_src, std::size_
   Result<Resolved> r = resolve(device_src, 0, static_cast<std::int64_t>(bytes), "download source");
   if (!r) return r.status();
   if (bytes == 0) return {};
-  const cl_int err = clEnqueueReadBuffer(runtime_.queue(), r->buffer, CL_TRUE, r->offset, bytes, host_dst, 0,
-                                         nullptr, nullptr);
+  const cl_int err =
+      clEnqueueReadBuffer(runtime_.queue(), r->buffer, CL_TRUE, r->offset, bytes, host_dst, 0, nullptr, nullptr);
   return err == CL_SUCCESS ? Status{} : cl_failure("clEnqueueReadBuffer", err, fmt::format("{} bytes", bytes));
 }
 

@@ -118,9 +118,9 @@ Runtime* Runtime::create(std::string* why) noexcept {
     cl_uint nplatforms = 0;
     cl_int err = clGetPlatformIDs(0, nullptr, &nplatforms);
     if (err != CL_SUCCESS || nplatforms == 0) {
-      *why = err != CL_SUCCESS ? fmt::format("no OpenCL platform: clGetPlatformIDs returned {} ({})",
-                                             cl_error_name(err), err)
-                               : "no OpenCL platform installed (an ICD such as pocl-opencl-icd)";
+      *why = err != CL_SUCCESS
+                 ? fmt::format("no OpenCL platform: clGetPlatformIDs returned {} ({})", cl_error_name(err), err)
+                 : "no OpenCL platform installed (an ICD such as pocl-opencl-icd)";
       return nullptr;
     }
     std::vector<cl_platform_id> platforms(nplatforms);
@@ -165,8 +165,8 @@ Runtime* Runtime::create(std::string* why) noexcept {
       delete rt;
       return nullptr;
     }
-    spdlog::debug("kallpa: opencl-flash uses OpenCL device {} '{}' ({}), {} KiB local memory", wanted,
-                  rt->limits_.name, rt->limits_.platform, rt->limits_.local_mem_bytes / 1024);
+    spdlog::debug("kallpa: opencl-flash uses OpenCL device {} '{}' ({}), {} KiB local memory", wanted, rt->limits_.name,
+                  rt->limits_.platform, rt->limits_.local_mem_bytes / 1024);
     return rt;
   } catch (const std::exception& e) {
     *why = fmt::format("OpenCL discovery failed: {}", e.what());

@@ -86,9 +86,10 @@ class OpenClFlash final : public AttentionBackend {
     Runtime* rt = Runtime::get();
     if (rt == nullptr) return Support::no(Runtime::unavailable_reason());
     if (sig.device.kind != DeviceKind::opencl || sig.device.index != rt->index()) {
-      return Support::no(fmt::format("the tensors are on {}; opencl-flash runs on opencl:{} ('{}'): put them "
-                                     "there through its device_memory()",
-                                     sig.device.to_string(), rt->index(), rt->limits().name));
+      return Support::no(
+          fmt::format("the tensors are on {}; opencl-flash runs on opencl:{} ('{}'): put them "
+                      "there through its device_memory()",
+                      sig.device.to_string(), rt->index(), rt->limits().name));
     }
     const std::size_t need = local_bytes(1, 1, sig.head_dim, sig.head_dim_v);
     if (need > rt->limits().local_mem_bytes) {
@@ -158,13 +159,13 @@ class OpenClFlash final : public AttentionBackend {
       if (!r) return r.status();
       const std::size_t esize = dtype_size(t.dtype);
       if (r->offset % esize != 0) {
-        return Status::invalid(what, fmt::format("starts {} bytes into its buffer, not a multiple of its {}-byte elements",
-                                                 r->offset, esize));
+        return Status::invalid(
+            what,
+            fmt::format("starts {} bytes into its buffer, not a multiple of its {}-byte elements", r->offset, esize));
       }
       return Bound{r->buffer, static_cast<std::int64_t>(r->offset / esize)};
     };
-    Result<Bound> q = bind(p.q, "q.data"), kk = bind(p.k, "k.data"), v = bind(p.v, "v.data"),
-                  o = bind(p.o, "o.data");
+    Result<Bound> q = bind(p.q, "q.data"), kk = bind(p.k, "k.data"), v = bind(p.v, "v.data"), o = bind(p.o, "o.data");
     for (const Result<Bound>* r : {&q, &kk, &v, &o}) {
       if (!*r) return r->status();
     }
@@ -208,8 +209,8 @@ class OpenClFlash final : public AttentionBackend {
 
     cl_int err = CL_SUCCESS;
     auto make_input = [&](const void* data, std::size_t bytes, const char* what) -> Result<MemPtr> {
-      MemPtr m(clCreateBuffer(rt->context(), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, bytes,
-                              const_cast<void*>(data), &err));
+      MemPtr m(
+          clCreateBuffer(rt->context(), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, bytes, const_cast<void*>(data), &err));
       if (err != CL_SUCCESS) return cl_failure("clCreateBuffer", err, what);
       return m;
     };
@@ -219,8 +220,7 @@ class OpenClFlash final : public AttentionBackend {
     std::int64_t table_stride = 0;
     if (paged) {
       table_stride = p.block_table_stride > 0 ? p.block_table_stride : p.max_blocks_per_seq;
-      const std::size_t entries =
-          static_cast<std::size_t>((batch - 1) * table_stride + p.max_blocks_per_seq);
+      const std::size_t entries = static_cast<std::size_t>((batch - 1) * table_stride + p.max_blocks_per_seq);
       Result<MemPtr> t = make_input(p.block_table, entries * sizeof(std::int32_t), "block_table");
       if (!t) return t.status();
       table_buf = std::move(*t);
@@ -239,10 +239,22 @@ class OpenClFlash final : public AttentionBackend {
       // clSetKernelArg on one kernel object is not thread-safe; enqueueing is.
       std::lock_guard lock(kernel_mu_);
       KernelArgs a(*k, "flash_attention");
-      a.mem(q->buffer).mem(kk->buffer).mem(v->buffer).mem(o->buffer).mem(lse.buffer).mem(meta_buf->get())
-          .mem(table_buf.get()).mem(alibi_buf.get());
-      a.i32(dtype_code(tq.dtype)).i32(dtype_code(tk.dtype)).i32(dtype_code(to.dtype)).i32(d).i32(dv).i32(group)
-          .i32(bq).i32(bk);
+      a.mem(q->buffer)
+          .mem(kk->buffer)
+          .mem(v->buffer)
+          .mem(o->buffer)
+          .mem(lse.buffer)
+          .mem(meta_buf->get())
+          .mem(table_buf.get())
+          .mem(alibi_buf.get());
+      a.i32(dtype_code(tq.dtype))
+          .i32(dtype_code(tk.dtype))
+          .i32(dtype_code(to.dtype))
+          .i32(d)
+          .i32(dv)
+          .i32(group)
+          .i32(bq)
+          .i32(bk);
       a.i64(stride_at(tq, 3)).i64(stride_at(tq, 2)).i64(stride_at(tq, 1));
       a.i64(stride_at(tk, 3)).i64(stride_at(tk, 2)).i64(stride_at(tk, 1)).i64(paged ? tk.stride[0] : 0);
       a.i64(stride_at(tv, 3)).i64(stride_at(tv, 2)).i64(stride_at(tv, 1)).i64(paged ? tv.stride[0] : 0);
@@ -250,23 +262,27 @@ class OpenClFlash final : public AttentionBackend {
       a.i64(lse_hs).i64(lse_is).i32(paged ? tk.shape[1] : 0).i64(table_stride);
       a.i32(p.causal ? 1 : 0).i64(p.window_left).i64(p.window_right).f32(vp.scale()).f32(p.softcap);
       a.i32(p.lse.present() ? 1 : 0).i32(p.alibi_slopes != nullptr ? 1 : 0);
-      a.local(static_cast<std::size_t>(bq * d * 4)).local(static_cast<std::size_t>(bk * d * 4))
-          .local(static_cast<std::size_t>(bk * dv * 4)).local(static_cast<std::size_t>(bq * bk * 4))
+      a.local(static_cast<std::size_t>(bq * d * 4))
+          .local(static_cast<std::size_t>(bk * d * 4))
+          .local(static_cast<std::size_t>(bk * dv * 4))
+          .local(static_cast<std::size_t>(bq * bk * 4))
           .local(static_cast<std::size_t>(bq * dv * 4));
-      a.local(static_cast<std::size_t>(bq * 4)).local(static_cast<std::size_t>(bq * 4))
-          .local(static_cast<std::size_t>(bq * 4)).local(static_cast<std::size_t>(bq * 8))
+      a.local(static_cast<std::size_t>(bq * 4))
+          .local(static_cast<std::size_t>(bq * 4))
+          .local(static_cast<std::size_t>(bq * 4))
+          .local(static_cast<std::size_t>(bq * 8))
           .local(static_cast<std::size_t>(bq * 8));
       if (Status s = a.status(); !s) return s;
       const std::int64_t blocks = (max_sq * group + bq - 1) / bq;
       const std::size_t local[3] = {work_group_, 1, 1};
-      const std::size_t global[3] = {static_cast<std::size_t>(blocks) * work_group_,
-                                     static_cast<std::size_t>(vp.hkv()), static_cast<std::size_t>(batch)};
+      const std::size_t global[3] = {static_cast<std::size_t>(blocks) * work_group_, static_cast<std::size_t>(vp.hkv()),
+                                     static_cast<std::size_t>(batch)};
       cl_event event = nullptr;
       err = clEnqueueNDRangeKernel(rt->queue(), *k, 3, nullptr, global, local, 0, nullptr, &event);
       if (err != CL_SUCCESS) {
-        return cl_failure("clEnqueueNDRangeKernel", err,
-                          fmt::format("global {}x{}x{}, local {}, tiles {}x{}", global[0], global[1], global[2],
-                                      local[0], bq, bk));
+        return cl_failure(
+            "clEnqueueNDRangeKernel", err,
+            fmt::format("global {}x{}x{}, local {}, tiles {}x{}", global[0], global[1], global[2], local[0], bq, bk));
       }
       done.reset(event);
     }

@@ -24,8 +24,8 @@
 #include <spdlog/spdlog.h>
 
 #include "backends/cuda/cuda_device.h"
-#include "ops/cuda/engine_kernels.h"
 #include "kallpa/ops/ops.h"
+#include "ops/cuda/engine_kernels.h"
 
 namespace kallpa::cuda {
 namespace {
@@ -112,8 +112,8 @@ class CudaOps final : public runtime::Ops {
   }
   Status download(void* dst, const void* src, std::size_t bytes) override {
     if (Status s = current(); !s) return s;
-    if (Status s = check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync",
-                         "download");
+    if (Status s =
+            check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync", "download");
         !s) {
       return s;
     }
@@ -261,7 +261,8 @@ class CudaOps final : public runtime::Ops {
   Status gemm(const model::WeightMatrix& w, WeightCode code, const float* x, std::int64_t rows, float* y) {
     const Cublas& blas = Cublas::get();
     if (handle_ == nullptr) {
-      if (blas.create(&handle_) != CUBLAS_STATUS_SUCCESS || blas.set_stream(handle_, stream_) != CUBLAS_STATUS_SUCCESS) {
+      if (blas.create(&handle_) != CUBLAS_STATUS_SUCCESS ||
+          blas.set_stream(handle_, stream_) != CUBLAS_STATUS_SUCCESS) {
         handle_ = nullptr;
         return Status(ErrorCode::backend_failure, "cublas", "cublasCreate/cublasSetStream failed");
       }

@@ -27,9 +27,9 @@ namespace {
 using model::GgmlType;
 using model::WeightMatrix;
 
-constexpr int kMatmulTileN = 4;   // outputs per work-group (TN in engine_ops.cl)
-constexpr int kPromptTileRows = 8;  // rows of x per work-group of the _r8 kernels
-constexpr std::size_t kMaxLanes = 32;  // MAX_LANES in engine_ops.cl
+constexpr int kMatmulTileN = 4;         // outputs per work-group (TN in engine_ops.cl)
+constexpr int kPromptTileRows = 8;      // rows of x per work-group of the _r8 kernels
+constexpr std::size_t kMaxLanes = 32;   // MAX_LANES in engine_ops.cl
 constexpr std::size_t kNormLanes = 64;  // <= 256, the rmsnorm kernel's local array
 
 // The engine program, built once per process (like the attention program) and kept, failure too.
@@ -82,7 +82,7 @@ const char* matmul_stem(GgmlType t) {
   }
 }
 
-constexpr std::array<GgmlType, 6> kTypes = {GgmlType::f32, GgmlType::f16, GgmlType::bf16,
+constexpr std::array<GgmlType, 6> kTypes = {GgmlType::f32,  GgmlType::f16,  GgmlType::bf16,
                                             GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1};
 
 int type_slot(GgmlType t) {
@@ -107,9 +107,7 @@ Status unsupported_matrix(const WeightMatrix& w, std::string_view field) {
                             model::ggml_type_name(w.type), w.rows, w.cols));
 }
 
-bool has_kernel(const WeightMatrix& w) {
-  return w.layout == model::WeightLayout::rows && type_slot(w.type) >= 0;
-}
+bool has_kernel(const WeightMatrix& w) { return w.layout == model::WeightLayout::rows && type_slot(w.type) >= 0; }
 
 class OpenClOps final : public runtime::Ops {
  public:
@@ -203,8 +201,8 @@ class OpenClOps final : public runtime::Ops {
         addresses[i] = it->second.address;
         continue;
       }
-      Result<void*> a = allocate(bytes, fmt::format("weights: {} {}x{} matrix", model::ggml_type_name(w.type),
-                                                    w.rows, w.cols));
+      Result<void*> a =
+          allocate(bytes, fmt::format("weights: {} {}x{} matrix", model::ggml_type_name(w.type), w.rows, w.cols));
       if (!a) return a.status();
       placed->push_back(*a);
       if (Status s = mem_.upload(*a, w.data, bytes); !s) return s;
@@ -220,8 +218,8 @@ class OpenClOps final : public runtime::Ops {
     if (!has_kernel(table)) return unsupported_matrix(table, "table");
     for (std::size_t t = 0; t < ids.size(); ++t) {
       if (ids[t] < 0 || ids[t] >= table.rows) {
-        return Status::invalid("tokens", fmt::format("token id {} (position {}) is outside the vocabulary of {}",
-                                                     ids[t], t, table.rows));
+        return Status::invalid(
+            "tokens", fmt::format("token id {} (position {}) is outside the vocabulary of {}", ids[t], t, table.rows));
       }
     }
     if (ids.empty() || table.cols == 0) return {};
@@ -235,8 +233,15 @@ class OpenClOps final : public runtime::Ops {
     Result<cl_mem> sb = stage({Piece{ids.data(), ids.size_bytes()}}, &at);
     if (!sb) return sb.status();
     KernelArgs a(embedding_.k, embedding_.name);
-    a.mem(tb->buffer).u64(tb->offset * weight_alignment(table.type)).u64(table.row_bytes)
-        .i32(static_cast<int>(table.type)).mem(*sb).u64(at / 4).i64(table.cols).mem(ob->buffer).u64(ob->offset);
+    a.mem(tb->buffer)
+        .u64(tb->offset * weight_alignment(table.type))
+        .u64(table.row_bytes)
+        .i32(static_cast<int>(table.type))
+        .mem(*sb)
+        .u64(at / 4)
+        .i64(table.cols)
+        .mem(ob->buffer)
+        .u64(ob->offset);
     return launch(embedding_, a, {static_cast<std::size_t>(table.cols), static_cast<std::size_t>(n)},
                   {row_group(embedding_), 1});
   }
@@ -251,8 +256,7 @@ class OpenClOps final : public runtime::Ops {
     Result<Bound> yb = bind(y, floats(rows * dim), 4, "y");
     if (!yb) return yb.status();
     KernelArgs a(rmsnorm_.k, rmsnorm_.name);
-    a.mem(xb->buffer).u64(xb->offset).mem(wb->buffer).u64(wb->offset).f32(eps).mem(yb->buffer).u64(yb->offset)
-        .i64(dim);
+    a.mem(xb->buffer).u64(xb->offset).mem(wb->buffer).u64(wb->offset).f32(eps).mem(yb->buffer).u64(yb->offset).i64(dim);
     const std::size_t lanes = std::min(kNormLanes, pow2_floor(rmsnorm_.max_group));
     return launch(rmsnorm_, a, {lanes, static_cast<std::size_t>(rows)}, {lanes, 1});
   }
@@ -274,14 +278,23 @@ class OpenClOps final : public runtime::Ops {
     const Kernel& k = matmul_[static_cast<std::size_t>(type_slot(w.type))][tiled ? 1 : 0];
     const std::size_t lanes = matmul_lanes(w.cols);
     if (lanes > k.max_group) {
-      return Status(ErrorCode::unsupported, "w",
-                    fmt::format("{} needs work-groups of {} on this device, which allows {}", k.name, lanes,
-                                k.max_group));
+      return Status(
+          ErrorCode::unsupported, "w",
+          fmt::format("{} needs work-groups of {} on this device, which allows {}", k.name, lanes, k.max_group));
     }
     const std::int64_t tile_rows = tiled ? kPromptTileRows : 1;
     KernelArgs a(k.k, k.name);
-    a.mem(wb->buffer).u64(wb->offset * align).u64(w.row_bytes).i64(w.rows).i64(w.cols).mem(xb->buffer)
-        .u64(xb->offset).i64(rows).mem(yb->buffer).u64(yb->offset).i64(w.rows);
+    a.mem(wb->buffer)
+        .u64(wb->offset * align)
+        .u64(w.row_bytes)
+        .i64(w.rows)
+        .i64(w.cols)
+        .mem(xb->buffer)
+        .u64(xb->offset)
+        .i64(rows)
+        .mem(yb->buffer)
+        .u64(yb->offset)
+        .i64(w.rows);
     return launch(k, a,
                   {lanes, static_cast<std::size_t>((w.rows + kMatmulTileN - 1) / kMatmulTileN),
                    static_cast<std::size_t>((rows + tile_rows - 1) / tile_rows)},
@@ -310,7 +323,14 @@ class OpenClOps final : public runtime::Ops {
     if (!sb) return sb.status();
     const Kernel& k = rope_f64_.k != nullptr && use_fp64_ ? rope_f64_ : rope_f32_;
     KernelArgs a(k.k, k.name);
-    a.mem(xb->buffer).u64(xb->offset).mem(*sb).u64(at[0] / 4).mem(*sb).u64(at[1] / 4).i64(heads).i64(head_dim)
+    a.mem(xb->buffer)
+        .u64(xb->offset)
+        .mem(*sb)
+        .u64(at[0] / 4)
+        .mem(*sb)
+        .u64(at[1] / 4)
+        .i64(heads)
+        .i64(head_dim)
         .i64(half);
     return launch(k, a, {static_cast<std::size_t>(half), static_cast<std::size_t>(rows)}, {row_group(k), 1});
   }
@@ -413,7 +433,8 @@ class OpenClOps final : public runtime::Ops {
     static const std::array<std::array<std::string, 2>, 6> names = [] {
       std::array<std::array<std::string, 2>, 6> n;
       for (std::size_t i = 0; i < kTypes.size(); ++i) {
-        n[i] = {fmt::format("matmul_{}_r1", matmul_stem(kTypes[i])), fmt::format("matmul_{}_r8", matmul_stem(kTypes[i]))};
+        n[i] = {fmt::format("matmul_{}_r1", matmul_stem(kTypes[i])),
+                fmt::format("matmul_{}_r8", matmul_stem(kTypes[i]))};
       }
       return n;
     }();
