@@ -1,4 +1,4 @@
-// kallpa::model::matmul on SmolLM2-135M's matrix shapes (rows x cols = outputs x inputs: Q4_1
+// kallpa::ops::matmul on SmolLM2-135M's matrix shapes (rows x cols = outputs x inputs: Q4_1
 // 576x576 q/o, 192x576 k/v, 1536x576 gate/up, 576x1536 down; Q8_0 49152x576 output head), exact f32
 // activations (the default) vs Q8- and Q16-quantised activations (act 0/1/2), batch 1 (decode), 4
 // and 16 (a server's batch of decode streams) and 512 (prefill). threads:0 uses the whole pool,
@@ -31,6 +31,7 @@
 namespace {
 
 using namespace kallpa::model;
+using namespace kallpa::ops;
 
 void BM_QuantMatmul(benchmark::State& state) {
   const std::int64_t rows = state.range(0), cols = state.range(1), batch = state.range(2);

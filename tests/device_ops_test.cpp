@@ -15,7 +15,7 @@
 #include "ops/fallback_ops.h"
 #include "support/synthetic_llama.h"
 
-namespace kallpa::runtime {
+namespace kallpa::ops {
 namespace {
 
 // Host memory behind a device's face: the model must go through upload/download for every byte
@@ -31,21 +31,19 @@ class TestDevice final : public Ops {
   Status upload(void* dst, const void* src, std::size_t bytes) override { return cpu_->upload(dst, src, bytes); }
   Status download(void* dst, const void* src, std::size_t bytes) override { return cpu_->download(dst, src, bytes); }
   Status copy(void* dst, const void* src, std::size_t bytes) override { return cpu_->copy(dst, src, bytes); }
-  Result<std::shared_ptr<const void>> place_weights(std::span<model::WeightMatrix* const> matrices,
-                                                    WeightUse use) override {
-    for (const model::WeightMatrix* m : matrices) {
-      if (lacks_.count("q4_1") && m->type == model::GgmlType::q4_1) return no("Q4_1 weights");
+  Result<std::shared_ptr<const void>> place_weights(std::span<WeightMatrix* const> matrices, WeightUse use) override {
+    for (const WeightMatrix* m : matrices) {
+      if (lacks_.count("q4_1") && m->type == GgmlType::q4_1) return no("Q4_1 weights");
     }
     return cpu_->place_weights(matrices, use);
   }
-  Status embedding(const model::WeightMatrix& t, std::span<const std::int32_t> ids, float* out) override {
+  Status embedding(const WeightMatrix& t, std::span<const std::int32_t> ids, float* out) override {
     return lacks_.count("embedding") ? no("embedding") : cpu_->embedding(t, ids, out);
   }
   Status rmsnorm(const float* x, const float* w, float eps, float* y, std::int64_t r, std::int64_t d) override {
     return lacks_.count("rmsnorm") ? no("rmsnorm") : cpu_->rmsnorm(x, w, eps, y, r, d);
   }
-  Status matmul(const model::WeightMatrix& w, const float* x, std::int64_t rows, float* y,
-                std::int64_t decode_rows) override {
+  Status matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y, std::int64_t decode_rows) override {
     return lacks_.count("matmul") ? no("matmul") : cpu_->matmul(w, x, rows, y, decode_rows);
   }
   Status rope(float* x, std::span<const std::int32_t> pos, std::int64_t h, std::int64_t d, std::int64_t n_rot,
@@ -176,10 +174,10 @@ TEST(DeviceOps, DeviceNamesAreParsedAndUnknownOnesRefused) {
 
 TEST(DeviceOps, EngineLoadsOnADeviceByNameOrSaysWhyNot) {
   for (const char* device : {"opencl", "cuda"}) {
-    EngineOptions o;
+    runtime::EngineOptions o;
     o.device = device;
     o.cache.max_tokens = 64;
-    auto e = Engine::load(synthetic_file(), o);
+    auto e = runtime::Engine::load(synthetic_file(), o);
     if (!e) {
       EXPECT_EQ(e.status().code(), ErrorCode::unsupported) << e.status().to_string();
       EXPECT_EQ(e.status().field(), "device");
@@ -226,4 +224,4 @@ INSTANTIATE_TEST_SUITE_P(Devices, DeviceMatchesCpu, ::testing::Values("opencl", 
                          [](const ::testing::TestParamInfo<const char*>& p) { return std::string(p.param); });
 
 }  // namespace
-}  // namespace kallpa::runtime
+}  // namespace kallpa::ops

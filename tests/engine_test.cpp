@@ -101,7 +101,7 @@ TEST(Engine, BatchedForwardMatchesSeparateSequences) {
     std::copy(sb.logits().begin(), sb.logits().end(), alone_b.begin());
   }
   auto& cache = e->cache();
-  const SeqId s1 = cache.add_sequence(), s2 = cache.add_sequence();
+  const ops::SeqId s1 = cache.add_sequence(), s2 = cache.add_sequence();
   model::ForwardItem items[2] = {{s1, a, 0, true}, {s2, b, 0, true}};
   ASSERT_TRUE(cache.reserve(s1, static_cast<std::int64_t>(a.size())));
   ASSERT_TRUE(cache.reserve(s2, static_cast<std::int64_t>(b.size())));
@@ -123,7 +123,7 @@ TEST(Engine, ForwardTakesPromptChunksFirstIntoReservedPositions) {
   auto& cache = e->cache();
   const auto prompt = some_tokens(5);
   const std::int32_t step[] = {7};
-  const SeqId s1 = cache.add_sequence(), s2 = cache.add_sequence();
+  const ops::SeqId s1 = cache.add_sequence(), s2 = cache.add_sequence();
   std::vector<float> logits(2 * e->config().vocab_size);
   model::ForwardItem unreserved[1] = {{s1, prompt, 0, true}};
   EXPECT_EQ(e->model().forward(unreserved, cache, e->dispatcher(), logits.data()).code(), ErrorCode::invalid_argument);

@@ -24,6 +24,7 @@ namespace {
 using kallpa::ErrorCode;
 using kallpa::Status;
 using namespace kallpa::model;
+using namespace kallpa::ops;
 
 Status load_status(const GgufWriter& w) {
   auto f = GgufFile::from_bytes(w.finish());

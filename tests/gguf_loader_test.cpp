@@ -18,10 +18,10 @@
 namespace {
 
 using kallpa::ErrorCode;
-using kallpa::model::GgmlType;
 using kallpa::model::GgufFile;
 using kallpa::model::GgufValueType;
 using kallpa::model::GgufWriter;
+using kallpa::ops::GgmlType;
 
 using Bytes = std::vector<std::byte>;
 

@@ -13,7 +13,7 @@
 #include "kallpa/half.h"
 #include "kallpa/ops/kv_cache.h"
 
-namespace kallpa::runtime {
+namespace kallpa::ops {
 namespace {
 
 constexpr std::int32_t kLayers = 2, kHeads = 1, kDim = 4, kPage = 4;
@@ -273,4 +273,4 @@ TEST(KvCacheWrite, HalfRowsHoldTheScalarConversionsBitForBit) {
 }
 
 }  // namespace
-}  // namespace kallpa::runtime
+}  // namespace kallpa::ops

@@ -27,9 +27,9 @@
 namespace kallpa {
 namespace {
 
-using model::GgmlType;
-using model::WeightMatrix;
-using runtime::Ops;
+using ops::GgmlType;
+using ops::Ops;
+using ops::WeightMatrix;
 
 const GgmlType kTypes[] = {GgmlType::f32,  GgmlType::f16,  GgmlType::bf16,
                            GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1};
@@ -43,7 +43,7 @@ struct OpenClOps {
 
 OpenClOps make_opencl() {
   OpenClOps o;
-  Result<std::unique_ptr<Ops>> r = runtime::make_ops("opencl");
+  Result<std::unique_ptr<Ops>> r = ops::make_ops("opencl");
   if (r) {
     o.ops = std::move(*r);
   } else if (r.status().code() == ErrorCode::unsupported) {
@@ -110,14 +110,14 @@ struct HostMatrix {
 HostMatrix make_matrix(GgmlType type, std::int64_t rows, std::int64_t cols, unsigned seed) {
   HostMatrix m;
   const std::vector<float> src = random_floats(static_cast<std::size_t>(rows * cols), seed, 0.5f);
-  const std::uint64_t row_bytes = model::row_size(type, cols);
+  const std::uint64_t row_bytes = ops::row_size(type, cols);
   m.bytes.resize(static_cast<std::size_t>(row_bytes * rows));
   m.values.resize(src.size());
   for (std::int64_t r = 0; r < rows; ++r) {
-    EXPECT_TRUE(model::quantize_row(type, src.data() + r * cols, m.bytes.data() + r * row_bytes, cols));
-    EXPECT_TRUE(model::dequantize_row(type, m.bytes.data() + r * row_bytes, m.values.data() + r * cols, cols));
+    EXPECT_TRUE(ops::quantize_row(type, src.data() + r * cols, m.bytes.data() + r * row_bytes, cols));
+    EXPECT_TRUE(ops::dequantize_row(type, m.bytes.data() + r * row_bytes, m.values.data() + r * cols, cols));
   }
-  m.w = WeightMatrix{type, m.bytes.data(), rows, cols, row_bytes, model::WeightLayout::rows};
+  m.w = WeightMatrix{type, m.bytes.data(), rows, cols, row_bytes, ops::WeightLayout::rows};
   return m;
 }
 
@@ -138,12 +138,12 @@ Placed place(Ops& ops, const WeightMatrix& host) {
 
 TEST(OpenClOps, IdentifiesItsDevice) {
   REQUIRE_OPENCL_OPS(cl);
-  EXPECT_EQ(cl.version(), runtime::kOpsVersion);
+  EXPECT_EQ(cl.version(), ops::kOpsVersion);
   EXPECT_EQ(cl.device().kind, DeviceKind::opencl);
   EXPECT_EQ(cl.device_name(), "opencl:" + std::to_string(cl.device().index));
   EXPECT_FALSE(cl.host_addressable());
   // Another index than the process's device is refused with the reason, not a crash.
-  Result<std::unique_ptr<Ops>> other = runtime::make_ops("opencl:" + std::to_string(cl.device().index + 1));
+  Result<std::unique_ptr<Ops>> other = ops::make_ops("opencl:" + std::to_string(cl.device().index + 1));
   ASSERT_FALSE(other);
   EXPECT_EQ(other.status().code(), ErrorCode::unsupported) << other.status().to_string();
 }
@@ -182,7 +182,7 @@ TEST(OpenClOps, MemoryRoundTripsAndRefusesBadAddresses) {
 TEST(OpenClOps, PlaceWeightsSharesTiedMatricesAndRefusesWhatItCannotRun) {
   REQUIRE_OPENCL_OPS(cl);
   HostMatrix m = make_matrix(GgmlType::q8_0, 10, 64, 1);
-  WeightMatrix a = m.w, b = m.w, norm{GgmlType::f32, nullptr, 1, 64, 256, model::WeightLayout::rows};
+  WeightMatrix a = m.w, b = m.w, norm{GgmlType::f32, nullptr, 1, 64, 256, ops::WeightLayout::rows};
   std::vector<float> norm_values = random_floats(64, 2);
   norm.data = norm_values.data();
   WeightMatrix* list[] = {&a, &b, &norm};
@@ -199,9 +199,9 @@ TEST(OpenClOps, PlaceWeightsSharesTiedMatricesAndRefusesWhatItCannotRun) {
 
   // Types without a kernel and repacked layouts are unsupported (the engine runs those on the
   // CPU), and nothing is rewritten.
-  WeightMatrix q5{GgmlType::q5_0, m.bytes.data(), 2, 32, 22, model::WeightLayout::rows};
+  WeightMatrix q5{GgmlType::q5_0, m.bytes.data(), 2, 32, 22, ops::WeightLayout::rows};
   WeightMatrix repacked = m.w;
-  repacked.layout = model::WeightLayout::rows4;
+  repacked.layout = ops::WeightLayout::rows4;
   for (WeightMatrix* w : {&q5, &repacked}) {
     const void* before = w->data;
     WeightMatrix* one[] = {w};
@@ -217,9 +217,9 @@ TEST(OpenClOps, PlaceWeightsSharesTiedMatricesAndRefusesWhatItCannotRun) {
 
 TEST(OpenClOps, EmbeddingMatchesTheCpuForEveryType) {
   REQUIRE_OPENCL_OPS(cl);
-  std::unique_ptr<Ops> cpu = runtime::make_cpu_ops();
+  std::unique_ptr<Ops> cpu = ops::make_cpu_ops();
   for (GgmlType type : kTypes) {
-    SCOPED_TRACE(std::string(model::ggml_type_name(type)));
+    SCOPED_TRACE(std::string(ops::ggml_type_name(type)));
     HostMatrix m = make_matrix(type, 37, 64, 11);
     Placed p = place(cl, m.w);
     const std::vector<std::int32_t> ids = {0, 36, 5, 5, 17};
@@ -238,7 +238,7 @@ TEST(OpenClOps, EmbeddingMatchesTheCpuForEveryType) {
 
 TEST(OpenClOps, RmsNormMatchesTheCpu) {
   REQUIRE_OPENCL_OPS(cl);
-  std::unique_ptr<Ops> cpu = runtime::make_cpu_ops();
+  std::unique_ptr<Ops> cpu = ops::make_cpu_ops();
   for (std::int64_t dim : {576, 100, 7}) {
     const std::int64_t rows = 5;
     std::vector<float> x = random_floats(static_cast<std::size_t>(rows * dim), 3, 2.0f);
@@ -279,14 +279,14 @@ void exact_product(const HostMatrix& m, const std::vector<float>& x, std::int64_
 
 TEST(OpenClOps, MatmulIsExactToF32RoundingForEveryTypeAndBatch) {
   REQUIRE_OPENCL_OPS(cl);
-  std::unique_ptr<Ops> cpu = runtime::make_cpu_ops();
+  std::unique_ptr<Ops> cpu = ops::make_cpu_ops();
   for (GgmlType type : kTypes) {
     // Plain-float rows need not be whole blocks of 32.
     const std::int64_t cols = type == GgmlType::f32 || type == GgmlType::f16 || type == GgmlType::bf16 ? 200 : 192;
     HostMatrix m = make_matrix(type, 70, cols, 21);
     Placed p = place(cl, m.w);
     for (auto [rows, decode] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {3, 3}, {19, 3}, {67, 0}}) {
-      SCOPED_TRACE(std::string(model::ggml_type_name(type)) + " rows " + std::to_string(rows));
+      SCOPED_TRACE(std::string(ops::ggml_type_name(type)) + " rows " + std::to_string(rows));
       const std::vector<float> x =
           random_floats(static_cast<std::size_t>(rows * cols), 22 + static_cast<unsigned>(rows));
       std::vector<double> exact, abs_sum;
@@ -319,7 +319,7 @@ TEST(OpenClOps, MatmulIsExactToF32RoundingForEveryTypeAndBatch) {
 TEST(OpenClOps, MatmulRowsDoNotDependOnTheirBatch) {
   REQUIRE_OPENCL_OPS(cl);
   for (GgmlType type : kTypes) {
-    SCOPED_TRACE(std::string(model::ggml_type_name(type)));
+    SCOPED_TRACE(std::string(ops::ggml_type_name(type)));
     const std::int64_t cols = 576, rows = 13;
     HostMatrix m = make_matrix(type, 45, cols, 31);
     Placed p = place(cl, m.w);
@@ -345,14 +345,14 @@ TEST(OpenClOps, MatmulGroupGivesWhatEachMatmulGives) {
   Placed pq = place(cl, q.w), pk = place(cl, k.w);
   const std::vector<float> x = random_floats(5 * 128, 43);
   DeviceArray dx(cl, x), yq(cl, 5 * 64 * 4), yk(cl, 5 * 32 * 4), zq(cl, 5 * 64 * 4);
-  const model::MatmulJob jobs[] = {{&pq.w, yq.f(), 64}, {&pk.w, yk.f(), 32}};
+  const ops::MatmulJob jobs[] = {{&pq.w, yq.f(), 64}, {&pk.w, yk.f(), 32}};
   ASSERT_TRUE(cl.matmul_group(jobs, dx.f(), 5, 2));
   ASSERT_TRUE(cl.matmul(pq.w, dx.f(), 5, zq.f(), 2));
   EXPECT_EQ(yq.read(5 * 64), zq.read(5 * 64));
 }
 
 void check_rope(Ops& cl, float tolerance) {
-  std::unique_ptr<Ops> cpu = runtime::make_cpu_ops();
+  std::unique_ptr<Ops> cpu = ops::make_cpu_ops();
   std::mt19937 rng(51);
   std::uniform_int_distribution<std::int32_t> pos_dist(0, 30000);
   for (float theta : {10000.0f, 100000.0f}) {
@@ -394,7 +394,7 @@ TEST(OpenClOps, RopeWithoutDoubleStaysClose) {
 
 TEST(OpenClOps, SwigluAndAddMatchTheCpu) {
   REQUIRE_OPENCL_OPS(cl);
-  std::unique_ptr<Ops> cpu = runtime::make_cpu_ops();
+  std::unique_ptr<Ops> cpu = ops::make_cpu_ops();
   const std::size_t n = 3000;
   std::vector<float> gate = random_floats(n, 61, 4.0f), up = random_floats(n, 62);
   gate[0] = 100.0f;
@@ -440,7 +440,7 @@ TEST(OpenClOps, GatherRowsCopiesRowsAndRefusesBadOnes) {
 
 TEST(OpenClOps, ScatterRowsRoundsLikeTheCpu) {
   REQUIRE_OPENCL_OPS(cl);
-  std::unique_ptr<Ops> cpu = runtime::make_cpu_ops();
+  std::unique_ptr<Ops> cpu = ops::make_cpu_ops();
   const std::int64_t dim = 64;
   std::vector<float> src = random_floats(3 * dim, 81, 3.0f);
   // The cases rounding gets wrong: NaN, infinities, overflow to inf, f16 subnormals and values

@@ -18,7 +18,7 @@
 
 namespace {
 
-using namespace kallpa::model;
+using namespace kallpa::ops;
 using kallpa::ErrorCode;
 
 const GgmlType kAllTypes[] = {GgmlType::f32,  GgmlType::f16,  GgmlType::bf16,
@@ -111,7 +111,7 @@ TEST(QuantDequant, HandWorkedQuantisation) {
 
 TEST(QuantDequant, RoundTripErrorBounds) {
   const std::int64_t n = 32 * 64;
-  const auto x = synthetic_values(11, static_cast<std::size_t>(n), 3.0f);
+  const auto x = kallpa::model::synthetic_values(11, static_cast<std::size_t>(n), 3.0f);
   for (GgmlType t : kAllTypes) {
     std::vector<std::byte> q(static_cast<std::size_t>(row_size(t, n)));
     ASSERT_TRUE(quantize_row(t, x.data(), q.data(), n).is_ok());
@@ -144,7 +144,7 @@ TEST(QuantDequant, RoundTripErrorBounds) {
 TEST(QuantKernels, ActivationQuantisationMatchesScalar) {
   if (!kernels::avx2_available()) GTEST_SKIP() << "no AVX2 on this machine: only the scalar kernels run";
   const std::int64_t k = 32 * 40;
-  auto x = synthetic_values(3, static_cast<std::size_t>(k), 10.0f);
+  auto x = kallpa::model::synthetic_values(3, static_cast<std::size_t>(k), 10.0f);
   for (int j = 0; j < 32; ++j) x[static_cast<std::size_t>(j)] = 0.0f;  // all-zero block
   for (int j = 0; j < 32; ++j) x[static_cast<std::size_t>(32 + j)] = static_cast<float>(j - 16) * 0.5f;  // exact halves
   x[70] = 1e-30f;
@@ -196,14 +196,14 @@ struct Problem {
 
 Problem make_problem(GgmlType t, std::int64_t rows, std::int64_t cols, std::int64_t batch, std::uint64_t seed) {
   Problem p{t, rows, cols, batch, {}, {}, {}};
-  const auto wf = synthetic_values(seed, static_cast<std::size_t>(rows * cols), 0.5f);
+  const auto wf = kallpa::model::synthetic_values(seed, static_cast<std::size_t>(rows * cols), 0.5f);
   p.w.resize(static_cast<std::size_t>(row_size(t, cols) * static_cast<std::uint64_t>(rows)));
   for (std::int64_t r = 0; r < rows; ++r) {
     EXPECT_TRUE(
         quantize_row(t, wf.data() + r * cols, p.w.data() + static_cast<std::size_t>(r) * row_size(t, cols), cols)
             .is_ok());
   }
-  p.x = synthetic_values(seed + 1, static_cast<std::size_t>(batch * cols), 2.0f);
+  p.x = kallpa::model::synthetic_values(seed + 1, static_cast<std::size_t>(batch * cols), 2.0f);
   p.wm = WeightMatrix{t, p.w.data(), rows, cols, row_size(t, cols)};
   return p;
 }

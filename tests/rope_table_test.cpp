@@ -12,7 +12,7 @@
 #include "kallpa/ops/ops.h"
 #include "ops/rope_table.h"
 
-namespace kallpa::runtime {
+namespace kallpa::ops {
 namespace {
 
 std::vector<float> direct_rope(std::vector<float> x, const std::vector<std::int32_t>& positions, std::int64_t heads,
@@ -64,4 +64,4 @@ TEST(RopeTable, CpuRopeEqualsDirectRotationBitwise) {
 }
 
 }  // namespace
-}  // namespace kallpa::runtime
+}  // namespace kallpa::ops

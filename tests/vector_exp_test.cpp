@@ -9,7 +9,7 @@
 #include "kallpa/runtime/sampler.h"
 #include "ops/vector_exp.h"
 
-namespace kallpa::runtime {
+namespace kallpa::ops {
 namespace {
 
 TEST(VectorExp, WithinAFewUlpOfStdExpOverTheNormalRange) {
@@ -65,7 +65,7 @@ TEST(Sampler, MaskedLogitsAreNeverDrawn) {
   logits[17] = 0.5f;
   logits[600] = 0.0f;
   logits[999] = -100.0f;  // finite but far below: e^-100 relative, drawn essentially never
-  Sampler s({.temperature = 2.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 3});
+  runtime::Sampler s({.temperature = 2.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 3});
   int hits17 = 0, hits600 = 0;
   for (int i = 0; i < 4000; ++i) {
     std::vector<float> l = logits;
@@ -78,4 +78,4 @@ TEST(Sampler, MaskedLogitsAreNeverDrawn) {
 }
 
 }  // namespace
-}  // namespace kallpa::runtime
+}  // namespace kallpa::ops

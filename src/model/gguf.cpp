@@ -398,11 +398,11 @@ class GgufParser {
       at = pos_;
       st = read_field(type, field + ".type", "a tensor type");
       if (!st) return st;
-      const auto traits = ggml_type_traits(type);
+      const auto traits = ops::ggml_type_traits(type);
       if (!traits) {
         return fail(field + ".type", at, fmt::format("tensor '{}' has unknown ggml type {}", t.name, type));
       }
-      t.type = static_cast<GgmlType>(type);
+      t.type = static_cast<ops::GgmlType>(type);
       if (t.ne[0] % traits->block_size != 0) {
         return fail(field + ".dims[0]", start,
                     fmt::format("tensor '{}' row length {} is not a multiple of {}'s block size {}", t.name, t.ne[0],
@@ -706,7 +706,7 @@ Result<const TensorView*> GgufFile::tensor(std::string_view name) const {
   return t;
 }
 
-Result<WeightMatrix> as_weight_matrix(const TensorView& t) {
+Result<ops::WeightMatrix> as_weight_matrix(const TensorView& t) {
   if (t.ne[2] != 1 || t.ne[3] != 1) {
     return Status(ErrorCode::invalid_argument, std::string(t.name),
                   fmt::format("tensor '{}' of shape {} is not a matrix", t.name, t.shape_string()));
@@ -717,7 +717,7 @@ Result<WeightMatrix> as_weight_matrix(const TensorView& t) {
                               "Q4_0, Q4_1)",
                               t.name, ggml_type_name(t.type)));
   }
-  WeightMatrix w;
+  ops::WeightMatrix w;
   w.type = t.type;
   w.data = t.data;
   w.cols = t.ne[0];

@@ -146,7 +146,7 @@ Status check_tensor(const GgufFile& f, const std::string& name, Kind kind, std::
             fmt::format("tensor '{}' has shape {}, expected {} (ggml order) from the hyperparameters", name,
                         tv.shape_string(), want)};
   }
-  if (kind == Kind::norm ? tv.type != GgmlType::f32 : !is_compute_supported(tv.type)) {
+  if (kind == Kind::norm ? tv.type != ops::GgmlType::f32 : !is_compute_supported(tv.type)) {
     return {ErrorCode::unsupported, name,
             fmt::format("tensor '{}' has type {}, which kallpa does not support here (supported: {})", name,
                         ggml_type_name(tv.type), kind == Kind::norm ? "F32" : "F32, F16, BF16, Q8_0, Q4_0, Q4_1")};

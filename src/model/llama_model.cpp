@@ -18,11 +18,11 @@ namespace {
 // this process (clean pages of a read-only file mapping; a later read, say by another model on the
 // same file, faults them back in), so that resident memory holds the weights once. The embedding
 // table stays, as lookups read it from the file.
-void release_file_pages(const std::vector<WeightMatrix>& originals, const WeightMatrix& keep) {
+void release_file_pages(const std::vector<ops::WeightMatrix>& originals, const ops::WeightMatrix& keep) {
   const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
   const auto* keep_begin = static_cast<const std::byte*>(keep.data);
   const std::byte* keep_end = keep_begin + static_cast<std::size_t>(keep.rows) * keep.row_bytes;
-  for (const WeightMatrix& w : originals) {
+  for (const ops::WeightMatrix& w : originals) {
     const auto* begin = static_cast<const std::byte*>(w.data);
     const std::byte* end = begin + static_cast<std::size_t>(w.rows) * w.row_bytes;
     if (w.data == keep.data || (begin < keep_end && keep_begin < end)) continue;  // tied to the embedding
@@ -35,14 +35,14 @@ void release_file_pages(const std::vector<WeightMatrix>& originals, const Weight
 }  // namespace
 namespace {
 
-Result<WeightMatrix> matrix(const TensorView* t) {
+Result<ops::WeightMatrix> matrix(const TensorView* t) {
   if (t == nullptr) return Status(ErrorCode::internal, "weights", "missing tensor view");
   return as_weight_matrix(*t);
 }
 
 }  // namespace
 
-Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufFile> file, runtime::Ops& ops) {
+Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufFile> file, ops::Ops& ops) {
   LlamaWeights w;
   auto config = load_llama_config(*file, &w);
   if (!config) return config.status();
@@ -51,7 +51,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufF
   m->ops_ = &ops;
   m->config_ = *config;
 
-  auto take = [](const TensorView* t, WeightMatrix* out) -> Status {
+  auto take = [](const TensorView* t, ops::WeightMatrix* out) -> Status {
     auto r = matrix(t);
     if (!r) return r.status();
     *out = *r;
@@ -72,24 +72,24 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufF
     }
     m->layers_.push_back(l);
   }
-  std::vector<WeightMatrix*> products{&m->output_}, lookups{&m->token_embd_, &m->output_norm_};
+  std::vector<ops::WeightMatrix*> products{&m->output_}, lookups{&m->token_embd_, &m->output_norm_};
   for (Layer& l : m->layers_) {
-    for (WeightMatrix* p : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) products.push_back(p);
+    for (ops::WeightMatrix* p : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) products.push_back(p);
     lookups.push_back(&l.attn_norm);
     lookups.push_back(&l.ffn_norm);
   }
-  std::vector<WeightMatrix*> all = products;
+  std::vector<ops::WeightMatrix*> all = products;
   all.insert(all.end(), lookups.begin(), lookups.end());
-  std::vector<WeightMatrix> originals;
-  for (const WeightMatrix* mat : all) originals.push_back(*mat);
+  std::vector<ops::WeightMatrix> originals;
+  for (const ops::WeightMatrix* mat : all) originals.push_back(*mat);
   for (auto [mats, use] :
-       {std::pair{&products, runtime::Ops::WeightUse::matmul}, std::pair{&lookups, runtime::Ops::WeightUse::lookup}}) {
+       {std::pair{&products, ops::Ops::WeightUse::matmul}, std::pair{&lookups, ops::Ops::WeightUse::lookup}}) {
     auto placed = ops.place_weights(*mats, use);
     if (!placed) return placed.status();
     m->placed_.push_back(std::move(*placed));
   }
   if (m->file_->file_backed()) {
-    std::vector<WeightMatrix> replaced;
+    std::vector<ops::WeightMatrix> replaced;
     for (std::size_t i = 0; i < all.size(); ++i) {
       if (all[i]->data != originals[i].data) replaced.push_back(originals[i]);
     }
@@ -100,7 +100,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufF
 
 LlamaModel::~LlamaModel() = default;
 
-Status LlamaModel::Scratch::reserve(runtime::Ops& ops, std::int64_t floats, const char* what) {
+Status LlamaModel::Scratch::reserve(ops::Ops& ops, std::int64_t floats, const char* what) {
   if (floats <= size_ && ops_ == &ops) return {};
   reset();
   auto p = ops.allocate(static_cast<std::size_t>(floats) * sizeof(float), what);
@@ -118,7 +118,7 @@ void LlamaModel::Scratch::reset() noexcept {
 }
 
 std::int64_t LlamaModel::matmul_weights_per_token() const noexcept {
-  auto count = [](const WeightMatrix& w) { return w.rows * w.cols; };
+  auto count = [](const ops::WeightMatrix& w) { return w.rows * w.cols; };
   std::int64_t total = count(output_);
   for (const Layer& l : layers_) {
     total += count(l.wq) + count(l.wk) + count(l.wv) + count(l.wo) + count(l.gate) + count(l.up) + count(l.down);
@@ -126,15 +126,14 @@ std::int64_t LlamaModel::matmul_weights_per_token() const noexcept {
   return total;
 }
 
-Result<std::unique_ptr<runtime::KvCache>> LlamaModel::make_cache(runtime::KvCacheOptions options) const {
-  return runtime::KvCache::create(static_cast<std::int32_t>(config_.n_layer),
-                                  static_cast<std::int32_t>(config_.n_head_kv),
-                                  static_cast<std::int32_t>(config_.head_dim), options, ops_);
+Result<std::unique_ptr<ops::KvCache>> LlamaModel::make_cache(ops::KvCacheOptions options) const {
+  return ops::KvCache::create(static_cast<std::int32_t>(config_.n_layer), static_cast<std::int32_t>(config_.n_head_kv),
+                              static_cast<std::int32_t>(config_.head_dim), options, ops_);
 }
 
-Status LlamaModel::forward(std::span<const ForwardItem> items, runtime::KvCache& cache, Dispatcher& dispatcher,
+Status LlamaModel::forward(std::span<const ForwardItem> items, ops::KvCache& cache, Dispatcher& dispatcher,
                            float* logits) {
-  runtime::Ops& ops = *ops_;
+  ops::Ops& ops = *ops_;
   // The decode rows must form the tail that the ops may compute with cheaper activations
   // (ops/ops.h). Rows stay in the caller's order, so the logits come out in it with no reshuffle;
   // the caller, which knows each item's kind when it builds the batch, puts prompt chunks first.
@@ -160,7 +159,7 @@ Status LlamaModel::forward(std::span<const ForwardItem> items, runtime::KvCache&
     }
     if (cache.capacity(it.seq) < end) {
       return Status::invalid("cache", fmt::format("sequence {} holds {} positions, its chunk ends at {}: the caller "
-                                                  "reserves them first (KvCache::reserve)",
+                                                  "reserves them first (ops::KvCache::reserve)",
                                                   it.seq, cache.capacity(it.seq), end));
     }
     total += static_cast<std::int64_t>(it.tokens.size());
@@ -198,7 +197,7 @@ Status LlamaModel::forward(std::span<const ForwardItem> items, runtime::KvCache&
     const Layer& L = layers_[l];
     // Attention block.
     if (!(s = ops.rmsnorm(x, static_cast<const float*>(L.attn_norm.data), eps, h, total, embd))) return s;
-    const MatmulJob qkv[] = {{&L.wq, q, qd}, {&L.wk, k, kvd}, {&L.wv, v, kvd}};
+    const ops::MatmulJob qkv[] = {{&L.wq, q, qd}, {&L.wk, k, kvd}, {&L.wv, v, kvd}};
     if (!(s = ops.matmul_group(qkv, h, total, decode_rows))) return s;
     if (!(s = ops.rope(q, positions_, config_.n_head, config_.head_dim, config_.n_rot, config_.rope_freq_base)) ||
         !(s = ops.rope(k, positions_, config_.n_head_kv, config_.head_dim, config_.n_rot, config_.rope_freq_base)) ||
@@ -209,7 +208,7 @@ Status LlamaModel::forward(std::span<const ForwardItem> items, runtime::KvCache&
     }
     // Feed-forward block (SwiGLU).
     if (!(s = ops.rmsnorm(x, static_cast<const float*>(L.ffn_norm.data), eps, h, total, embd))) return s;
-    const MatmulJob gate_up[] = {{&L.gate, gate, ff}, {&L.up, up, ff}};
+    const ops::MatmulJob gate_up[] = {{&L.gate, gate, ff}, {&L.up, up, ff}};
     if (!(s = ops.matmul_group(gate_up, h, total, decode_rows)) || !(s = ops.swiglu(gate, up, gate, total * ff)) ||
         !(s = ops.matmul(L.down, gate, total, tmp, decode_rows)) || !(s = ops.add(x, tmp, total * embd))) {
       return s;
@@ -241,7 +240,7 @@ Status LlamaModel::forward(std::span<const ForwardItem> items, runtime::KvCache&
   return ops.download(logits, logits_.get(), static_cast<std::size_t>(wanted * vocab) * sizeof(float));
 }
 
-void LlamaModel::plan_attention(std::span<const ForwardItem> items, const runtime::KvCache& cache) {
+void LlamaModel::plan_attention(std::span<const ForwardItem> items, const ops::KvCache& cache) {
   cu_q_.assign(1, 0);
   seqlens_k_.clear();
   std::vector<std::vector<std::int32_t>> tables;
@@ -263,7 +262,7 @@ void LlamaModel::plan_attention(std::span<const ForwardItem> items, const runtim
   }
 }
 
-Status LlamaModel::attention(std::int32_t layer, const runtime::KvCache& cache, Dispatcher& dispatcher) {
+Status LlamaModel::attention(std::int32_t layer, const ops::KvCache& cache, Dispatcher& dispatcher) {
   const auto batch = static_cast<std::int32_t>(seqlens_k_.size());
   const std::int64_t total = cu_q_.back();
   AttentionProblem p;

@@ -12,7 +12,7 @@
 #define KALLPA_X86 1
 #endif
 
-namespace kallpa::model::kernels {
+namespace kallpa::ops::kernels {
 
 namespace {
 
@@ -71,4 +71,4 @@ void convert_row_half_avx2(GgmlType type, const float* src, std::uint16_t* dst, 
   convert_row_scalar(type, src, dst, done, n);
 }
 
-}  // namespace kallpa::model::kernels
+}  // namespace kallpa::ops::kernels

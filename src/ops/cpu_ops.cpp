@@ -22,7 +22,7 @@
 #include "ops/rope_table.h"
 #include "ops/vector_exp.h"
 
-namespace kallpa::runtime {
+namespace kallpa::ops {
 namespace {
 
 // Below this many elements a parallel_for costs more than it saves.
@@ -84,10 +84,9 @@ class CpuOps final : public Ops {
   }
   // Matrix products read the weights repacked for the SIMD kernels (ops/repack.h); lookups read
   // them where they are (the model file's mapping), so nothing is copied for them.
-  Result<std::shared_ptr<const void>> place_weights(std::span<model::WeightMatrix* const> matrices,
-                                                    WeightUse use) override {
+  Result<std::shared_ptr<const void>> place_weights(std::span<WeightMatrix* const> matrices, WeightUse use) override {
     if (use == WeightUse::lookup) return std::shared_ptr<const void>();
-    auto packed = std::make_shared<model::RepackedWeights>();
+    auto packed = std::make_shared<RepackedWeights>();
     if (Status s = packed->repack({matrices.begin(), matrices.end()}); !s) return s;
     return std::shared_ptr<const void>(std::move(packed));
   }
@@ -97,7 +96,7 @@ class CpuOps final : public Ops {
   // expanding weights to floats. KALLPA_MATMUL_ACTIVATIONS=f32 makes every row exact, =q8 puts
   // every row through Q8 blocks (llama.cpp's choice; measurably changes greedy answers).
   enum class Scheme { mixed, f32, q8 };
-  std::vector<model::MatmulJob> tail_jobs_;
+  std::vector<MatmulJob> tail_jobs_;
   RopeTable rope_table_;
   const Scheme scheme_ = [] {
     const char* e = std::getenv("KALLPA_MATMUL_ACTIVATIONS");
@@ -105,13 +104,13 @@ class CpuOps final : public Ops {
     return v == "f32" ? Scheme::f32 : v == "q8" ? Scheme::q8 : Scheme::mixed;
   }();
 
-  Status embedding(const model::WeightMatrix& table, std::span<const std::int32_t> ids, float* out) override {
+  Status embedding(const WeightMatrix& table, std::span<const std::int32_t> ids, float* out) override {
     for (std::size_t t = 0; t < ids.size(); ++t) {
       if (ids[t] < 0 || ids[t] >= table.rows) {
         return Status::invalid("tokens", "token id " + std::to_string(ids[t]) + " is outside the vocabulary of " +
                                              std::to_string(table.rows));
       }
-      Status s = model::dequantize_rows(table, ids[t], 1, out + static_cast<std::int64_t>(t) * table.cols);
+      Status s = dequantize_rows(table, ids[t], 1, out + static_cast<std::int64_t>(t) * table.cols);
       if (!s) return s;
     }
     return {};
@@ -130,32 +129,31 @@ class CpuOps final : public Ops {
     return {};
   }
 
-  Status matmul(const model::WeightMatrix& w, const float* x, std::int64_t rows, float* y,
-                std::int64_t decode_rows) override {
-    const model::MatmulJob job{&w, y, w.rows};
+  Status matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y, std::int64_t decode_rows) override {
+    const MatmulJob job{&w, y, w.rows};
     return matmul_group({&job, 1}, x, rows, decode_rows);
   }
 
-  Status matmul_group(std::span<const model::MatmulJob> jobs, const float* x, std::int64_t rows,
+  Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_t rows,
                       std::int64_t decode_rows) override {
-    using Act = model::MatmulOptions::Activations;
+    using Act = MatmulOptions::Activations;
     if (jobs.empty()) return {};
     const std::int64_t cols = jobs[0].w->cols;
-    model::MatmulOptions o;
+    MatmulOptions o;
     if (scheme_ != Scheme::mixed || decode_rows <= 0) {
       o.activations = scheme_ == Scheme::q8 ? Act::q8 : Act::f32;
-      return model::matmul_group(jobs, x, rows, cols, o);
+      return ops::matmul_group(jobs, x, rows, cols, o);
     }
     decode_rows = std::min(decode_rows, rows);
     const std::int64_t prompt_rows = rows - decode_rows;
     if (prompt_rows > 0) {
       o.activations = Act::f32;
-      if (Status s = model::matmul_group(jobs, x, prompt_rows, cols, o); !s) return s;
+      if (Status s = ops::matmul_group(jobs, x, prompt_rows, cols, o); !s) return s;
     }
     tail_jobs_.assign(jobs.begin(), jobs.end());
-    for (model::MatmulJob& j : tail_jobs_) j.y += prompt_rows * j.ldy;
+    for (MatmulJob& j : tail_jobs_) j.y += prompt_rows * j.ldy;
     o.activations = Act::q16;
-    return model::matmul_group(tail_jobs_, x + prompt_rows * cols, decode_rows, cols, o);
+    return ops::matmul_group(tail_jobs_, x + prompt_rows * cols, decode_rows, cols, o);
   }
 
   Status rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
@@ -223,8 +221,8 @@ class CpuOps final : public Ops {
         case DType::f32: std::memcpy(d, s, static_cast<std::size_t>(dim) * 4); break;
         case DType::f16:
         case DType::bf16: {
-          const auto type = dst_type == DType::f16 ? model::GgmlType::f16 : model::GgmlType::bf16;
-          if (Status st = model::quantize_row(type, s, d, dim); !st) return st;
+          const auto type = dst_type == DType::f16 ? GgmlType::f16 : GgmlType::bf16;
+          if (Status st = quantize_row(type, s, d, dim); !st) return st;
           break;
         }
       }
@@ -237,4 +235,4 @@ class CpuOps final : public Ops {
 
 std::unique_ptr<Ops> make_cpu_ops() { return std::make_unique<CpuOps>(); }
 
-}  // namespace kallpa::runtime
+}  // namespace kallpa::ops

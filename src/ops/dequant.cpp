@@ -6,7 +6,7 @@
 #include "kallpa/ops/quant.h"
 #include "ops/quant_kernels.h"
 
-namespace kallpa::model {
+namespace kallpa::ops {
 
 std::uint64_t row_size(GgmlType type, std::int64_t cols) noexcept {
   const auto traits = ggml_type_traits(static_cast<std::uint32_t>(type));
@@ -66,4 +66,4 @@ Status dequantize_rows(const WeightMatrix& w, std::int64_t first, std::int64_t c
   return {};
 }
 
-}  // namespace kallpa::model
+}  // namespace kallpa::ops

@@ -2,7 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
-namespace kallpa::runtime {
+namespace kallpa::ops {
 
 FallbackOps::FallbackOps(std::unique_ptr<Ops> device, bool strict)
     : device_(std::move(device)), cpu_(make_cpu_ops()), strict_(strict) {}
@@ -28,15 +28,14 @@ Result<std::vector<float>> FallbackOps::down(const float* src, std::int64_t n) {
   return host;
 }
 
-Result<std::shared_ptr<const void>> FallbackOps::place_weights(std::span<model::WeightMatrix* const> matrices,
-                                                               WeightUse use) {
+Result<std::shared_ptr<const void>> FallbackOps::place_weights(std::span<WeightMatrix* const> matrices, WeightUse use) {
   auto all = device_->place_weights(matrices, use);
   if (all || !fall_back(all.status(), "place_weights")) return all;
   // One by one: what the device takes goes there, the rest stays with the CPU.
   auto holders = std::make_shared<std::vector<std::shared_ptr<const void>>>();
-  for (model::WeightMatrix* m : matrices) {
-    model::WeightMatrix copy = *m;
-    model::WeightMatrix* one[] = {&copy};
+  for (WeightMatrix* m : matrices) {
+    WeightMatrix copy = *m;
+    WeightMatrix* one[] = {&copy};
     auto placed = device_->place_weights(one, use);
     if (!placed) {
       if (placed.status().code() != ErrorCode::unsupported) return placed.status();
@@ -50,7 +49,7 @@ Result<std::shared_ptr<const void>> FallbackOps::place_weights(std::span<model::
   return std::shared_ptr<const void>(std::move(holders));
 }
 
-Status FallbackOps::embedding(const model::WeightMatrix& table, std::span<const std::int32_t> ids, float* out) {
+Status FallbackOps::embedding(const WeightMatrix& table, std::span<const std::int32_t> ids, float* out) {
   if (!on_host(table)) {
     Status s = device_->embedding(table, ids, out);
     if (!fall_back(s, "embedding")) return s;
@@ -74,16 +73,16 @@ Status FallbackOps::rmsnorm(const float* x, const float* weight, float eps, floa
   return up(y, *hx);
 }
 
-Status FallbackOps::matmul(const model::WeightMatrix& w, const float* x, std::int64_t rows, float* y,
+Status FallbackOps::matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y,
                            std::int64_t decode_rows) {
-  const model::MatmulJob job{&w, y, w.rows};
+  const MatmulJob job{&w, y, w.rows};
   return matmul_group({&job, 1}, x, rows, decode_rows);
 }
 
-Status FallbackOps::matmul_group(std::span<const model::MatmulJob> jobs, const float* x, std::int64_t rows,
+Status FallbackOps::matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_t rows,
                                  std::int64_t decode_rows) {
   bool any_host = false;
-  for (const model::MatmulJob& j : jobs) any_host = any_host || on_host(*j.w);
+  for (const MatmulJob& j : jobs) any_host = any_host || on_host(*j.w);
   if (!any_host) {
     Status s = device_->matmul_group(jobs, x, rows, decode_rows);
     if (!fall_back(s, "matmul")) return s;
@@ -93,12 +92,12 @@ Status FallbackOps::matmul_group(std::span<const model::MatmulJob> jobs, const f
   if (jobs.empty()) return {};
   auto hx = down(x, rows * jobs[0].w->cols);
   if (!hx) return hx.status();
-  for (const model::MatmulJob& j : jobs) {
-    model::WeightMatrix w = *j.w;
+  for (const MatmulJob& j : jobs) {
+    WeightMatrix w = *j.w;
     std::vector<std::byte> bytes;
     if (!on_host(w)) {
       // The device holds it in the file's layout; a copy lets the CPU kernels read it.
-      if (w.layout != model::WeightLayout::rows) {
+      if (w.layout != WeightLayout::rows) {
         return Status(ErrorCode::unsupported, "matmul", "the device's weight layout has no CPU kernel");
       }
       bytes.resize(static_cast<std::size_t>(w.rows) * w.row_bytes);
@@ -177,4 +176,4 @@ Status FallbackOps::scatter_rows(const float* src, std::int64_t dim, void* dst, 
   return {};
 }
 
-}  // namespace kallpa::runtime
+}  // namespace kallpa::ops

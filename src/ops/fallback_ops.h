@@ -17,7 +17,7 @@
 
 #include "kallpa/ops/ops.h"
 
-namespace kallpa::runtime {
+namespace kallpa::ops {
 
 class FallbackOps final : public Ops {
  public:
@@ -39,15 +39,13 @@ class FallbackOps final : public Ops {
   }
   Status copy(void* dst, const void* src, std::size_t bytes) override { return device_->copy(dst, src, bytes); }
   Status finish() override { return device_->finish(); }
-  Result<std::shared_ptr<const void>> place_weights(std::span<model::WeightMatrix* const> matrices,
-                                                    WeightUse use) override;
+  Result<std::shared_ptr<const void>> place_weights(std::span<WeightMatrix* const> matrices, WeightUse use) override;
 
-  Status embedding(const model::WeightMatrix& table, std::span<const std::int32_t> ids, float* out) override;
+  Status embedding(const WeightMatrix& table, std::span<const std::int32_t> ids, float* out) override;
   Status rmsnorm(const float* x, const float* weight, float eps, float* y, std::int64_t rows,
                  std::int64_t dim) override;
-  Status matmul(const model::WeightMatrix& w, const float* x, std::int64_t rows, float* y,
-                std::int64_t decode_rows) override;
-  Status matmul_group(std::span<const model::MatmulJob> jobs, const float* x, std::int64_t rows,
+  Status matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y, std::int64_t decode_rows) override;
+  Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_t rows,
                       std::int64_t decode_rows) override;
   Status rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
               std::int64_t n_rot, float theta) override;
@@ -61,7 +59,7 @@ class FallbackOps final : public Ops {
   // Whether to run `op` on the CPU after the device answered `s`: false when s is ok or another
   // error; counts and logs when true. In strict mode it is always false.
   bool fall_back(const Status& s, const char* op);
-  bool on_host(const model::WeightMatrix& w) const { return host_weights_.count(w.data) != 0; }
+  bool on_host(const WeightMatrix& w) const { return host_weights_.count(w.data) != 0; }
   // Host copies of device floats, and back.
   Result<std::vector<float>> down(const float* src, std::int64_t n);
   Status up(float* dst, const std::vector<float>& src) { return device_->upload(dst, src.data(), src.size() * 4); }
@@ -74,4 +72,4 @@ class FallbackOps final : public Ops {
   std::map<std::string, std::uint64_t> counts_;
 };
 
-}  // namespace kallpa::runtime
+}  // namespace kallpa::ops

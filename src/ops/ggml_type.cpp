@@ -1,6 +1,6 @@
 #include "kallpa/ops/ggml_type.h"
 
-namespace kallpa::model {
+namespace kallpa::ops {
 
 std::optional<GgmlTypeTraits> ggml_type_traits(std::uint32_t type) noexcept {
   // Block sizes and bytes per block as ggml defines them (cross-checked with gguf-py's
@@ -59,4 +59,4 @@ bool is_compute_supported(GgmlType type) noexcept {
   }
 }
 
-}  // namespace kallpa::model
+}  // namespace kallpa::ops

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-namespace kallpa::model {
+namespace kallpa::ops {
 
 namespace {
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
@@ -54,4 +54,4 @@ HugeBuffer& HugeBuffer::operator=(HugeBuffer&& other) noexcept {
   return *this;
 }
 
-}  // namespace kallpa::model
+}  // namespace kallpa::ops

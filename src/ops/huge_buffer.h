@@ -8,7 +8,7 @@
 
 #include "kallpa/status.h"
 
-namespace kallpa::model {
+namespace kallpa::ops {
 
 class HugeBuffer {
  public:
@@ -32,4 +32,4 @@ class HugeBuffer {
   std::size_t size_ = 0;
 };
 
-}  // namespace kallpa::model
+}  // namespace kallpa::ops

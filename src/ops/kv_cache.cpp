@@ -10,7 +10,7 @@
 #include "kallpa/ops/quant.h"
 #include "ops/huge_buffer.h"
 
-namespace kallpa::runtime {
+namespace kallpa::ops {
 
 Result<std::unique_ptr<KvCache>> KvCache::create(std::int32_t n_layer, std::int32_t n_head_kv, std::int32_t head_dim,
                                                  KvCacheOptions options, Ops* memory) {
@@ -39,13 +39,13 @@ Result<std::unique_ptr<KvCache>> KvCache::create(std::int32_t n_layer, std::int3
         std::shared_ptr<std::byte>(static_cast<std::byte*>(*device), [memory](std::byte* p) { memory->free(p); });
   } else {
     // On huge pages, committed as blocks are first written.
-    auto buffer = model::HugeBuffer::allocate(total, "kv_cache");
+    auto buffer = HugeBuffer::allocate(total, "kv_cache");
     if (!buffer) {
       return Status(
           ErrorCode::out_of_memory, "kv_cache",
           fmt::format("cannot allocate {} MiB for {} tokens", double(total) / double(1 << 20), options.max_tokens));
     }
-    auto holder = std::make_shared<model::HugeBuffer>(std::move(*buffer));
+    auto holder = std::make_shared<HugeBuffer>(std::move(*buffer));
     cache->storage_ = std::shared_ptr<std::byte>(holder, holder->data());
   }
   // Hand out low block ids first: a fresh cache then looks like a dense one, which helps caches.
@@ -296,9 +296,9 @@ Status KvCache::write_rows(std::int32_t layer, std::span<const std::int64_t> slo
       case DType::f16:
       case DType::bf16: {
         // F16/BF16 rounding of quantize_row: vectorised where the CPU allows (model/convert_half_avx2.cpp).
-        const auto type = options_.dtype == DType::f16 ? model::GgmlType::f16 : model::GgmlType::bf16;
-        if (Status s = model::quantize_row(type, ks, kd, row); !s) return s;
-        if (Status s = model::quantize_row(type, vs, vd, row); !s) return s;
+        const auto type = options_.dtype == DType::f16 ? GgmlType::f16 : GgmlType::bf16;
+        if (Status s = quantize_row(type, ks, kd, row); !s) return s;
+        if (Status s = quantize_row(type, vs, vd, row); !s) return s;
         break;
       }
     }
@@ -316,4 +316,4 @@ TensorView KvCache::v_view(std::int32_t layer) const {
                               device_ != nullptr ? device_->device() : Device::cpu());
 }
 
-}  // namespace kallpa::runtime
+}  // namespace kallpa::ops

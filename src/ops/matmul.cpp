@@ -14,7 +14,7 @@
 #include "kallpa/ops/quant.h"
 #include "ops/quant_kernels.h"
 
-namespace kallpa::model {
+namespace kallpa::ops {
 
 namespace {
 
@@ -227,4 +227,4 @@ Status matmul(const WeightMatrix& w, const float* x, std::int64_t batch, std::in
   return matmul_group({&job, 1}, x, batch, ldx, options);
 }
 
-}  // namespace kallpa::model
+}  // namespace kallpa::ops

@@ -5,11 +5,10 @@
 
 #include <fmt/format.h>
 
-namespace kallpa::runtime {
+namespace kallpa::ops {
 
-Status Ops::matmul_group(std::span<const model::MatmulJob> jobs, const float* x, std::int64_t rows,
-                         std::int64_t decode_rows) {
-  for (const model::MatmulJob& j : jobs) {
+Status Ops::matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_t rows, std::int64_t decode_rows) {
+  for (const MatmulJob& j : jobs) {
     if (j.w == nullptr || j.ldy != j.w->rows) return Status::invalid("jobs", "ldy must equal the matrix's rows");
     if (Status s = matmul(*j.w, x, rows, j.y, decode_rows); !s) return s;
   }
@@ -58,4 +57,4 @@ Result<std::unique_ptr<Ops>> make_ops(std::string_view device) {
   return factory(dev.index);
 }
 
-}  // namespace kallpa::runtime
+}  // namespace kallpa::ops

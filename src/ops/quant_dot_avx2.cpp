@@ -20,7 +20,7 @@
 #define KALLPA_X86 1
 #endif
 
-namespace kallpa::model::kernels {
+namespace kallpa::ops::kernels {
 
 #if KALLPA_X86
 
@@ -1017,4 +1017,4 @@ void gemm_qf_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::s
 
 #endif
 
-}  // namespace kallpa::model::kernels
+}  // namespace kallpa::ops::kernels

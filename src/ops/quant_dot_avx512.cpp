@@ -30,7 +30,7 @@
 #define KALLPA_X86 1
 #endif
 
-namespace kallpa::model::kernels {
+namespace kallpa::ops::kernels {
 
 #if KALLPA_X86
 
@@ -459,4 +459,4 @@ void gemm_q16_avx512(GgmlType type, WeightLayout layout, const std::byte* w, std
 
 #endif
 
-}  // namespace kallpa::model::kernels
+}  // namespace kallpa::ops::kernels

@@ -1,4 +1,4 @@
-// Kernels behind kallpa::model::matmul / dequantize_row, each in a plain scalar reference and an
+// Kernels behind matmul / dequantize_row, each in a plain scalar reference and an
 // AVX2 (+FMA, F16C) version selected at run time, and for batched Q16 products an AVX-512 VNNI one
 // above that. Tests compare them.
 //
@@ -25,7 +25,7 @@
 #include "kallpa/ops/quant.h"
 #include "ops/quant_types.h"
 
-namespace kallpa::model::kernels {
+namespace kallpa::ops::kernels {
 
 inline bool is_quantized(GgmlType t) noexcept {
   return t == GgmlType::q8_0 || t == GgmlType::q4_0 || t == GgmlType::q4_1;
@@ -137,4 +137,4 @@ void gemm_q16_avx512(GgmlType type, WeightLayout layout, const std::byte* w, std
                      const BlockQ16x* xq, const std::int32_t* x_pairs, std::int64_t nx, std::int64_t k, float* y,
                      std::int64_t ldy);
 
-}  // namespace kallpa::model::kernels
+}  // namespace kallpa::ops::kernels

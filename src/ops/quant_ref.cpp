@@ -8,7 +8,7 @@
 #include "kallpa/half.h"
 #include "ops/quant_kernels.h"
 
-namespace kallpa::model::kernels {
+namespace kallpa::ops::kernels {
 
 namespace {
 
@@ -300,4 +300,4 @@ void gemm_qf_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std:
   }
 }
 
-}  // namespace kallpa::model::kernels
+}  // namespace kallpa::ops::kernels

@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace kallpa::model {
+namespace kallpa::ops {
 
 inline constexpr int kQK = 32;  // elements per block of Q8_0 / Q4_0 / Q4_1
 
@@ -50,4 +50,4 @@ struct alignas(8) BlockQ16x {
 };
 static_assert(sizeof(BlockQ16x) == 72);
 
-}  // namespace kallpa::model
+}  // namespace kallpa::ops

@@ -9,7 +9,7 @@
 
 #include "ops/quant_kernels.h"
 
-namespace kallpa::model {
+namespace kallpa::ops {
 
 bool can_repack_rows4(const WeightMatrix& w) noexcept {
   return kernels::is_quantized(w.type) && w.layout == WeightLayout::rows && w.rows % 4 == 0 && w.data != nullptr &&
@@ -61,4 +61,4 @@ Status RepackedWeights::repack(std::vector<WeightMatrix*> matrices) {
   return {};
 }
 
-}  // namespace kallpa::model
+}  // namespace kallpa::ops

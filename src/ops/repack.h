@@ -12,7 +12,7 @@
 #include "kallpa/status.h"
 #include "ops/huge_buffer.h"
 
-namespace kallpa::model {
+namespace kallpa::ops {
 
 // Whether repack_rows4 applies: Q8_0/Q4_0/Q4_1 in the rows layout with rows % 4 == 0.
 bool can_repack_rows4(const WeightMatrix& w) noexcept;
@@ -35,4 +35,4 @@ class RepackedWeights {
   HugeBuffer storage_;
 };
 
-}  // namespace kallpa::model
+}  // namespace kallpa::ops

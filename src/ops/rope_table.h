@@ -11,7 +11,7 @@
 #include <mutex>
 #include <vector>
 
-namespace kallpa::runtime {
+namespace kallpa::ops {
 
 class RopeTable {
  public:
@@ -66,4 +66,4 @@ class RopeTable {
   std::vector<float> cs_;  // rows_ x n_rot
 };
 
-}  // namespace kallpa::runtime
+}  // namespace kallpa::ops

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <limits>
 
-namespace kallpa::runtime {
+namespace kallpa::ops {
 
 namespace {
 #if defined(__x86_64__)
@@ -71,4 +71,4 @@ void shifted_exp(const float* x, float* out, std::int64_t n, float shift, float 
   }
 }
 
-}  // namespace kallpa::runtime
+}  // namespace kallpa::ops

@@ -7,7 +7,7 @@
 #include <immintrin.h>
 #endif
 
-namespace kallpa::runtime {
+namespace kallpa::ops {
 
 #if defined(__x86_64__)
 // exp(x) for x in [-87, 88] (clamped outside), Cephes' expf: 2^n * p(r), r = x - n ln2 in
@@ -41,4 +41,4 @@ float max_ignoring_nan(const float* x, std::int64_t n) noexcept;
 // below -87 (where f32 runs out of normal range): a softmax's weights, with masked entries 0.
 void shifted_exp(const float* x, float* out, std::int64_t n, float shift, float scale) noexcept;
 
-}  // namespace kallpa::runtime
+}  // namespace kallpa::ops

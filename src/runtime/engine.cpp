@@ -52,12 +52,12 @@ Result<std::unique_ptr<Engine>> Engine::load(std::shared_ptr<const model::GgufFi
                                              const EngineOptions& options) {
   std::unique_ptr<Engine> e(new Engine());
   e->options_ = options;
-  auto ops = make_ops(options.device);
+  auto ops = ops::make_ops(options.device);
   if (!ops) return ops.status();
   if ((*ops)->host_addressable()) {
     e->ops_ = std::move(*ops);
   } else {
-    e->ops_ = std::make_unique<FallbackOps>(std::move(*ops), options.strict_device);
+    e->ops_ = std::make_unique<ops::FallbackOps>(std::move(*ops), options.strict_device);
   }
   auto model = model::LlamaModel::load(file, *e->ops_);
   if (!model) return model.status();
@@ -83,7 +83,7 @@ Result<std::unique_ptr<Engine>> Engine::load(std::shared_ptr<const model::GgufFi
 }
 
 std::map<std::string, std::uint64_t> Engine::op_fallbacks() const {
-  const auto* fallback = dynamic_cast<const FallbackOps*>(ops_.get());
+  const auto* fallback = dynamic_cast<const ops::FallbackOps*>(ops_.get());
   return fallback != nullptr ? fallback->fallbacks() : std::map<std::string, std::uint64_t>{};
 }
 

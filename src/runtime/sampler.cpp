@@ -54,13 +54,14 @@ std::int32_t Sampler::draw_unfiltered(std::span<const float> logits) {
   // vocabulary in id order, first over block sums and then within one block, so a step costs a
   // few linear passes over the logits and no sort (which would dominate at a 49k vocabulary).
   const std::size_t vocab = logits.size();
-  const float max_logit = max_ignoring_nan(logits.data(), static_cast<std::int64_t>(vocab));
+  const float max_logit = ops::max_ignoring_nan(logits.data(), static_cast<std::int64_t>(vocab));
   // +inf dominates every finite logit, and all -inf (or all NaN) leaves nothing to weigh.
   if (std::isinf(max_logit)) return argmax_lowest_id(logits);
   // Weights exp((l - max) / T), exactly 0 for NaN and for what falls below f32's range (so a
   // masked token can never be drawn); the maximum weighs 1, so the total is at least 1.
   exps_.resize(vocab);
-  shifted_exp(logits.data(), exps_.data(), static_cast<std::int64_t>(vocab), max_logit, 1.0f / params_.temperature);
+  ops::shifted_exp(logits.data(), exps_.data(), static_cast<std::int64_t>(vocab), max_logit,
+                   1.0f / params_.temperature);
 
   // Block sums: f32 within a block of kSampleBlock (8 lanes, a fixed order on every machine),
   // f64 across blocks so that a long tail keeps its mass.
@@ -209,7 +210,7 @@ std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32
   for (std::size_t i = 1; i < keep; ++i) max_logit = std::max(max_logit, candidates_[i].logit);
   exps_.resize(keep);
   for (std::size_t i = 0; i < keep; ++i) exps_[i] = candidates_[i].logit - max_logit;
-  exp_inplace(exps_.data(), static_cast<std::int64_t>(keep));
+  ops::exp_inplace(exps_.data(), static_cast<std::int64_t>(keep));
   double sum = 0.0;
   for (std::size_t i = 0; i < keep; ++i) {
     // Below e^-87 (f32's normal range; -inf logits included) the probability is 0.

@@ -19,7 +19,7 @@ struct Scheduler::Pending {
 };
 
 struct Scheduler::Active {
-  Active(Pending&& p, SeqId s, const tokenizer::Tokenizer& tok)
+  Active(Pending&& p, ops::SeqId s, const tokenizer::Tokenizer& tok)
       : handle(std::move(p.handle)),
         request(std::move(p.request)),
         callbacks(std::move(p.callbacks)),
@@ -34,7 +34,7 @@ struct Scheduler::Active {
   RequestOptions request;
   RequestCallbacks callbacks;
   std::int64_t limit, blocks;
-  SeqId seq;
+  ops::SeqId seq;
   Sampler sampler;
   tokenizer::StreamDecoder decoder;
   std::vector<std::int32_t> tokens;  // prompt, then generated tokens
@@ -192,7 +192,7 @@ void Scheduler::admit() {
     std::unique_ptr<Pending> p = std::move(queue_.front());
     queue_.pop_front();
     committed_ += p->blocks;
-    const SeqId seq = engine_.cache().add_sequence();
+    const ops::SeqId seq = engine_.cache().add_sequence();
     auto active = std::make_unique<Active>(std::move(*p), seq, engine_.tokenizer());
     if (options_.prefix_cache) {
       active->fed = active->cached = engine_.cache().attach_prefix(seq, active->request.prompt);

@@ -19,11 +19,11 @@ int main(int argc, char** argv) {
     model::SyntheticLlamaSpec spec;
     if (argc >= 5 && std::strcmp(argv[3], "--matrix-type") == 0) {
       const std::string t = argv[4];
-      spec.matrix_type = t == "q8_0"   ? model::GgmlType::q8_0
-                         : t == "q4_0" ? model::GgmlType::q4_0
-                         : t == "f16"  ? model::GgmlType::f16
-                         : t == "f32"  ? model::GgmlType::f32
-                                       : model::GgmlType::q4_1;
+      spec.matrix_type = t == "q8_0"   ? ops::GgmlType::q8_0
+                         : t == "q4_0" ? ops::GgmlType::q4_0
+                         : t == "f16"  ? ops::GgmlType::f16
+                         : t == "f32"  ? ops::GgmlType::f32
+                                       : ops::GgmlType::q4_1;
     }
     const auto bytes = model::synthetic_llama(spec);
     std::ofstream out(argv[2], std::ios::binary);

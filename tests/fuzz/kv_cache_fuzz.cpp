@@ -14,8 +14,8 @@
 
 namespace {
 
-using kallpa::runtime::KvCache;
-using kallpa::runtime::SeqId;
+using kallpa::ops::KvCache;
+using kallpa::ops::SeqId;
 
 constexpr std::int32_t kHeadKv = 1, kHeadDim = 2, kRow = kHeadKv * kHeadDim;
 
@@ -78,7 +78,7 @@ std::vector<std::int32_t> token_run(FuzzBytes& in) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   FuzzBytes in(data, size);
-  kallpa::runtime::KvCacheOptions options;
+  kallpa::ops::KvCacheOptions options;
   options.page_size = 1 + in.next() % 6;
   options.max_tokens = 1 + in.next() % 48;
   options.dtype = kallpa::DType::f32;

@@ -68,7 +68,8 @@ class GgufWriter {
   // Tensors: ne in ggml order (ne[0] contiguous); data must be exactly the tensor's byte size for
   // known types (other bytes are accepted as given, for corrupt fixtures).
   void add_tensor(std::string_view name, std::uint32_t type, std::vector<std::int64_t> ne, std::vector<std::byte> data);
-  void add_tensor(std::string_view name, GgmlType type, std::vector<std::int64_t> ne, std::vector<std::byte> data) {
+  void add_tensor(std::string_view name, ops::GgmlType type, std::vector<std::int64_t> ne,
+                  std::vector<std::byte> data) {
     add_tensor(name, static_cast<std::uint32_t>(type), std::move(ne), std::move(data));
   }
 

@@ -30,7 +30,7 @@ std::string byte_token(int b) {
   return s;
 }
 
-std::vector<std::byte> encode(GgmlType type, const std::vector<float>& v) {
+std::vector<std::byte> encode(ops::GgmlType type, const std::vector<float>& v) {
   std::vector<std::byte> out(static_cast<std::size_t>(row_size(type, static_cast<std::int64_t>(v.size()))));
   (void)quantize_row(type, v.data(), out.data(), static_cast<std::int64_t>(v.size()));
   return out;
@@ -113,14 +113,14 @@ GgufWriter synthetic_llama_writer(const SyntheticLlamaSpec& s) {
   w.add_u32("general.quantization_version", 2);
 
   std::uint64_t seed = s.seed * 1000;
-  auto matrix = [&](const std::string& name, GgmlType type, std::int64_t cols, std::int64_t rows, float scale) {
+  auto matrix = [&](const std::string& name, ops::GgmlType type, std::int64_t cols, std::int64_t rows, float scale) {
     const auto v = synthetic_values(++seed, static_cast<std::size_t>(cols * rows), scale);
     w.add_tensor(name, type, {cols, rows}, encode(type, v));
   };
   auto norm = [&](const std::string& name, std::int64_t n) {
     auto v = synthetic_values(++seed, static_cast<std::size_t>(n), 0.2f);
     for (auto& x : v) x += 1.0f;
-    w.add_tensor(name, GgmlType::f32, {n}, encode(GgmlType::f32, v));
+    w.add_tensor(name, ops::GgmlType::f32, {n}, encode(ops::GgmlType::f32, v));
   };
   const std::int64_t e = s.n_embd, hd = s.n_embd / s.n_head;
   const std::int64_t q = hd * s.n_head, kv = hd * s.n_head_kv, ff = s.n_ff;

@@ -24,9 +24,9 @@ struct SyntheticLlamaSpec {
   std::uint32_t context_length = 256;
   float rope_freq_base = 10000.0f;
   float rms_norm_eps = 1e-5f;
-  GgmlType matrix_type = GgmlType::q4_1;     // attn_* and ffn_* weights
-  GgmlType embedding_type = GgmlType::q8_0;  // token_embd.weight
-  bool tied_embeddings = true;               // false: also write output.weight (same type as matrices)
+  ops::GgmlType matrix_type = ops::GgmlType::q4_1;     // attn_* and ffn_* weights
+  ops::GgmlType embedding_type = ops::GgmlType::q8_0;  // token_embd.weight
+  bool tied_embeddings = true;                         // false: also write output.weight (same type as matrices)
   std::uint64_t seed = 1;
 };
 

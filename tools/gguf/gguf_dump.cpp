@@ -21,6 +21,7 @@
 
 using nlohmann::json;
 using namespace kallpa::model;
+using namespace kallpa::ops;
 
 namespace {
 

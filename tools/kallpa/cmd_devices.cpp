@@ -26,7 +26,7 @@ int list_devices(const DevicesOptions& options) {
   std::vector<Row> rows;
   const std::vector<BackendInfo> backends = BackendRegistry::global().list();
   for (const char* name : {"cpu", "opencl", "cuda"}) {
-    auto ops = runtime::make_ops(name);
+    auto ops = ops::make_ops(name);
     Row row{ops ? std::string((*ops)->device_name()) : std::string(name),
             ops ? "available" : "unavailable: " + ops.status().message(), ""};
     const DeviceKind kind = ops ? (*ops)->device().kind : DeviceKind::cpu;

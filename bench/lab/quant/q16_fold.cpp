@@ -33,11 +33,11 @@
 
 namespace lab {
 
-using kallpa::model::BlockQ16x;
-using kallpa::model::GgmlType;
-using kallpa::model::kQK;
-using kallpa::model::kernels::block_geom;
-using kallpa::model::kernels::BlockGeom;
+using kallpa::ops::BlockQ16x;
+using kallpa::ops::GgmlType;
+using kallpa::ops::kQK;
+using kallpa::ops::kernels::block_geom;
+using kallpa::ops::kernels::BlockGeom;
 
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
@@ -226,7 +226,7 @@ struct Matrix {
 };
 
 Matrix make_matrix(GgmlType t, std::int64_t rows, std::int64_t cols) {
-  namespace m = kallpa::model;
+  namespace m = kallpa::ops;
   const std::size_t row_bytes = m::row_size(t, cols);
   std::vector<std::byte> plain(row_bytes * static_cast<std::size_t>(rows));
   const auto wf = values(static_cast<std::uint64_t>(rows * 7919 + cols),
@@ -274,8 +274,8 @@ std::pair<double, double> time_pair(F&& f, G&& g) {
 }  // namespace lab
 
 int main() {
-  namespace k = kallpa::model::kernels;
-  using kallpa::model::GgmlType;
+  namespace k = kallpa::ops::kernels;
+  using kallpa::ops::GgmlType;
   if (!k::avx2_available()) {
     std::printf("no AVX2 on this machine: nothing to compare\n");
     return 77;
@@ -293,13 +293,13 @@ int main() {
   for (const Shape& s : shapes) {
     const lab::Matrix w = lab::make_matrix(s.type, s.rows, s.cols);
     for (std::int64_t batch : {2, 4, 5, 8, 16}) {
-      const std::int64_t nb = s.cols / kallpa::model::kQK;
+      const std::int64_t nb = s.cols / kallpa::ops::kQK;
       const auto x = lab::values(static_cast<std::uint64_t>(batch), static_cast<std::size_t>(batch * s.cols), 1.0f);
-      std::vector<kallpa::model::BlockQ16x> xq(static_cast<std::size_t>(batch * nb));
+      std::vector<kallpa::ops::BlockQ16x> xq(static_cast<std::size_t>(batch * nb));
       for (std::int64_t b = 0; b < batch; ++b)
         k::quantize_row_q16x_avx2(x.data() + b * s.cols, xq.data() + b * nb, s.cols);
       const auto* wp = w.packed.data();
-      const auto layout = kallpa::model::WeightLayout::rows4;
+      const auto layout = kallpa::ops::WeightLayout::rows4;
       std::vector<float> ref(static_cast<std::size_t>(batch * s.rows)), fold(ref.size()), prod(ref.size());
       k::gemm_q16_scalar(s.type, layout, wp, w.row_bytes, s.rows, xq.data(), batch, s.cols, ref.data(), s.rows);
       lab::fold_all(s.type, wp, w.row_bytes, s.rows, xq.data(), batch, s.cols, fold.data(), s.rows);
@@ -307,10 +307,9 @@ int main() {
       const bool fold_ok = std::memcmp(ref.data(), fold.data(), ref.size() * sizeof(float)) == 0;
       const bool prod_ok = std::memcmp(ref.data(), prod.data(), ref.size() * sizeof(float)) == 0;
       if (!fold_ok || !prod_ok) {
-        std::printf("MISMATCH %s %lldx%lld batch %lld:%s%s\n",
-                    std::string(kallpa::model::ggml_type_name(s.type)).c_str(), static_cast<long long>(s.rows),
-                    static_cast<long long>(s.cols), static_cast<long long>(batch), fold_ok ? "" : " fold",
-                    prod_ok ? "" : " production");
+        std::printf("MISMATCH %s %lldx%lld batch %lld:%s%s\n", std::string(kallpa::ops::ggml_type_name(s.type)).c_str(),
+                    static_cast<long long>(s.rows), static_cast<long long>(s.cols), static_cast<long long>(batch),
+                    fold_ok ? "" : " fold", prod_ok ? "" : " production");
         ok = false;
         continue;
       }
@@ -320,7 +319,7 @@ int main() {
             k::gemm_q16_avx2(s.type, layout, wp, w.row_bytes, s.rows, xq.data(), batch, s.cols, prod.data(), s.rows);
           });
       std::printf("%-6s %4lldx%-5lld %5lld %12.1f %12.1f %8.2f\n",
-                  std::string(kallpa::model::ggml_type_name(s.type)).c_str(), static_cast<long long>(s.rows),
+                  std::string(kallpa::ops::ggml_type_name(s.type)).c_str(), static_cast<long long>(s.rows),
                   static_cast<long long>(s.cols), static_cast<long long>(batch), t_fold * 1e6, t_prod * 1e6,
                   t_fold / t_prod);
     }

@@ -102,7 +102,7 @@ struct GgufKeyValue {
 // A tensor's info and a view of its data in the mapping.
 struct TensorView {
   std::string_view name;
-  GgmlType type = GgmlType::f32;
+  ops::GgmlType type = ops::GgmlType::f32;
   int n_dims = 0;
   // ggml order: ne[0] is the contiguous dimension (a row's length), ne[1] the number of rows of a
   // matrix; dimensions past n_dims are 1. A GGUF matrix W[n][k] has ne = {k, n, 1, 1}.
@@ -121,7 +121,7 @@ struct TensorView {
 
 // The 2-D view of a tensor (ne = {cols, rows}); invalid_argument (field = tensor name) if it has
 // more than two non-trivial dims, unsupported if its type has no kernels.
-Result<WeightMatrix> as_weight_matrix(const TensorView& t);
+Result<ops::WeightMatrix> as_weight_matrix(const TensorView& t);
 
 class GgufFile {
  public:

@@ -22,7 +22,7 @@
 namespace kallpa::model {
 
 struct ForwardItem {
-  runtime::SeqId seq = 0;
+  ops::SeqId seq = 0;
   std::span<const std::int32_t> tokens;  // the chunk
   std::int64_t start_pos = 0;            // position of tokens[0]; the cache holds [0, start_pos)
   bool want_logits = true;               // logits of the chunk's last token
@@ -39,7 +39,7 @@ class LlamaModel {
  public:
   // Validates the file's config and weights (typed errors naming the key or tensor) and places the
   // weights on the ops' device. `ops` runs every forward pass and must outlive the model.
-  static Result<std::unique_ptr<LlamaModel>> load(std::shared_ptr<const GgufFile> file, runtime::Ops& ops);
+  static Result<std::unique_ptr<LlamaModel>> load(std::shared_ptr<const GgufFile> file, ops::Ops& ops);
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -51,8 +51,8 @@ class LlamaModel {
   std::int64_t matmul_weights_per_token() const noexcept;
 
   // A KV cache shaped for this model, in the memory of its ops' device.
-  Result<std::unique_ptr<runtime::KvCache>> make_cache(runtime::KvCacheOptions options) const;
-  runtime::Ops& ops() const noexcept { return *ops_; }
+  Result<std::unique_ptr<ops::KvCache>> make_cache(ops::KvCacheOptions options) const;
+  ops::Ops& ops() const noexcept { return *ops_; }
 
   // Runs the items; writes their K/V into `cache` and, for each item with want_logits, the last
   // token's logits (vocab_size floats) into `logits`, in item order. Not reentrant: one forward()
@@ -64,25 +64,25 @@ class LlamaModel {
   // Either broken is invalid_argument, before anything runs. Rejected rather than fixed here: a
   // reorder would need its undo for the logits (a copy through host memory on a device), and the
   // order is one decision, the batch builder's.
-  Status forward(std::span<const ForwardItem> items, runtime::KvCache& cache, Dispatcher& attention, float* logits);
+  Status forward(std::span<const ForwardItem> items, ops::KvCache& cache, Dispatcher& attention, float* logits);
 
  private:
   struct Layer {
-    WeightMatrix attn_norm;  // 1 x n_embd f32
-    WeightMatrix wq, wk, wv, wo;
-    WeightMatrix ffn_norm;
-    WeightMatrix gate, up, down;
+    ops::WeightMatrix attn_norm;  // 1 x n_embd f32
+    ops::WeightMatrix wq, wk, wv, wo;
+    ops::WeightMatrix ffn_norm;
+    ops::WeightMatrix gate, up, down;
   };
   // f32 activations in the ops' memory, grown on demand (the contents do not survive growth).
   class Scratch {
    public:
     ~Scratch() { reset(); }
-    Status reserve(runtime::Ops& ops, std::int64_t floats, const char* what);
+    Status reserve(ops::Ops& ops, std::int64_t floats, const char* what);
     float* get() const noexcept { return data_; }
     void reset() noexcept;
 
    private:
-    runtime::Ops* ops_ = nullptr;
+    ops::Ops* ops_ = nullptr;
     float* data_ = nullptr;
     std::int64_t size_ = 0;
   };
@@ -90,15 +90,15 @@ class LlamaModel {
   LlamaModel() = default;
   // The batch's paged-attention geometry (offsets, KV lengths, block table), the same for every
   // layer, so built once per forward pass.
-  void plan_attention(std::span<const ForwardItem> items, const runtime::KvCache& cache);
-  Status attention(std::int32_t layer, const runtime::KvCache& cache, Dispatcher& dispatcher);
+  void plan_attention(std::span<const ForwardItem> items, const ops::KvCache& cache);
+  Status attention(std::int32_t layer, const ops::KvCache& cache, Dispatcher& dispatcher);
 
   std::shared_ptr<const GgufFile> file_;
-  runtime::Ops* ops_ = nullptr;
+  ops::Ops* ops_ = nullptr;
   ModelConfig config_;
   // Every weight below is in the ops' memory, as their place_weights() left it (on the CPU: the
   // matrix products' weights repacked for the SIMD kernels, the lookups reading the file).
-  WeightMatrix token_embd_, output_, output_norm_;
+  ops::WeightMatrix token_embd_, output_, output_norm_;
   std::vector<Layer> layers_;
   std::vector<std::shared_ptr<const void>> placed_;  // keeps the device's copies alive
 

@@ -8,7 +8,7 @@
 #include <optional>
 #include <string_view>
 
-namespace kallpa::model {
+namespace kallpa::ops {
 
 enum class GgmlType : std::uint32_t {
   f32 = 0,
@@ -58,4 +58,4 @@ std::string_view ggml_type_name(GgmlType type) noexcept;
 // Whether the engine's dequantisation and matmul kernels handle this type.
 bool is_compute_supported(GgmlType type) noexcept;
 
-}  // namespace kallpa::model
+}  // namespace kallpa::ops

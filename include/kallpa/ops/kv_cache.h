@@ -25,7 +25,7 @@
 #include "kallpa/ops/ops.h"
 #include "kallpa/status.h"
 
-namespace kallpa::runtime {
+namespace kallpa::ops {
 
 struct KvCacheOptions {
   std::int32_t page_size = 16;     // tokens per block
@@ -136,4 +136,4 @@ class KvCache {
   SeqId next_id_ = 0;
 };
 
-}  // namespace kallpa::runtime
+}  // namespace kallpa::ops

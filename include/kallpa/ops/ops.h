@@ -25,7 +25,7 @@
 #include "kallpa/status.h"
 #include "kallpa/tensor.h"
 
-namespace kallpa::runtime {
+namespace kallpa::ops {
 
 inline constexpr int kOpsVersion = 2;
 
@@ -57,13 +57,12 @@ class Ops {
   // keeps the copies alive; the host matrices are not needed afterwards (the CPU may keep reading
   // them where it copies nothing). f32 vectors (norm weights) are placed as 1-row f32 matrices.
   enum class WeightUse { matmul, lookup };  // lookup: embedding tables and norm weights
-  virtual Result<std::shared_ptr<const void>> place_weights(std::span<model::WeightMatrix* const> matrices,
-                                                            WeightUse use) = 0;
+  virtual Result<std::shared_ptr<const void>> place_weights(std::span<WeightMatrix* const> matrices, WeightUse use) = 0;
 
   // --- Compute --------------------------------------------------------------------------------
   // out[t] = row ids[t] of the table, dequantised (out: ids.size() x table.cols); invalid_argument
   // (field "tokens") for an id outside the table.
-  virtual Status embedding(const model::WeightMatrix& table, std::span<const std::int32_t> ids, float* out) = 0;
+  virtual Status embedding(const WeightMatrix& table, std::span<const std::int32_t> ids, float* out) = 0;
   // y = x / rms(x) * weight, per row of `dim` (x and y may alias; weight is `dim` f32 values).
   virtual Status rmsnorm(const float* x, const float* weight, float eps, float* y, std::int64_t rows,
                          std::int64_t dim) = 0;
@@ -72,12 +71,12 @@ class Ops {
   // CPU ops quantise decode rows' activations to 16 bits, ops/quant.h, and keep prompt rows
   // exact), but each row's result must depend only on the row and its kind, never on the rest of
   // the batch: that is what makes a sequence's tokens the same alone and batched.
-  virtual Status matmul(const model::WeightMatrix& w, const float* x, std::int64_t rows, float* y,
+  virtual Status matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y,
                         std::int64_t decode_rows) = 0;
   // The products of several matrices with one x (a layer's q/k/v, gate/up), each y[rows, w.rows]
   // (job.ldy == w.rows). Each y is what matmul() gives; a device may run them together (the CPU
   // ops do, in one pass over the thread pool). The default runs them one by one.
-  virtual Status matmul_group(std::span<const model::MatmulJob> jobs, const float* x, std::int64_t rows,
+  virtual Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_t rows,
                               std::int64_t decode_rows);
   // Rotary embedding in GGUF's llama convention: adjacent pairs (x[2i], x[2i+1]) of the first
   // n_rot dims of each head rotate by pos * theta^(-2i / n_rot). x: rows x (heads * head_dim);
@@ -107,4 +106,4 @@ void register_ops(DeviceKind kind, OpsFactory factory);
 // kind has no ops in this build or its device is absent, invalid_argument for a malformed name.
 Result<std::unique_ptr<Ops>> make_ops(std::string_view device);
 
-}  // namespace kallpa::runtime
+}  // namespace kallpa::ops

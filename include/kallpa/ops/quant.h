@@ -36,7 +36,7 @@
 #include "kallpa/ops/ggml_type.h"
 #include "kallpa/status.h"
 
-namespace kallpa::model {
+namespace kallpa::ops {
 
 // How a quantised matrix's blocks are laid out in memory.
 enum class WeightLayout : std::uint8_t {
@@ -106,4 +106,4 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
 // rest AVX2), "avx2" or "scalar".
 std::string_view quant_kernel_isa() noexcept;
 
-}  // namespace kallpa::model
+}  // namespace kallpa::ops

@@ -40,7 +40,7 @@ struct EngineOptions {
   std::string device = "cpu";
   bool strict_device = false;
   DispatchOptions attention;         // which attention backends; default: automatic
-  KvCacheOptions cache;              // capacity over all sessions
+  ops::KvCacheOptions cache;         // capacity over all sessions
   std::int64_t prefill_chunk = 256;  // prompt tokens per forward pass
 };
 
@@ -54,8 +54,8 @@ class Engine {
   const EngineOptions& options() const noexcept { return options_; }
   const model::ModelConfig& config() const noexcept { return model_->config(); }
   model::LlamaModel& model() noexcept { return *model_; }
-  KvCache& cache() noexcept { return *cache_; }
-  Ops& ops() noexcept { return *ops_; }
+  ops::KvCache& cache() noexcept { return *cache_; }
+  ops::Ops& ops() noexcept { return *ops_; }
   Dispatcher& dispatcher() noexcept { return *dispatcher_; }
   const tokenizer::Tokenizer& tokenizer() const noexcept { return *tokenizer_; }
   const tokenizer::ChatMlOptions& chat_options() const noexcept { return chat_; }
@@ -68,9 +68,9 @@ class Engine {
   Engine() = default;
   EngineOptions options_;
   // Declared first, destroyed last: the model's weights and the cache live in its memory.
-  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<ops::Ops> ops_;
   std::unique_ptr<model::LlamaModel> model_;
-  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<ops::KvCache> cache_;
   std::unique_ptr<Dispatcher> dispatcher_;
   std::shared_ptr<StatsObserver> stats_;
   std::optional<tokenizer::Tokenizer> tokenizer_;
@@ -104,12 +104,12 @@ class Session {
   Engine& engine() noexcept { return *engine_; }
   // The session's sequence in the engine's KV cache, for callers that batch several sessions'
   // tokens into one LlamaModel::forward themselves (feed() and sample() then no longer apply).
-  SeqId seq() const noexcept { return seq_; }
+  ops::SeqId seq() const noexcept { return seq_; }
 
  private:
   Engine* engine_;
   Sampler sampler_;
-  SeqId seq_;
+  ops::SeqId seq_;
   std::vector<std::int32_t> tokens_;
   std::vector<float> logits_;
   std::vector<float> scratch_;

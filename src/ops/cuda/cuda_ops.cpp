@@ -62,9 +62,9 @@ struct Cublas {
   }
 };
 
-Result<WeightCode> code_of(const model::WeightMatrix& w) {
-  using model::GgmlType;
-  if (w.layout != model::WeightLayout::rows) {
+Result<WeightCode> code_of(const ops::WeightMatrix& w) {
+  using ops::GgmlType;
+  if (w.layout != ops::WeightLayout::rows) {
     return Status(ErrorCode::unsupported, "matmul", "the CUDA ops read GGUF's row layout only");
   }
   switch (w.type) {
@@ -79,7 +79,7 @@ Result<WeightCode> code_of(const model::WeightMatrix& w) {
   return Status(ErrorCode::unsupported, "matmul", "no CUDA kernel for this weight type");
 }
 
-class CudaOps final : public runtime::Ops {
+class CudaOps final : public ops::Ops {
  public:
   CudaOps(CudaDevice& device, cudaStream_t stream)
       : device_(device), stream_(stream), name_(device.device().to_string()) {}
@@ -128,9 +128,8 @@ class CudaOps final : public runtime::Ops {
     return check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", "finish");
   }
 
-  Result<std::shared_ptr<const void>> place_weights(std::span<model::WeightMatrix* const> matrices,
-                                                    WeightUse) override {
-    for (const model::WeightMatrix* m : matrices) {
+  Result<std::shared_ptr<const void>> place_weights(std::span<ops::WeightMatrix* const> matrices, WeightUse) override {
+    for (const ops::WeightMatrix* m : matrices) {
       if (auto c = code_of(*m); !c) return c.status();
     }
     // Tied matrices (the embedding table as the output head) are copied once.
@@ -140,7 +139,7 @@ class CudaOps final : public runtime::Ops {
       delete v;
     };
     std::shared_ptr<std::vector<void*>> holder(new std::vector<void*>(), release);
-    for (model::WeightMatrix* m : matrices) {
+    for (ops::WeightMatrix* m : matrices) {
       auto [it, fresh] = copies.emplace(m->data, nullptr);
       if (fresh) {
         const std::size_t bytes = static_cast<std::size_t>(m->rows) * m->row_bytes;
@@ -156,7 +155,7 @@ class CudaOps final : public runtime::Ops {
     return std::shared_ptr<const void>(std::move(holder));
   }
 
-  Status embedding(const model::WeightMatrix& table, std::span<const std::int32_t> ids, float* out) override {
+  Status embedding(const ops::WeightMatrix& table, std::span<const std::int32_t> ids, float* out) override {
     for (std::int32_t id : ids) {
       if (id < 0 || id >= table.rows) {
         return Status::invalid("tokens", fmt::format("token id {} is outside the vocabulary of {}", id, table.rows));
@@ -178,7 +177,7 @@ class CudaOps final : public runtime::Ops {
     return check(launch_rmsnorm(x, weight, eps, y, rows, dim, stream_), "rmsnorm");
   }
 
-  Status matmul(const model::WeightMatrix& w, const float* x, std::int64_t rows, float* y,
+  Status matmul(const ops::WeightMatrix& w, const float* x, std::int64_t rows, float* y,
                 std::int64_t decode_rows) override {
     if (Status s = current(); !s) return s;
     auto code = code_of(w);
@@ -258,7 +257,7 @@ class CudaOps final : public runtime::Ops {
 
   // y[rows, w.rows] = x . W^T through cuBLAS over W dequantised to f32 (row-major y is the
   // column-major product W^T(col) . x(col)).
-  Status gemm(const model::WeightMatrix& w, WeightCode code, const float* x, std::int64_t rows, float* y) {
+  Status gemm(const ops::WeightMatrix& w, WeightCode code, const float* x, std::int64_t rows, float* y) {
     const Cublas& blas = Cublas::get();
     if (handle_ == nullptr) {
       if (blas.create(&handle_) != CUBLAS_STATUS_SUCCESS ||
@@ -303,7 +302,7 @@ class CudaOps final : public runtime::Ops {
   cublasHandle_t handle_ = nullptr;
 };
 
-Result<std::unique_ptr<runtime::Ops>> make_cuda_ops(int index) {
+Result<std::unique_ptr<ops::Ops>> make_cuda_ops(int index) {
   CudaDevice* device = CudaDevice::get();
   if (device == nullptr) return Status(ErrorCode::unsupported, "device", CudaDevice::unavailable_reason());
   if (index != device->index()) {
@@ -320,11 +319,11 @@ Result<std::unique_ptr<runtime::Ops>> make_cuda_ops(int index) {
   if (!Cublas::get().why.empty()) {
     spdlog::warn("cuda ops: {}; prompt rows use the GEMV kernel instead of cuBLAS", Cublas::get().why);
   }
-  return std::unique_ptr<runtime::Ops>(std::make_unique<CudaOps>(*device, stream));
+  return std::unique_ptr<ops::Ops>(std::make_unique<CudaOps>(*device, stream));
 }
 
 const bool registered = [] {
-  runtime::register_ops(DeviceKind::cuda, make_cuda_ops);
+  ops::register_ops(DeviceKind::cuda, make_cuda_ops);
   return true;
 }();
 

@@ -24,8 +24,8 @@
 namespace kallpa::opencl {
 namespace {
 
-using model::GgmlType;
-using model::WeightMatrix;
+using ops::GgmlType;
+using ops::WeightMatrix;
 
 constexpr int kMatmulTileN = 4;         // outputs per work-group (TN in engine_ops.cl)
 constexpr int kPromptTileRows = 8;      // rows of x per work-group of the _r8 kernels
@@ -96,22 +96,22 @@ int type_slot(GgmlType t) {
 std::size_t weight_alignment(GgmlType t) { return t == GgmlType::f32 ? 4 : 2; }
 
 Status unsupported_matrix(const WeightMatrix& w, std::string_view field) {
-  if (w.layout != model::WeightLayout::rows) {
+  if (w.layout != ops::WeightLayout::rows) {
     return Status(ErrorCode::unsupported, std::string(field),
                   fmt::format("{} {}x{} matrix is in a repacked layout; the OpenCL ops read GGUF's row layout",
-                              model::ggml_type_name(w.type), w.rows, w.cols));
+                              ops::ggml_type_name(w.type), w.rows, w.cols));
   }
   return Status(ErrorCode::unsupported, std::string(field),
                 fmt::format("the OpenCL ops have no kernel for {} weights ({}x{}); they have F32, F16, BF16, Q8_0, "
                             "Q4_0, Q4_1",
-                            model::ggml_type_name(w.type), w.rows, w.cols));
+                            ops::ggml_type_name(w.type), w.rows, w.cols));
 }
 
-bool has_kernel(const WeightMatrix& w) { return w.layout == model::WeightLayout::rows && type_slot(w.type) >= 0; }
+bool has_kernel(const WeightMatrix& w) { return w.layout == ops::WeightLayout::rows && type_slot(w.type) >= 0; }
 
-class OpenClOps final : public runtime::Ops {
+class OpenClOps final : public ops::Ops {
  public:
-  static Result<std::unique_ptr<runtime::Ops>> create(int index) {
+  static Result<std::unique_ptr<ops::Ops>> create(int index) {
     Runtime* rt = Runtime::get();
     if (rt == nullptr) return Status(ErrorCode::unsupported, "device", Runtime::unavailable_reason());
     if (index != rt->index()) {
@@ -126,7 +126,7 @@ class OpenClOps final : public runtime::Ops {
     if (!program) return program.status();
     auto ops = std::unique_ptr<OpenClOps>(new OpenClOps(*rt, *memory));
     if (Status s = ops->make_kernels(*program); !s) return s;
-    return std::unique_ptr<runtime::Ops>(std::move(ops));
+    return std::unique_ptr<ops::Ops>(std::move(ops));
   }
 
   ~OpenClOps() override {
@@ -202,7 +202,7 @@ class OpenClOps final : public runtime::Ops {
         continue;
       }
       Result<void*> a =
-          allocate(bytes, fmt::format("weights: {} {}x{} matrix", model::ggml_type_name(w.type), w.rows, w.cols));
+          allocate(bytes, fmt::format("weights: {} {}x{} matrix", ops::ggml_type_name(w.type), w.rows, w.cols));
       if (!a) return a.status();
       placed->push_back(*a);
       if (Status s = mem_.upload(*a, w.data, bytes); !s) return s;
@@ -575,7 +575,7 @@ class OpenClOps final : public runtime::Ops {
 // Registers the OpenCL ops at load time, under DeviceKind::opencl.
 const struct Registrar {
   Registrar() {
-    runtime::register_ops(DeviceKind::opencl, [](int index) { return OpenClOps::create(index); });
+    ops::register_ops(DeviceKind::opencl, [](int index) { return OpenClOps::create(index); });
   }
 } registrar;
 
