@@ -19,12 +19,14 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "backends/pjrt/attention_program.h"
+#include "backends/pjrt/child_probe.h"
 #include "backends/pjrt/pjrt_runtime.h"
 #include "kallpa/registry.h"
 
@@ -77,7 +79,87 @@ struct Packed {
   std::vector<char> q, k, v;
   std::vector<std::int32_t> seqlen_q, seqlen_k, table;
   std::vector<float> slopes;
+  float scale = 1.0f;
+  float softcap = 1.0f;  // 1 when off: the program divides by it only when softcap is on
+  std::int32_t window_left = static_cast<std::int32_t>(kUnbounded);
+  std::int32_t window_right = static_cast<std::int32_t>(kUnbounded);
 };
+
+// Uploads the packed arguments, runs `exe` on the client's device, and downloads o (in the
+// spec's out dtype) and lse (when the spec has it).
+Status launch(const Client& client, const Executable& exe, const Packed& in, std::vector<char>& o,
+              std::vector<float>& lse) {
+  const ProgramSpec& spec = in.spec;
+  const ElementType t = element_type(spec.in_dtype);
+  std::vector<Buffer> args;
+  const auto upload = [&](const void* data, ElementType type, std::vector<std::int64_t> dims) -> Status {
+    Result<Buffer> b = client.upload(data, type, dims);
+    if (!b) return b.status();
+    args.push_back(std::move(*b));
+    return {};
+  };
+  const std::int64_t kv_rows = spec.paged ? spec.num_blocks : spec.batch;
+  const std::int64_t kv_cols = spec.paged ? spec.page_size : spec.seq_k;
+  Status s = upload(in.q.data(), t, {spec.batch, spec.seq_q, spec.hq, spec.head_dim});
+  if (s) s = upload(in.k.data(), t, {kv_rows, kv_cols, spec.hkv, spec.head_dim});
+  if (s) s = upload(in.v.data(), t, {kv_rows, kv_cols, spec.hkv, spec.head_dim_v});
+  if (s) s = upload(in.seqlen_q.data(), ElementType::s32, {spec.batch});
+  if (s) s = upload(in.seqlen_k.data(), ElementType::s32, {spec.batch});
+  if (s) s = upload(&in.scale, ElementType::f32, {});
+  if (s) s = upload(&in.softcap, ElementType::f32, {});
+  if (s) s = upload(&in.window_left, ElementType::s32, {});
+  if (s) s = upload(&in.window_right, ElementType::s32, {});
+  if (s && spec.paged) s = upload(in.table.data(), ElementType::s32, {spec.batch, spec.max_blocks()});
+  if (s && spec.alibi) s = upload(in.slopes.data(), ElementType::f32, {spec.hq});
+  if (!s) return s;
+  std::vector<PJRT_Buffer*> raw;
+  for (const Buffer& b : args) raw.push_back(b.get());
+  Result<std::vector<Buffer>> outputs = exe.execute(client.device(), raw);
+  if (!outputs) return outputs.status();
+  const std::size_t want = spec.lse ? 2 : 1;
+  if (outputs->size() != want) {
+    return Status(ErrorCode::internal, "pjrt",
+                  fmt::format("the executable returned {} outputs; the program has {}", outputs->size(), want));
+  }
+  o.resize(static_cast<std::size_t>(spec.batch * spec.seq_q * spec.hq * spec.head_dim_v) * dtype_size(spec.out_dtype));
+  if (Status r = (*outputs)[0].to_host(o.data(), o.size()); !r) return r;
+  if (spec.lse) {
+    lse.resize(static_cast<std::size_t>(spec.batch * spec.hq * spec.seq_q));
+    if (Status r = (*outputs)[1].to_host(lse.data(), lse.size() * sizeof(float)); !r) return r;
+  }
+  return {};
+}
+
+// First contact with a plugin, meant for a child process: load, create the client, compile a
+// program with every feature on, and run it once on zeros.
+Status probe(const std::string& path, int device_index) {
+  Result<std::shared_ptr<Plugin>> plugin = Plugin::load(path);
+  if (!plugin) return plugin.status();
+  Result<std::unique_ptr<Client>> client = Client::create(*plugin, device_index);
+  if (!client) return client.status();
+  Packed in;
+  ProgramSpec& s = in.spec;
+  s.in_dtype = s.out_dtype = DType::bf16;
+  s.batch = 2;
+  s.seq_q = 4;
+  s.hq = 4;
+  s.hkv = 2;
+  s.head_dim = s.head_dim_v = 16;
+  s.seq_k = 32;
+  s.chunk = 16;
+  s.causal = s.window = s.softcap = s.alibi = s.lse = true;
+  Result<std::unique_ptr<Executable>> exe = (*client)->compile(attention_program(s));
+  if (!exe) return exe.status();
+  in.q.assign(static_cast<std::size_t>(s.batch * s.seq_q * s.hq * s.head_dim) * 2, 0);
+  in.k.assign(static_cast<std::size_t>(s.batch * s.seq_k * s.hkv * s.head_dim) * 2, 0);
+  in.v = in.k;
+  in.seqlen_q.assign(static_cast<std::size_t>(s.batch), static_cast<std::int32_t>(s.seq_q));
+  in.seqlen_k.assign(static_cast<std::size_t>(s.batch), static_cast<std::int32_t>(s.seq_k));
+  in.slopes.assign(static_cast<std::size_t>(s.hq), 0.0f);
+  std::vector<char> o;
+  std::vector<float> lse;
+  return launch(**client, **exe, in, o, lse);
+}
 
 class PjrtBackend final : public PjrtAttention {
  public:
@@ -94,6 +176,9 @@ class PjrtBackend final : public PjrtAttention {
 
   Support supports(const ProblemSignature& sig) const noexcept override {
     const Runtime* rt = runtime();
+    // A plugin that crashed at first contact claims support and fails every run, so that the
+    // health check quarantines it with the reason and the dispatcher never selects it.
+    if (!rt->crashed.empty()) return Support::yes();
     if (rt->client == nullptr) return Support::no(rt->why_not);
     if (sig.device.kind != DeviceKind::cpu) {
       return Support::no(
@@ -116,7 +201,7 @@ class PjrtBackend final : public PjrtAttention {
 
   Result<PlatformInfo> platform() const override {
     const Runtime* rt = runtime();
-    if (rt->client == nullptr) return Status(ErrorCode::unsupported, "pjrt", rt->why_not);
+    if (rt->client == nullptr) return rt->unavailable();
     PlatformInfo info;
     info.plugin_path = rt->client->plugin().path();
     info.api_version = rt->client->plugin().version_string();
@@ -140,7 +225,7 @@ class PjrtBackend final : public PjrtAttention {
   Result<CompileReport> compile(const ValidatedProblem& vp) override {
     try {
       const Runtime* rt = runtime();
-      if (rt->client == nullptr) return Status(ErrorCode::unsupported, "pjrt", rt->why_not);
+      if (rt->client == nullptr) return rt->unavailable();
       const ProgramSpec spec = plan(vp, rt->chunk);
       CompileReport report;
       report.program_key = spec.key();
@@ -165,10 +250,16 @@ class PjrtBackend final : public PjrtAttention {
 
  private:
   struct Runtime {
-    std::unique_ptr<Client> client;  // null when unavailable; why_not says why
+    std::unique_ptr<Client> client;  // null when unavailable; why_not (or crashed) says why
     std::string why_not;
+    std::string crashed;  // the plugin crashed or hung at first contact, in a child process
     int device_index = 0;
     std::int64_t chunk = kDefaultChunk;
+
+    Status unavailable() const {
+      if (!crashed.empty()) return Status(ErrorCode::backend_failure, "pjrt", crashed);
+      return Status(ErrorCode::unsupported, "pjrt", why_not);
+    }
   };
 
   struct Compiled {
@@ -221,6 +312,26 @@ class PjrtBackend final : public PjrtAttention {
         return rt;
       }
       rt->chunk = chunk;
+    }
+    // First contact in a child process, unless turned off: a plugin that aborts or hangs there
+    // costs the child. A regular error is met again, safely, by the load below.
+    const char* isolate = env(kIsolateEnv);
+    if (isolate == nullptr || std::string_view(isolate) != "0") {
+      double timeout = kDefaultProbeSeconds;
+      if (const char* t = env(kProbeTimeoutEnv); t != nullptr) {
+        const std::string_view text(t);
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), timeout);
+        if (ec != std::errc() || end != text.data() + text.size() || !(timeout > 0.0)) {
+          rt->why_not = fmt::format("{}='{}' is not a positive number of seconds", kProbeTimeoutEnv, text);
+          return rt;
+        }
+      }
+      const int device = rt->device_index;
+      const ChildOutcome o = run_in_child([&] { return probe(path, device); }, timeout);
+      if (o.kind == ChildOutcome::Kind::crashed) {
+        rt->crashed = fmt::format("first contact with '{}' ran in a child process, which {}", path, o.reason);
+        return rt;
+      }
     }
     Result<std::shared_ptr<Plugin>> plugin = Plugin::load(path);
     if (!plugin) {
@@ -363,6 +474,13 @@ class PjrtBackend final : public PjrtAttention {
       }
     }
     if (s.alibi) out.slopes.assign(p.alibi_slopes, p.alibi_slopes + hq);
+    out.scale = vp.scale();
+    if (p.softcap > 0.0f) out.softcap = p.softcap;
+    const auto bound = [](std::int64_t w) {
+      return static_cast<std::int32_t>(w < 0 ? kUnbounded : std::min(w, kUnbounded));
+    };
+    out.window_left = bound(p.window_left);
+    out.window_right = bound(p.window_right);
     return out;
   }
 
@@ -399,7 +517,7 @@ class PjrtBackend final : public PjrtAttention {
 
   Status run_impl(const ValidatedProblem& vp) {
     const Runtime* rt = runtime();
-    if (rt->client == nullptr) return Status(ErrorCode::unsupported, "pjrt", rt->why_not);
+    if (rt->client == nullptr) return rt->unavailable();
     if (vp.total_q() == 0) return {};
     const AttentionProblem& p = vp.problem();
     const ProgramSpec spec = plan(vp, rt->chunk);
@@ -408,55 +526,12 @@ class PjrtBackend final : public PjrtAttention {
     if (exe->cached) hits_.fetch_add(1, std::memory_order_relaxed);
 
     const Packed in = pack(vp, spec);
-    const Client& client = *rt->client;
-    const ElementType t = element_type(p.q.dtype);
-    const float scale = vp.scale(), softcap = p.softcap > 0.0f ? p.softcap : 1.0f;
-    const auto bound = [](std::int64_t w) {
-      return static_cast<std::int32_t>(w < 0 ? kUnbounded : std::min(w, kUnbounded));
-    };
-    const std::int32_t window_left = bound(p.window_left), window_right = bound(p.window_right);
-    const std::int64_t hq = vp.hq(), hkv = vp.hkv(), d = vp.head_dim(), dv = vp.head_dim_v();
-
-    std::vector<Buffer> args;
-    const auto upload = [&](const void* data, ElementType type, std::vector<std::int64_t> dims) -> Status {
-      Result<Buffer> b = client.upload(data, type, dims);
-      if (!b) return b.status();
-      args.push_back(std::move(*b));
-      return {};
-    };
-    const std::int64_t kv_rows = spec.paged ? spec.num_blocks : spec.batch;
-    const std::int64_t kv_cols = spec.paged ? spec.page_size : spec.seq_k;
-    Status s = upload(in.q.data(), t, {spec.batch, spec.seq_q, hq, d});
-    if (s) s = upload(in.k.data(), t, {kv_rows, kv_cols, hkv, d});
-    if (s) s = upload(in.v.data(), t, {kv_rows, kv_cols, hkv, dv});
-    if (s) s = upload(in.seqlen_q.data(), ElementType::s32, {spec.batch});
-    if (s) s = upload(in.seqlen_k.data(), ElementType::s32, {spec.batch});
-    if (s) s = upload(&scale, ElementType::f32, {});
-    if (s) s = upload(&softcap, ElementType::f32, {});
-    if (s) s = upload(&window_left, ElementType::s32, {});
-    if (s) s = upload(&window_right, ElementType::s32, {});
-    if (s && spec.paged) s = upload(in.table.data(), ElementType::s32, {spec.batch, spec.max_blocks()});
-    if (s && spec.alibi) s = upload(in.slopes.data(), ElementType::f32, {hq});
-    if (!s) return s;
-    std::vector<PJRT_Buffer*> raw;
-    for (const Buffer& b : args) raw.push_back(b.get());
-    Result<std::vector<Buffer>> outputs = exe->exe->execute(client.device(), raw);
-    if (!outputs) return outputs.status();
-    executions_.fetch_add(1, std::memory_order_relaxed);
-    const std::size_t want = spec.lse ? 2 : 1;
-    if (outputs->size() != want) {
-      return Status(ErrorCode::internal, "pjrt",
-                    fmt::format("the executable returned {} outputs; the program has {}", outputs->size(), want));
-    }
-
-    const std::size_t os = dtype_size(p.o.dtype);
-    std::vector<char> o(static_cast<std::size_t>(spec.batch * spec.seq_q * hq * dv) * os);
-    if (Status r = (*outputs)[0].to_host(o.data(), o.size()); !r) return r;
+    std::vector<char> o;
     std::vector<float> lse;
-    if (spec.lse) {
-      lse.resize(static_cast<std::size_t>(spec.batch * hq * spec.seq_q));
-      if (Status r = (*outputs)[1].to_host(lse.data(), lse.size() * sizeof(float)); !r) return r;
-    }
+    if (Status r = launch(*rt->client, *exe->exe, in, o, lse); !r) return r;
+    executions_.fetch_add(1, std::memory_order_relaxed);
+    const std::int64_t hq = vp.hq(), dv = vp.head_dim_v();
+    const std::size_t os = dtype_size(p.o.dtype);
     char* od = static_cast<char*>(p.o.data);
     const std::int64_t o_head = p.o.stride[static_cast<std::size_t>(p.o.rank - 2)];
     const std::int64_t o_dim = p.o.stride[static_cast<std::size_t>(p.o.rank - 1)];

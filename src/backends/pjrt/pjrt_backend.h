@@ -20,6 +20,11 @@ inline constexpr char kPluginEnv[] = "KALLPA_PJRT_PLUGIN";
 inline constexpr char kDeviceEnv[] = "KALLPA_PJRT_DEVICE";
 inline constexpr char kChunkEnv[] = "KALLPA_PJRT_CHUNK";
 inline constexpr std::int64_t kDefaultChunk = 512;
+// First contact with the plugin (load, client, one compile and run) happens in a child process
+// unless KALLPA_PJRT_ISOLATE=0, within KALLPA_PJRT_PROBE_TIMEOUT seconds (default below).
+inline constexpr char kIsolateEnv[] = "KALLPA_PJRT_ISOLATE";
+inline constexpr char kProbeTimeoutEnv[] = "KALLPA_PJRT_PROBE_TIMEOUT";
+inline constexpr double kDefaultProbeSeconds = 120.0;
 
 struct PlatformInfo {
   std::string plugin_path;
