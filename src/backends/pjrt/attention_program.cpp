@@ -194,8 +194,9 @@ constexpr std::int64_t kMaxExtent = std::int64_t{1} << 30;
 }  // namespace
 
 std::string ProgramSpec::key() const {
-  return fmt::format("{}>{} b{} s{} h{}/{} d{}/{} n{}{} c{}{}{}{}{}{}", element(in_dtype), element(out_dtype), batch,
-                     seq_q, hq, hkv, head_dim, head_dim_v, seq_k,
+  return fmt::format("{}{}>{} b{} s{} h{}/{} d{}/{} n{}{} c{}{}{}{}{}{}", element(in_dtype),
+                     kv_dtype == in_dtype ? std::string() : fmt::format("/kv:{}", element(kv_dtype)),
+                     element(out_dtype), batch, seq_q, hq, hkv, head_dim, head_dim_v, seq_k,
                      paged ? fmt::format(" paged{}x{}", num_blocks, page_size) : "", chunk, causal ? " causal" : "",
                      window ? " window" : "", softcap ? " softcap" : "", alibi ? " alibi" : "", lse ? " lse" : "");
 }
@@ -231,7 +232,7 @@ Status check_spec(const ProgramSpec& s) {
 std::string attention_program(const ProgramSpec& s) {
   const std::int64_t B = s.batch, S = s.seq_q, H = s.hq, K = s.hkv, G = s.hq / s.hkv, D = s.head_dim, E = s.head_dim_v,
                      N = s.seq_k, C = s.chunk, M = G * S;
-  const std::string_view T = element(s.in_dtype), O = element(s.out_dtype);
+  const std::string_view T = element(s.in_dtype), KT = element(s.kv_dtype), O = element(s.out_dtype);
   const std::int64_t P = s.page_size, NB = s.num_blocks, MB = s.max_blocks(), CB = s.paged ? C / P : 0;
 
   Emitter e;
@@ -244,8 +245,8 @@ std::string attention_program(const ProgramSpec& s) {
     return args.back();
   };
   const Value q = arg(tensor({B, S, H, D}, T));
-  const Value k = arg(s.paged ? tensor({NB, P, K, D}, T) : tensor({B, N, K, D}, T));
-  const Value v = arg(s.paged ? tensor({NB, P, K, E}, T) : tensor({B, N, K, E}, T));
+  const Value k = arg(s.paged ? tensor({NB, P, K, D}, KT) : tensor({B, N, K, D}, KT));
+  const Value v = arg(s.paged ? tensor({NB, P, K, E}, KT) : tensor({B, N, K, E}, KT));
   const Value seqlen_q = arg(tensor({B}, "i32"));
   const Value seqlen_k = arg(tensor({B}, "i32"));
   const Value scale = arg(tensor({}, "f32"));
@@ -332,13 +333,13 @@ std::string attention_program(const ProgramSpec& s) {
       const Value bstart = b.binary("multiply", i, c_blocks);
       const Value rows = b.dynamic_slice(btable, {z, bstart}, {B, CB}, "i32");
       const Value idx = b.reshape(rows, {B * CB, 1}, "i32");
-      const Value kg = b.gather_rows(bk, idx, B * CB, {NB, P, K, D}, T);
-      const Value vg = b.gather_rows(bv, idx, B * CB, {NB, P, K, E}, T);
-      kc = b.reshape(kg, {B, C, K, D}, T);
-      vc = b.reshape(vg, {B, C, K, E}, T);
+      const Value kg = b.gather_rows(bk, idx, B * CB, {NB, P, K, D}, KT);
+      const Value vg = b.gather_rows(bv, idx, B * CB, {NB, P, K, E}, KT);
+      kc = b.reshape(kg, {B, C, K, D}, KT);
+      vc = b.reshape(vg, {B, C, K, E}, KT);
     } else {
-      kc = b.dynamic_slice(bk, {z, start, z, z}, {B, C, K, D}, T);
-      vc = b.dynamic_slice(bv, {z, start, z, z}, {B, C, K, E}, T);
+      kc = b.dynamic_slice(bk, {z, start, z, z}, {B, C, K, D}, KT);
+      vc = b.dynamic_slice(bv, {z, start, z, z}, {B, C, K, E}, KT);
     }
     const Value kc32 = b.convert(kc, {B, C, K, D}, "f32");
     const Value vc32 = b.convert(vc, {B, C, K, E}, "f32");

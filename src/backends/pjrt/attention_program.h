@@ -6,8 +6,8 @@
 // past a length is masked in the program. Arguments, in order:
 //
 //   q        [B, S, Hq, D]     in_dtype
-//   k        [B, N, Hkv, D]    in_dtype      paged: [blocks, page, Hkv, D]
-//   v        [B, N, Hkv, Dv]   in_dtype      paged: [blocks, page, Hkv, Dv]
+//   k        [B, N, Hkv, D]    kv_dtype      paged: [blocks, page, Hkv, D]
+//   v        [B, N, Hkv, Dv]   kv_dtype      paged: [blocks, page, Hkv, Dv]
 //   seqlen_q [B] i32, seqlen_k [B] i32
 //   scale, softcap: f32 scalars; window_left, window_right: i32 scalars (>= 0; "unbounded" is a
 //     bound past any position)
@@ -31,7 +31,8 @@
 namespace kallpa::pjrt {
 
 struct ProgramSpec {
-  DType in_dtype = DType::f32;   // q, k, v
+  DType in_dtype = DType::f32;   // q
+  DType kv_dtype = DType::f32;   // k, v
   DType out_dtype = DType::f32;  // o
   std::int64_t batch = 1;        // B
   std::int64_t seq_q = 1;        // S

@@ -90,7 +90,7 @@ struct Packed {
 Status launch(const Client& client, const Executable& exe, const Packed& in, std::vector<char>& o,
               std::vector<float>& lse) {
   const ProgramSpec& spec = in.spec;
-  const ElementType t = element_type(spec.in_dtype);
+  const ElementType t = element_type(spec.in_dtype), kt = element_type(spec.kv_dtype);
   std::vector<Buffer> args;
   const auto upload = [&](const void* data, ElementType type, std::vector<std::int64_t> dims) -> Status {
     Result<Buffer> b = client.upload(data, type, dims);
@@ -101,8 +101,8 @@ Status launch(const Client& client, const Executable& exe, const Packed& in, std
   const std::int64_t kv_rows = spec.paged ? spec.num_blocks : spec.batch;
   const std::int64_t kv_cols = spec.paged ? spec.page_size : spec.seq_k;
   Status s = upload(in.q.data(), t, {spec.batch, spec.seq_q, spec.hq, spec.head_dim});
-  if (s) s = upload(in.k.data(), t, {kv_rows, kv_cols, spec.hkv, spec.head_dim});
-  if (s) s = upload(in.v.data(), t, {kv_rows, kv_cols, spec.hkv, spec.head_dim_v});
+  if (s) s = upload(in.k.data(), kt, {kv_rows, kv_cols, spec.hkv, spec.head_dim});
+  if (s) s = upload(in.v.data(), kt, {kv_rows, kv_cols, spec.hkv, spec.head_dim_v});
   if (s) s = upload(in.seqlen_q.data(), ElementType::s32, {spec.batch});
   if (s) s = upload(in.seqlen_k.data(), ElementType::s32, {spec.batch});
   if (s) s = upload(&in.scale, ElementType::f32, {});
@@ -139,7 +139,7 @@ Status probe(const std::string& path, int device_index) {
   if (!client) return client.status();
   Packed in;
   ProgramSpec& s = in.spec;
-  s.in_dtype = s.out_dtype = DType::bf16;
+  s.in_dtype = s.kv_dtype = s.out_dtype = DType::bf16;
   s.batch = 2;
   s.seq_q = 4;
   s.hq = 4;
@@ -355,6 +355,7 @@ class PjrtBackend final : public PjrtAttention {
     const ProblemSignature& sig = vp.signature();
     ProgramSpec s;
     s.in_dtype = sig.q_dtype;
+    s.kv_dtype = sig.kv_dtype;
     s.out_dtype = sig.o_dtype;
     s.batch = bucket(vp.batch());
     s.seq_q = bucket(vp.max_seqlen_q());
@@ -401,7 +402,7 @@ class PjrtBackend final : public PjrtAttention {
     const AttentionProblem& p = vp.problem();
     Packed out;
     out.spec = s;
-    const std::size_t es = dtype_size(p.q.dtype);
+    const std::size_t es = dtype_size(p.q.dtype), kv_es = dtype_size(p.k.dtype);
     const std::int64_t hq = vp.hq(), hkv = vp.hkv(), d = vp.head_dim(), dv = vp.head_dim_v();
     const auto last = [](const TensorView& t, int from_end) {
       return t.stride[static_cast<std::size_t>(t.rank - from_end)];
@@ -431,8 +432,8 @@ class PjrtBackend final : public PjrtAttention {
       // entries past a sequence's keys point at block 0 (masked in the program).
       const std::int64_t page = s.page_size, rows = s.max_blocks();
       const std::int64_t stride = p.block_table_stride > 0 ? p.block_table_stride : p.max_blocks_per_seq;
-      out.k.assign(static_cast<std::size_t>(s.num_blocks * page * hkv * d) * es, 0);
-      out.v.assign(static_cast<std::size_t>(s.num_blocks * page * hkv * dv) * es, 0);
+      out.k.assign(static_cast<std::size_t>(s.num_blocks * page * hkv * d) * kv_es, 0);
+      out.v.assign(static_cast<std::size_t>(s.num_blocks * page * hkv * dv) * kv_es, 0);
       out.table.assign(static_cast<std::size_t>(s.batch * rows), 0);
       std::unordered_map<std::int32_t, std::int32_t> renumber;
       for (std::int32_t b = 0; b < vp.batch(); ++b) {
@@ -448,27 +449,27 @@ class PjrtBackend final : public PjrtAttention {
               const std::int64_t ks = block * p.k.stride[0] + t * p.k.stride[1] + h * p.k.stride[2];
               const std::int64_t vs = block * p.v.stride[0] + t * p.v.stride[1] + h * p.v.stride[2];
               const std::int64_t kd = ((to * page + t) * hkv + h) * d, vd = ((to * page + t) * hkv + h) * dv;
-              gather_elems(out.k.data() + kd * static_cast<std::int64_t>(es), k + ks * static_cast<std::int64_t>(es), d,
-                           p.k.stride[3], es);
-              gather_elems(out.v.data() + vd * static_cast<std::int64_t>(es), v + vs * static_cast<std::int64_t>(es),
-                           dv, p.v.stride[3], es);
+              gather_elems(out.k.data() + kd * static_cast<std::int64_t>(kv_es),
+                           k + ks * static_cast<std::int64_t>(kv_es), d, p.k.stride[3], kv_es);
+              gather_elems(out.v.data() + vd * static_cast<std::int64_t>(kv_es),
+                           v + vs * static_cast<std::int64_t>(kv_es), dv, p.v.stride[3], kv_es);
             }
           }
         }
       }
     } else {
-      out.k.assign(static_cast<std::size_t>(s.batch * s.seq_k * hkv * d) * es, 0);
-      out.v.assign(static_cast<std::size_t>(s.batch * s.seq_k * hkv * dv) * es, 0);
+      out.k.assign(static_cast<std::size_t>(s.batch * s.seq_k * hkv * d) * kv_es, 0);
+      out.v.assign(static_cast<std::size_t>(s.batch * s.seq_k * hkv * dv) * kv_es, 0);
       for (std::int32_t b = 0; b < vp.batch(); ++b) {
         for (std::int64_t j = 0; j < vp.seqlen_k(b); ++j) {
           for (std::int64_t h = 0; h < hkv; ++h) {
             const std::int64_t ks = vp.k_row_offset(b, j) + h * last(p.k, 2);
             const std::int64_t vs = vp.v_row_offset(b, j) + h * last(p.v, 2);
             const std::int64_t kd = ((b * s.seq_k + j) * hkv + h) * d, vd = ((b * s.seq_k + j) * hkv + h) * dv;
-            gather_elems(out.k.data() + kd * static_cast<std::int64_t>(es), k + ks * static_cast<std::int64_t>(es), d,
-                         last(p.k, 1), es);
-            gather_elems(out.v.data() + vd * static_cast<std::int64_t>(es), v + vs * static_cast<std::int64_t>(es), dv,
-                         last(p.v, 1), es);
+            gather_elems(out.k.data() + kd * static_cast<std::int64_t>(kv_es),
+                         k + ks * static_cast<std::int64_t>(kv_es), d, last(p.k, 1), kv_es);
+            gather_elems(out.v.data() + vd * static_cast<std::int64_t>(kv_es),
+                         v + vs * static_cast<std::int64_t>(kv_es), dv, last(p.v, 1), kv_es);
           }
         }
       }
