@@ -92,6 +92,15 @@ TEST(AttentionProgram, HalfInputsAreWidenedAndTheSoftmaxIsF32) {
   }
 }
 
+TEST(AttentionProgram, KvMayHaveItsOwnDtype) {
+  ProgramSpec s = base();
+  s.kv_dtype = DType::f16;
+  const std::string t = attention_program(s);
+  EXPECT_TRUE(has(t, "%arg0: tensor<2x4x8x16xf32>, %arg1: tensor<2x64x2x16xf16>, %arg2: tensor<2x64x2x16xf16>")) << t;
+  EXPECT_TRUE(has(t, "(tensor<2x16x2x16xf16>) -> tensor<2x16x2x16xf32>")) << t;
+  EXPECT_EQ(s.key(), "f32/kv:f16>f32 b2 s4 h8/2 d16/16 n64 c16");
+}
+
 TEST(AttentionProgram, HeadDimOfValuesMayDiffer) {
   ProgramSpec s = base();
   s.head_dim_v = 24;
