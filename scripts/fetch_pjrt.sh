@@ -7,9 +7,12 @@
 #   plugins/cpu-0.115/pjrt_c_api_cpu_plugin.so + LICENSE   XLA's CPU plugin, lammps-jax-pjrt-cpu==0.11.2
 #   plugins/cpu-0.81/xla_cpu_pjrt.so  an older CPU plugin (API 0.81), xla-cpu-pjrt==0.0.1; it carries
 #                                     no licence, so it is only ever fetched here, for tests
+#   plugins/tpu-0.117/libtpu.so + LICENSE   (--tpu only) the TPU runtime, libtpu==0.0.52, closed
+#                                     source: for the ahead-of-time TPU compile tests (docs/tpu.md)
 #
-#   bash scripts/fetch_pjrt.sh              # header and both plugins
+#   bash scripts/fetch_pjrt.sh              # header and both CPU plugins
 #   bash scripts/fetch_pjrt.sh --header     # the header only (enough to build the backend)
+#   bash scripts/fetch_pjrt.sh --tpu        # header, CPU plugins and libtpu (137 MB more download)
 #
 # Idempotent: a file already there with its pinned SHA-256 is not fetched again; a wrong one is
 # replaced. Files are extracted under temporary names and renamed into place once their hash
@@ -24,10 +27,12 @@ log() { echo "fetch_pjrt: $*" >&2; }
 die() { echo "fetch_pjrt: error: $*" >&2; exit 1; }
 
 header_only=0
+with_tpu=0
 for arg in "$@"; do
   case "$arg" in
     --header) header_only=1 ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --tpu) with_tpu=1 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$arg' (try --help)" ;;
   esac
 done
@@ -41,6 +46,8 @@ items=(
   "plugin|lammps-jax-pjrt-cpu==0.11.2|1319390d948b39f69f7dade496b7c385149d9ca6097a6b62114da113216d9ad1|--platform manylinux_2_27_x86_64|lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so|plugins/cpu-0.115/pjrt_c_api_cpu_plugin.so|ad1309ac822b1b24d51b7f9947c7c9fa9ef5d67f390584cbc3d1fa2428fed9c2"
   "plugin|lammps-jax-pjrt-cpu==0.11.2|1319390d948b39f69f7dade496b7c385149d9ca6097a6b62114da113216d9ad1|--platform manylinux_2_27_x86_64|lammps_jax_pjrt_cpu-0.11.2.dist-info/licenses/LICENSE|plugins/cpu-0.115/LICENSE|-"
   "plugin|xla-cpu-pjrt==0.0.1|55837b6b7b47daa717f2d9a5a03563ea0ceaa338d06a81a1e2d3f060d960decc|--platform manylinux_2_27_x86_64|xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so|plugins/cpu-0.81/xla_cpu_pjrt.so|88c3f28c5900f48ad4a82cab9e79bba9537809743395e341485f8794268820dc"
+  "tpu|libtpu==0.0.52|f5e2e596eaea9357fbb5a6755a7a9007c6ab75bfde4a55191b03eff402971140|--python-version 3.11 --implementation cp --abi cp311 --platform manylinux_2_31_x86_64|libtpu/libtpu.so|plugins/tpu-0.117/libtpu.so|f86de4d04a058e6b5101f73e0824b95f27e2cec996d2b9191d9cffda75c03077"
+  "tpu|libtpu==0.0.52|f5e2e596eaea9357fbb5a6755a7a9007c6ab75bfde4a55191b03eff402971140|--python-version 3.11 --implementation cp --abi cp311 --platform manylinux_2_31_x86_64|libtpu/LICENSE|plugins/tpu-0.117/LICENSE|-"
 )
 
 sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
@@ -56,6 +63,7 @@ declare -A wheel_of=()  # requirement -> downloaded wheel, so that a wheel is fe
 for item in "${items[@]}"; do
   IFS='|' read -r kind requirement wheel_sha platform member target target_sha <<<"$item"
   ((header_only)) && [[ "$kind" != header ]] && continue
+  ((with_tpu)) || [[ "$kind" != tpu ]] || continue
   dest="$cache/$target"
   intact "$dest" "$target_sha" && continue
   if [[ -z "${wheel_of[$requirement]:-}" ]]; then

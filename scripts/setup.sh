@@ -10,7 +10,7 @@
 #   bash scripts/setup.sh --no-run   # install and build only
 #
 # Environment: KALLPA_JOBS (parallel build jobs, default 2), KALLPA_CMAKE_ARGS (extra configure
-# arguments, e.g. "-DKALLPA_WERROR=ON").
+# arguments, e.g. "-DKALLPA_WERROR=ON"), KALLPA_WITH_LIBTPU=1 (also fetch libtpu; docs/tpu.md).
 set -euo pipefail
 
 # Debian packages the project uses. Later work appends to this list (and adds steps below, such as
@@ -71,8 +71,13 @@ fi
 bash scripts/fetch_model.sh >/dev/null
 
 # 4. The PJRT C API header and two XLA CPU plugins (API 0.115 and 0.81) for the pjrt backend and
-#    its tests, into a cache outside the repo (idempotent; pinned SHA-256).
-bash scripts/fetch_pjrt.sh >/dev/null
+#    its tests, into a cache outside the repo (idempotent; pinned SHA-256); with
+#    KALLPA_WITH_LIBTPU=1 also libtpu (Google Cloud terms), for the ahead-of-time TPU compile tests.
+if [[ "${KALLPA_WITH_LIBTPU:-0}" == 1 ]]; then
+  bash scripts/fetch_pjrt.sh --tpu >/dev/null
+else
+  bash scripts/fetch_pjrt.sh >/dev/null
+fi
 
 # 5. Build (Release, incremental).
 # shellcheck disable=SC2086  # KALLPA_CMAKE_ARGS is a list of arguments on purpose

@@ -125,6 +125,17 @@ TEST(PjrtClient, FakePluginRunsTheWholeCallSequence) {
   EXPECT_EQ((*exe)->memory_stats().status().code(), ErrorCode::unsupported);
 }
 
+TEST(PjrtPlugin, AheadOfTimeCompileNeedsTheTopologySlots) {
+  Result<std::shared_ptr<Plugin>> p = Plugin::load(fake("ok"));
+  ASSERT_TRUE(p);
+  Result<MemoryStats> m = (*p)->compile_for_topology("v5e:2x2", "module {}");
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.status().code(), ErrorCode::unsupported);
+  EXPECT_NE(m.status().message().find("cannot compile ahead of time: it lacks PJRT_TopologyDescription_Create"),
+            std::string::npos)
+      << m.status().to_string();
+}
+
 TEST(PjrtClient, DeviceOutOfRangeIsNotFound) {
   Result<std::shared_ptr<Plugin>> p = Plugin::load(fake("ok"));
   ASSERT_TRUE(p);

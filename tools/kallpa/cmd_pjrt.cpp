@@ -1,8 +1,10 @@
 // `kallpa pjrt`: the pjrt backend's own view. `info` says which PJRT plugin and device it drives
 // (or why it cannot run) and prints its executable cache's counters; `compile` compiles the program
 // for one or more problems ahead of time (warm-up) and prints the compile time and the compiler's
-// memory statistics, with --keys to see how memory grows with the number of keys.
+// memory statistics, with --keys to see how memory grows with the number of keys, and --target
+// to compile for a device topology that is not here (a TPU generation, through libtpu).
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +25,7 @@ struct PjrtOptions {
   bool json = false;
   std::vector<std::string> specs;
   std::vector<std::int64_t> keys;  // compile: override skv (one compile per value)
+  std::string target;              // compile: a device topology to compile for ahead of time
 };
 
 Result<pjrt::PjrtAttention*> find_pjrt() {
@@ -83,6 +86,10 @@ int info(const PjrtOptions& options) {
 }
 
 int compile(const PjrtOptions& options) {
+  // libtpu on a machine that is not a TPU VM asks a cloud metadata server and waits minutes for
+  // it unless told not to; an ahead-of-time compile needs nothing from it. Set before the plugin
+  // is first loaded, and never over the user's own setting.
+  if (!options.target.empty()) setenv("TPU_SKIP_MDS_QUERY", "1", 0);
   Result<pjrt::PjrtAttention*> backend = find_pjrt();
   if (!backend) {
     print_error("", backend.status());
@@ -117,7 +124,9 @@ int compile(const PjrtOptions& options) {
     Result<std::unique_ptr<harness::ProblemInstance>> instance = harness::ProblemInstance::create(spec);
     Result<ValidatedProblem> vp =
         instance ? validate((*instance)->problem()) : Result<ValidatedProblem>(instance.status());
-    Result<pjrt::CompileReport> report = vp ? (*backend)->compile(*vp) : Result<pjrt::CompileReport>(vp.status());
+    Result<pjrt::CompileReport> report = !vp                      ? Result<pjrt::CompileReport>(vp.status())
+                                         : options.target.empty() ? (*backend)->compile(*vp)
+                                                                  : (*backend)->compile_for_target(*vp, options.target);
     if (!report) {
       print_error(spec.to_string(), report.status());
       rc = kExitFailure;
@@ -171,6 +180,11 @@ Command add_pjrt_command(CLI::App& app) {
       ->add_option("--keys", options->keys, "Compile each spec once per key count (its skv), e.g. 2048,8192,32768")
       ->delimiter(',')
       ->type_name("N[,N...]");
+  compile_cmd
+      ->add_option("--target", options->target,
+                   "Compile ahead of time for a device topology of the plugin, with no device present "
+                   "(libtpu: v5e:2x2, v6e:2x2, v4:2x2x1, v5p:2x2x1)")
+      ->type_name("TOPOLOGY");
   compile_cmd->add_flag("--json", options->json, "Machine-readable output");
   return {sub, [options, info_cmd, compile_cmd](const GlobalOptions&) {
             if (info_cmd->parsed()) return info(*options);

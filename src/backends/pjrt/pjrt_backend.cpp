@@ -248,9 +248,35 @@ class PjrtBackend final : public PjrtAttention {
     }
   }
 
+  Result<CompileReport> compile_for_target(const ValidatedProblem& vp, std::string_view topology) override {
+    try {
+      const Runtime* rt = runtime();
+      if (rt->plugin == nullptr) return rt->unavailable();
+      const ProgramSpec spec = plan(vp, rt->chunk);
+      const std::string text = attention_program(spec);
+      CompileReport report;
+      report.program_key = spec.key();
+      report.program_bytes = text.size();
+      const auto t0 = std::chrono::steady_clock::now();
+      Result<MemoryStats> mem = rt->plugin->compile_for_topology(topology, text);
+      report.compile_milliseconds =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (!mem) return mem.status();
+      report.memory_known = true;
+      report.argument_bytes = mem->argument_bytes;
+      report.output_bytes = mem->output_bytes;
+      report.temp_bytes = mem->temp_bytes;
+      report.generated_code_bytes = mem->generated_code_bytes;
+      return report;
+    } catch (const std::bad_alloc&) {
+      return Status(ErrorCode::out_of_memory, "pjrt", "out of host memory while compiling");
+    }
+  }
+
  private:
   struct Runtime {
-    std::unique_ptr<Client> client;  // null when unavailable; why_not (or crashed) says why
+    std::shared_ptr<const Plugin> plugin;  // loaded and initialised (null: see why_not, crashed)
+    std::unique_ptr<Client> client;        // null when unavailable; why_not (or crashed) says why
     std::string why_not;
     std::string crashed;  // the plugin crashed or hung at first contact, in a child process
     int device_index = 0;
@@ -338,6 +364,7 @@ class PjrtBackend final : public PjrtAttention {
       rt->why_not = plugin.status().message();
       return rt;
     }
+    rt->plugin = *plugin;  // kept without a client too: ahead-of-time compile needs none
     Result<std::unique_ptr<Client>> client = Client::create(*plugin, rt->device_index);
     if (!client) {
       rt->why_not = fmt::format("'{}' (PJRT API {}) loaded, but {}: {}", path, (*plugin)->version_string(),

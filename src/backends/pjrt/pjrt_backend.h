@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "kallpa/attention.h"
 #include "kallpa/backend.h"
@@ -67,6 +68,10 @@ class PjrtAttention : public AttentionBackend {
   // Compiles (or finds cached) the executable that run() would use for `problem`: ahead-of-time
   // warm-up for a serving shape, and the compiler's memory statistics for it.
   virtual Result<CompileReport> compile(const ValidatedProblem& problem) = 0;
+  // Compiles the same program ahead of time for a named device topology of the plugin (libtpu:
+  // "v5e:2x2", "v6e:2x2", "v4:2x2x1", ...) without a client or device, and reports its memory:
+  // proof that the TPU program compiles and fits, on a machine without a TPU. Nothing is cached.
+  virtual Result<CompileReport> compile_for_target(const ValidatedProblem& problem, std::string_view topology) = 0;
 };
 
 }  // namespace kallpa::pjrt

@@ -163,6 +163,65 @@ Result<std::shared_ptr<Plugin>> Plugin::load(const std::string& path) {
   return plugin;
 }
 
+namespace {
+
+// Memory statistics of an unloaded executable, which this destroys.
+Result<MemoryStats> stats_and_destroy(const Plugin& plugin, PJRT_Executable* executable) {
+  const PJRT_Api& api = plugin.api();
+  auto stats = KALLPA_PJRT_ARGS(PJRT_Executable_GetCompiledMemoryStats_Args);
+  stats.executable = executable;
+  Status s = plugin.check(api.PJRT_Executable_GetCompiledMemoryStats(&stats), "PJRT_Executable_GetCompiledMemoryStats");
+  auto destroy = KALLPA_PJRT_ARGS(PJRT_Executable_Destroy_Args);
+  destroy.executable = executable;
+  (void)plugin.check(api.PJRT_Executable_Destroy(&destroy), "PJRT_Executable_Destroy");
+  if (!s) return s;
+  MemoryStats out;
+  out.argument_bytes = stats.argument_size_in_bytes;
+  out.output_bytes = stats.output_size_in_bytes;
+  out.temp_bytes = stats.temp_size_in_bytes;
+  out.generated_code_bytes = stats.generated_code_size_in_bytes;
+  return out;
+}
+
+}  // namespace
+
+Result<MemoryStats> Plugin::compile_for_topology(std::string_view topology, std::string_view mlir) const {
+  for (const Slot& slot :
+       {KALLPA_PJRT_SLOT(PJRT_TopologyDescription_Create), KALLPA_PJRT_SLOT(PJRT_TopologyDescription_Destroy),
+        KALLPA_PJRT_SLOT(PJRT_Compile), KALLPA_PJRT_SLOT(PJRT_Executable_GetCompiledMemoryStats)}) {
+    if (!has_slot(slot.offset)) {
+      return Status(ErrorCode::unsupported, slot.name,
+                    fmt::format("'{}' (PJRT API {}) cannot compile ahead of time: it lacks {}", path_, version_string(),
+                                slot.name));
+    }
+  }
+  const std::string name(topology);
+  auto create = KALLPA_PJRT_ARGS(PJRT_TopologyDescription_Create_Args);
+  create.topology_name = name.c_str();
+  create.topology_name_size = name.size();
+  if (Status s = check(api_->PJRT_TopologyDescription_Create(&create), "PJRT_TopologyDescription_Create"); !s) {
+    return s;
+  }
+  static constexpr char kFormat[] = "mlir";
+  std::string code(mlir);
+  auto program = KALLPA_PJRT_ARGS(PJRT_Program);
+  program.code = code.data();
+  program.code_size = code.size();
+  program.format = kFormat;
+  program.format_size = sizeof kFormat - 1;
+  auto compile = KALLPA_PJRT_ARGS(PJRT_Compile_Args);
+  compile.topology = create.topology;
+  compile.program = &program;
+  compile.compile_options = kCompileOptions;
+  compile.compile_options_size = sizeof kCompileOptions;
+  Status s = check(api_->PJRT_Compile(&compile), "PJRT_Compile");
+  Result<MemoryStats> stats = s ? stats_and_destroy(*this, compile.executable) : Result<MemoryStats>(s);
+  auto destroy = KALLPA_PJRT_ARGS(PJRT_TopologyDescription_Destroy_Args);
+  destroy.topology = create.topology;
+  (void)check(api_->PJRT_TopologyDescription_Destroy(&destroy), "PJRT_TopologyDescription_Destroy");
+  return stats;
+}
+
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
     reset();
@@ -249,20 +308,7 @@ Result<MemoryStats> Executable::memory_stats() const {
       !s) {
     return s;
   }
-  auto stats = KALLPA_PJRT_ARGS(PJRT_Executable_GetCompiledMemoryStats_Args);
-  stats.executable = get.executable;
-  Status s =
-      plugin_->check(api.PJRT_Executable_GetCompiledMemoryStats(&stats), "PJRT_Executable_GetCompiledMemoryStats");
-  auto destroy = KALLPA_PJRT_ARGS(PJRT_Executable_Destroy_Args);
-  destroy.executable = get.executable;
-  (void)plugin_->check(api.PJRT_Executable_Destroy(&destroy), "PJRT_Executable_Destroy");
-  if (!s) return s;
-  MemoryStats out;
-  out.argument_bytes = stats.argument_size_in_bytes;
-  out.output_bytes = stats.output_size_in_bytes;
-  out.temp_bytes = stats.temp_size_in_bytes;
-  out.generated_code_bytes = stats.generated_code_size_in_bytes;
-  return out;
+  return stats_and_destroy(*plugin_, get.executable);
 }
 
 Result<std::unique_ptr<Client>> Client::create(std::shared_ptr<const Plugin> plugin, int device_index) {

@@ -32,6 +32,14 @@ inline constexpr int kSupportedMajor = 0;
 inline constexpr int kMinSupportedMinor = 81;
 inline constexpr int kMaxSupportedMinor = 199;
 
+// Memory the compiler reports for one executable (PJRT_Executable_GetCompiledMemoryStats).
+struct MemoryStats {
+  std::int64_t argument_bytes = 0;
+  std::int64_t output_bytes = 0;
+  std::int64_t temp_bytes = 0;
+  std::int64_t generated_code_bytes = 0;
+};
+
 // A loaded, initialised plugin. Shared by the client and everything made from it, so that the
 // library stays loaded while any PJRT object is alive. The library is never dlclose'd: plugins
 // start threads and register atexit handlers that must outlive any unload.
@@ -54,20 +62,17 @@ class Plugin {
   // backend_failure naming `call`. Destroys the error either way.
   Status check(PJRT_Error* error, std::string_view call) const;
 
+  // Ahead-of-time compile for a named device topology (libtpu: "v5e:2x2", "v6e:2x2", ...), with no
+  // client and no device: what the compiled program needs, for a TPU that is not here. unsupported
+  // when the plugin lacks the topology or AOT compile slots.
+  Result<MemoryStats> compile_for_topology(std::string_view topology, std::string_view mlir) const;
+
  private:
   Plugin() = default;
   const PJRT_Api* api_ = nullptr;
   std::string path_;
   int major_ = 0;
   int minor_ = 0;
-};
-
-// Memory the compiler reports for one executable (PJRT_Executable_GetCompiledMemoryStats).
-struct MemoryStats {
-  std::int64_t argument_bytes = 0;
-  std::int64_t output_bytes = 0;
-  std::int64_t temp_bytes = 0;
-  std::int64_t generated_code_bytes = 0;
 };
 
 class Client;
