@@ -79,7 +79,7 @@ TEST(AttentionProgram, GqaGroupsQueryHeadsUnderTheirKvHead) {
 TEST(AttentionProgram, HalfInputsAreWidenedAndTheSoftmaxIsF32) {
   for (DType t : {DType::f16, DType::bf16}) {
     ProgramSpec s = base();
-    s.in_dtype = s.out_dtype = t;
+    s.in_dtype = s.kv_dtype = s.out_dtype = t;
     s.lse = true;
     const std::string text = attention_program(s);
     const std::string e = t == DType::f16 ? "f16" : "bf16";
@@ -187,7 +187,7 @@ TEST(AttentionProgram, ValuesNoQueryCanSeeAreSelectedOutBeforeTheSecondProduct) 
 TEST(AttentionProgram, KeyNamesEveryFeatureAndShape) {
   ProgramSpec s = base();
   s.causal = s.window = s.softcap = s.alibi = s.lse = true;
-  s.in_dtype = s.out_dtype = DType::bf16;
+  s.in_dtype = s.kv_dtype = s.out_dtype = DType::bf16;
   EXPECT_EQ(s.key(), "bf16>bf16 b2 s4 h8/2 d16/16 n64 c16 causal window softcap alibi lse");
   ProgramSpec p = base();
   p.paged = true;
