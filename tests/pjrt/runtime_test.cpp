@@ -203,7 +203,7 @@ class PjrtRealPlugin : public testing::TestWithParam<RealPlugin> {
 // Temp bytes the compiler reports for a prefill attention program over `keys` keys.
 std::int64_t temp_bytes(const Client& client, std::int64_t keys) {
   ProgramSpec s;
-  s.in_dtype = s.out_dtype = DType::bf16;
+  s.in_dtype = s.kv_dtype = s.out_dtype = DType::bf16;
   s.seq_q = 256;
   s.hq = 8;
   s.hkv = 2;
