@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "backends/pjrt/attention_program.h"
 #include "backends/pjrt/child_probe.h"
@@ -540,6 +541,8 @@ class PjrtBackend final : public PjrtAttention {
     stats_.compile_milliseconds += ms;
     std::shared_ptr<const Executable> shared(std::move(*exe));
     cache_.emplace(key, shared);
+    // Never silent: a compile on the token path stalls it for hundreds of milliseconds.
+    spdlog::info("pjrt: compiled [{}] in {:.1f} ms ({} executables cached)", key, ms, cache_.size());
     return Compiled{std::move(shared), false, ms, text.size()};
   }
 
