@@ -172,6 +172,7 @@ Command add_pjrt_command(CLI::App& app) {
   info_cmd->add_flag("--json", options->json, "Machine-readable output");
   CLI::App* compile_cmd =
       sub->add_subcommand("compile", "Compile the program for problems ahead of time; print compile time and memory");
+  compile_cmd->alias("warmup");  // what a server does before taking traffic
   compile_cmd
       ->add_option("--spec", options->specs, "A problem spec (repeatable), e.g. b=1,sq=1,skv=4096,hq=32,hkv=8,d=128")
       ->type_name("SPEC")
