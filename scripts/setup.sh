@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up kallpa on a fresh Debian 12 machine: installs the packages it needs (apt-get, only when
 # something is missing), makes .venv with the Python packages the cross-check tests use, fetches
-# the default model (SmolLM2-135M-Instruct Q4_1, pinned SHA-256) into models/, builds Release into
+# the default model (SmolLM2-135M-Instruct Q4_1, pinned SHA-256) into models/, fetches the PJRT
+# header and CPU plugins (scripts/fetch_pjrt.sh, pinned SHA-256) into a cache, builds Release into
 # build/, and runs the main job: a greedy chat answer from the model.
 # Idempotent: a second run installs nothing and rebuilds only what changed.
 #
@@ -9,7 +10,7 @@
 #   bash scripts/setup.sh --no-run   # install and build only
 #
 # Environment: KALLPA_JOBS (parallel build jobs, default 2), KALLPA_CMAKE_ARGS (extra configure
-# arguments, e.g. "-DKALLPA_WERROR=ON").
+# arguments, e.g. "-DKALLPA_WERROR=ON"), KALLPA_WITH_LIBTPU=1 (also fetch libtpu; docs/tpu.md).
 set -euo pipefail
 
 # Debian packages the project uses. Later work appends to this list (and adds steps below, such as
@@ -69,12 +70,21 @@ fi
 # 3. The default model (idempotent; verified by SHA-256).
 bash scripts/fetch_model.sh >/dev/null
 
-# 4. Build (Release, incremental).
+# 4. The PJRT C API header and two XLA CPU plugins (API 0.115 and 0.81) for the pjrt backend and
+#    its tests, into a cache outside the repo (idempotent; pinned SHA-256); with
+#    KALLPA_WITH_LIBTPU=1 also libtpu (Google Cloud terms), for the ahead-of-time TPU compile tests.
+if [[ "${KALLPA_WITH_LIBTPU:-0}" == 1 ]]; then
+  bash scripts/fetch_pjrt.sh --tpu >/dev/null
+else
+  bash scripts/fetch_pjrt.sh >/dev/null
+fi
+
+# 5. Build (Release, incremental).
 # shellcheck disable=SC2086  # KALLPA_CMAKE_ARGS is a list of arguments on purpose
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${KALLPA_CMAKE_ARGS:-}
 cmake --build build -j"$jobs"
 
-# 5. The main job.
+# 6. The main job.
 if ((run_main_job)); then
   echo
   build/tools/kallpa/kallpa generate --chat -p "What is the capital of France?" --temp 0 -n 64

@@ -27,6 +27,7 @@ struct GlobalOptions {
   std::string log_level = "warn";
   std::vector<std::string> plugins;  // --plugin PATH (repeatable), on top of KALLPA_PLUGIN_PATH
   bool no_health_check = false;      // --no-health-check (also KALLPA_SKIP_HEALTH_CHECK=1)
+  std::string pjrt_plugin;           // --pjrt-plugin PATH (sets KALLPA_PJRT_PLUGIN)
 };
 
 void add_global_options(CLI::App& app, GlobalOptions& options);
@@ -36,7 +37,7 @@ void configure_logging(const GlobalOptions& options);
 
 // Loads KALLPA_PLUGIN_PATH and --plugin libraries into the global registry (a library that fails
 // is reported on stderr by path and reason, and the program carries on) and applies
-// --no-health-check. Call once, after configure_logging.
+// --no-health-check and --pjrt-plugin. Call once, after configure_logging.
 void setup_backends(const GlobalOptions& options);
 
 // DispatchOptions::from_env(), then --attention / --strict on top. Every named backend must be
@@ -61,5 +62,6 @@ Command add_generate_command(CLI::App& app);
 Command add_chat_command(CLI::App& app);
 Command add_tokenize_command(CLI::App& app);
 Command add_serve_command(CLI::App& app);
+Command add_pjrt_command(CLI::App& app);
 
 }  // namespace kallpa::cli

@@ -1,5 +1,6 @@
 // Global options: dispatch choice (--attention, --strict, KALLPA_ATTENTION*), logging, plugins and
 // health checks.
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -7,6 +8,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "backends/pjrt/pjrt_backend.h"
 #include "cli.h"
 #include "kallpa/health.h"
 #include "kallpa/plugin.h"
@@ -32,9 +34,15 @@ void add_global_options(CLI::App& app, GlobalOptions& options) {
   app.add_flag("--no-health-check", options.no_health_check,
                "Select backends without running their canary health check first (faster start-up; "
                "also KALLPA_SKIP_HEALTH_CHECK=1)");
+  app.add_option("--pjrt-plugin", options.pjrt_plugin,
+                 "The PJRT plugin the pjrt backend drives (libtpu.so, XLA's CPU or GPU plugin; also "
+                 "KALLPA_PJRT_PLUGIN)")
+      ->type_name("PATH");
 }
 
 void setup_backends(const GlobalOptions& options) {
+  // The pjrt backend reads its plugin from the environment on first use, which comes later.
+  if (!options.pjrt_plugin.empty()) setenv(pjrt::kPluginEnv, options.pjrt_plugin.c_str(), 1);
   BackendRegistry& registry = BackendRegistry::global();
   if (options.no_health_check) registry.set_health_check(skipped_health_check("--no-health-check"));
   std::vector<PluginLoadReport> reports = load_env_plugins();

@@ -1,0 +1,136 @@
+// The registered pjrt backend on the real XLA CPU plugin (API 0.115): problems the conformance
+// suite does not build (q and K/V in different dtypes, as the engine's KV cache has them) against
+// the reference, and the executable cache's counters. Skipped when the plugin is not fetched.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backends/pjrt/pjrt_backend.h"
+#include "harness/problem_instance.h"
+#include "kallpa/half.h"
+#include "kallpa/problem_spec.h"
+#include "kallpa/registry.h"
+
+namespace kallpa::pjrt {
+namespace {
+
+class PjrtBackendTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(KALLPA_PJRT_PLUGIN_0_115)) {
+      GTEST_SKIP() << KALLPA_PJRT_PLUGIN_0_115 << " is absent: run scripts/fetch_pjrt.sh (setup.sh does)";
+    }
+    // Read by the backend on its first use, which is in this process's first test to get here.
+    setenv(kPluginEnv, KALLPA_PJRT_PLUGIN_0_115, 1);
+    backend_ = dynamic_cast<PjrtAttention*>(BackendRegistry::global().find("pjrt"));
+    reference_ = BackendRegistry::global().find("reference");
+    ASSERT_NE(backend_, nullptr);
+    ASSERT_NE(reference_, nullptr);
+  }
+
+  // Runs `spec` on pjrt and on the reference (same seed, same inputs); the largest difference
+  // over o and lse, both read as float.
+  double max_difference(const std::string& text) {
+    Result<ProblemSpec> spec = parse_problem_spec(text);
+    EXPECT_TRUE(spec) << spec.status().to_string();
+    Result<std::unique_ptr<harness::ProblemInstance>> a = harness::ProblemInstance::create(*spec, 7);
+    Result<std::unique_ptr<harness::ProblemInstance>> b = harness::ProblemInstance::create(*spec, 7);
+    EXPECT_TRUE(a && b);
+    Result<ValidatedProblem> va = validate((*a)->problem()), vb = validate((*b)->problem());
+    EXPECT_TRUE(va && vb);
+    const Support s = backend_->supports(va->signature());
+    EXPECT_TRUE(s.ok) << s.why_not;
+    Status ra = backend_->run(*va, {});
+    EXPECT_TRUE(ra) << ra.to_string();
+    Status rb = reference_->run(*vb, {});
+    EXPECT_TRUE(rb) << rb.to_string();
+    const TensorView &oa = (*a)->problem().o, &ob = (*b)->problem().o;
+    double worst = 0.0;
+    const std::int64_t n = oa.numel();
+    for (std::int64_t i = 0; i < n; ++i) {
+      worst = std::max(worst, std::abs(double(element(oa, i)) - double(element(ob, i))));
+    }
+    if ((*a)->problem().lse.present()) {
+      const auto* la = static_cast<const float*>((*a)->problem().lse.data);
+      const auto* lb = static_cast<const float*>((*b)->problem().lse.data);
+      for (std::int64_t i = 0; i < (*a)->problem().lse.numel(); ++i) {
+        worst = std::max(worst, std::abs(double(la[i]) - double(lb[i])));
+      }
+    }
+    return worst;
+  }
+
+  // Element i of a contiguous view, as float.
+  static float element(const TensorView& t, std::int64_t i) { return load_f32(t.dtype, t.data, i); }
+
+  PjrtAttention* backend_ = nullptr;
+  AttentionBackend* reference_ = nullptr;
+};
+
+TEST_F(PjrtBackendTest, PlatformNamesThePluginAndItsApiVersion) {
+  Result<PlatformInfo> info = backend_->platform();
+  ASSERT_TRUE(info) << info.status().to_string();
+  EXPECT_EQ(info->api_version, "0.115");
+  EXPECT_EQ(info->platform, "cpu");
+  EXPECT_EQ(info->plugin_path, KALLPA_PJRT_PLUGIN_0_115);
+  EXPECT_EQ(info->chunk, kDefaultChunk);
+}
+
+TEST_F(PjrtBackendTest, QueriesAndKvInDifferentDtypesMatchTheReference) {
+  // The engine's shapes: f32 queries over an f16 or bf16 KV cache, prefill and paged decode.
+  EXPECT_LT(max_difference("b=1,sq=19,skv=19,hq=6,hkv=2,d=64,dtype=f32,kv_dtype=f16,causal,lse"), 1e-4);
+  EXPECT_LT(max_difference("b=3,sq=1,skv=45,hq=4,hkv=1,d=32,dtype=f32,kv_dtype=bf16,kv=paged,page=16,causal,lse"),
+            1e-4);
+  EXPECT_LT(max_difference("b=2,sq=3,skv=40,hq=4,hkv=2,d=32,dtype=bf16,kv_dtype=f32,window=8:0"), 2e-2);
+}
+
+TEST_F(PjrtBackendTest, ExecutablesAreCachedPerShapeBucket) {
+  // Head dim 40 appears in no other test of this process, so these programs are new here.
+  const CacheStats before = backend_->cache_stats();
+  ASSERT_LT(max_difference("b=1,sq=4,skv=37,hq=2,hkv=1,d=40,causal"), 1e-4);
+  const CacheStats first = backend_->cache_stats();
+  EXPECT_EQ(first.compiles, before.compiles + 1);
+  EXPECT_GT(first.compile_milliseconds, before.compile_milliseconds);
+  // Same bucket (keys up to 64, queries up to 4): no compile, a hit.
+  ASSERT_LT(max_difference("b=1,sq=3,skv=50,hq=2,hkv=1,d=40,causal"), 1e-4);
+  const CacheStats second = backend_->cache_stats();
+  EXPECT_EQ(second.compiles, first.compiles);
+  EXPECT_EQ(second.cache_hits, first.cache_hits + 1);
+  EXPECT_EQ(second.executions, first.executions + 1);
+  // 65 keys: the next bucket, one more compile.
+  ASSERT_LT(max_difference("b=1,sq=4,skv=65,hq=2,hkv=1,d=40,causal"), 1e-4);
+  EXPECT_EQ(backend_->cache_stats().compiles, second.compiles + 1);
+  EXPECT_EQ(backend_->cache_stats().cached_executables, second.cached_executables + 1);
+}
+
+TEST_F(PjrtBackendTest, CompileAheadOfTimeIsWhatRunUses) {
+  Result<ProblemSpec> spec = parse_problem_spec("b=2,sq=8,skv=100,hq=4,hkv=2,d=48,lse");
+  ASSERT_TRUE(spec);
+  Result<std::unique_ptr<harness::ProblemInstance>> inst = harness::ProblemInstance::create(*spec);
+  ASSERT_TRUE(inst);
+  Result<ValidatedProblem> vp = validate((*inst)->problem());
+  ASSERT_TRUE(vp);
+  Result<CompileReport> first = backend_->compile(*vp);
+  ASSERT_TRUE(first) << first.status().to_string();
+  EXPECT_FALSE(first->cached);
+  EXPECT_EQ(first->program_key, "f32>f32 b2 s8 h4/2 d48/48 n128 c128 lse");
+  EXPECT_TRUE(first->memory_known);
+  EXPECT_GT(first->argument_bytes, 0);
+  const CacheStats warm = backend_->cache_stats();
+  ASSERT_TRUE(backend_->run(*vp, {}));
+  EXPECT_EQ(backend_->cache_stats().compiles, warm.compiles);
+  EXPECT_EQ(backend_->cache_stats().cache_hits, warm.cache_hits + 1);
+  Result<CompileReport> again = backend_->compile(*vp);
+  ASSERT_TRUE(again);
+  EXPECT_TRUE(again->cached);
+}
+
+}  // namespace
+}  // namespace kallpa::pjrt
