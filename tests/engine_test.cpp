@@ -10,6 +10,7 @@
 #include "kallpa/model/gguf.h"
 #include "kallpa/registry.h"
 #include "kallpa/runtime/engine.h"
+#include "support/host_backends.h"
 #include "support/synthetic_llama.h"
 
 namespace kallpa::runtime {
@@ -144,8 +145,7 @@ TEST(Engine, GreedyTextIsTheSameWithEveryCpuAttentionBackend) {
   auto file = synthetic_file();
   std::vector<std::int32_t> reference_tokens;
   int backends = 0;
-  for (const BackendInfo& info : BackendRegistry::global().list()) {
-    if (info.backend->device_kind() != DeviceKind::cpu) continue;
+  for (const BackendInfo& info : test_support::host_backends_that_run_here(BackendRegistry::global())) {
     ++backends;
     auto e = engine_for(file, {{std::string(info.backend->name())}, true});
     Session s(*e, {.temperature = 0});
@@ -292,8 +292,7 @@ TEST(EngineRealModel, GreedyTextIsTheSameWithEveryCpuAttentionBackend) {
   ASSERT_TRUE(file.is_ok()) << file.status().to_string();
   std::string first_text;
   std::vector<std::string> names;
-  for (const BackendInfo& info : BackendRegistry::global().list()) {
-    if (info.backend->device_kind() != DeviceKind::cpu) continue;
+  for (const BackendInfo& info : test_support::host_backends_that_run_here(BackendRegistry::global())) {
     EngineOptions o;
     o.attention = {{std::string(info.backend->name())}, true};
     o.cache.max_tokens = 256;
