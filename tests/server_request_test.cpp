@@ -2,6 +2,10 @@
 // response shapes and the Prometheus text rendering, without a socket.
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <string>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "server/access_log.h"
@@ -9,6 +13,7 @@
 #include "server/metrics.h"
 #include "server/openai_responses.h"
 #include "server/request_parser.h"
+#include "server/server_metrics.h"
 #include "server/sse.h"
 
 namespace kallpa::server {
@@ -233,6 +238,91 @@ TEST(ServerMetricsText, CountersGaugesHistogramsAndEscaping) {
   EXPECT_NE(text.find("x_latency_seconds_count 3\n"), std::string::npos) << text;
   EXPECT_NE(text.find("x_depth 7\n"), std::string::npos) << text;
   EXPECT_EQ(escape_label_value("a\\b\nc"), "a\\\\b\\nc");
+}
+
+// A backend that publishes counters: a good counter, a gauge, and the mistakes the server must
+// survive (a name that breaks the text format, one already ending in _total).
+class CountingBackend final : public AttentionBackend {
+ public:
+  CountingBackend(std::string name, BackendCounter::Kind shared_kind) : name_(std::move(name)), kind_(shared_kind) {}
+  std::string_view name() const noexcept override { return name_; }
+  std::string_view version() const noexcept override { return "1"; }
+  DeviceKind device_kind() const noexcept override { return DeviceKind::cpu; }
+  int priority() const noexcept override { return 0; }
+  Support supports(const ProblemSignature&) const noexcept override { return Support::no("a test double"); }
+  Status run(const ValidatedProblem&, Workspace) noexcept override { return {}; }
+  std::vector<BackendCounter> counters() const override {
+    using K = BackendCounter::Kind;
+    return {{"widgets", "Widgets made.\nTwo lines.", K::counter, widgets},
+            {"shared", "Published by both test backends.", kind_, 1.0},
+            {"Bad-Name", "Not a metric name.", K::counter, 1.0},
+            {"doubled_total", "Would render _total twice.", K::counter, 1.0},
+            {"held", "Things held.", K::gauge, 3.0}};
+  }
+  double widgets = 0.0;
+
+ private:
+  std::string name_;
+  BackendCounter::Kind kind_;
+};
+
+TEST(ServerMetricsText, BackendCountersRenderWithABackendLabel) {
+  BackendRegistry registry;
+  auto a = std::make_unique<CountingBackend>("alpha", BackendCounter::Kind::counter);
+  auto b = std::make_unique<CountingBackend>("beta", BackendCounter::Kind::gauge);
+  CountingBackend* alpha = a.get();
+  ASSERT_TRUE(registry.add(std::move(a)));
+  ASSERT_TRUE(registry.add(std::move(b)));
+  ServerMetrics metrics;
+  const runtime::SchedulerStats scheduler;
+  const StatsObserver attention;
+  alpha->widgets = 5;
+  std::string text = metrics.render(scheduler, attention, {}, registry);
+  EXPECT_NE(text.find("# HELP kallpa_backend_widgets_total Widgets made.\\nTwo lines.\n"
+                      "# TYPE kallpa_backend_widgets_total counter\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("kallpa_backend_widgets_total{backend=\"alpha\"} 5\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("# TYPE kallpa_backend_held gauge\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("kallpa_backend_held{backend=\"beta\"} 3\n"), std::string::npos) << text;
+  // Invalid names are dropped, the rest of the scrape stands.
+  EXPECT_EQ(text.find("Bad-Name"), std::string::npos) << text;
+  EXPECT_EQ(text.find("doubled_total"), std::string::npos) << text;
+  // One family per name: the kind first seen wins, the other backend's series is dropped.
+  EXPECT_NE(text.find("kallpa_backend_shared_total{backend=\"alpha\"} 1\n") == std::string::npos,
+            text.find("kallpa_backend_shared{backend=\"beta\"} 1\n") == std::string::npos)
+      << text;
+  // Values move between scrapes; families are not added twice.
+  alpha->widgets = 7;
+  text = metrics.render(scheduler, attention, {}, registry);
+  EXPECT_NE(text.find("kallpa_backend_widgets_total{backend=\"alpha\"} 7\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("# TYPE kallpa_backend_widgets_total"), text.rfind("# TYPE kallpa_backend_widgets_total"));
+}
+
+TEST(ServerMetricsText, PjrtCountersAreExported) {
+  // The built-in pjrt backend publishes its executable cache counters whether or not a plugin is
+  // loaded (zeros until it runs), so /metrics always carries them when pjrt is built.
+  if (BackendRegistry::global().find("pjrt") == nullptr) GTEST_SKIP() << "the pjrt backend is not built here";
+  ServerMetrics metrics;
+  const std::string text = metrics.render(runtime::SchedulerStats{}, StatsObserver{}, {}, BackendRegistry::global());
+  for (const char* series :
+       {"kallpa_backend_compiles_total{backend=\"pjrt\"} ", "kallpa_backend_compile_failures_total{backend=\"pjrt\"} ",
+        "kallpa_backend_compile_seconds_total{backend=\"pjrt\"} ", "kallpa_backend_cache_hits_total{backend=\"pjrt\"} ",
+        "kallpa_backend_executions_total{backend=\"pjrt\"} ", "kallpa_backend_cached_executables{backend=\"pjrt\"} ",
+        "kallpa_backend_bytes_to_device_total{backend=\"pjrt\"} ",
+        "kallpa_backend_bytes_from_device_total{backend=\"pjrt\"} "}) {
+    EXPECT_NE(text.find(series), std::string::npos) << series << " missing from\n" << text;
+  }
+}
+
+TEST(BackendCounters, NamesAreCheckedInTheCore) {
+  EXPECT_TRUE(valid_counter_name("compiles"));
+  EXPECT_TRUE(valid_counter_name("bytes_to_device2"));
+  EXPECT_FALSE(valid_counter_name(""));
+  EXPECT_FALSE(valid_counter_name("2fast"));
+  EXPECT_FALSE(valid_counter_name("Compiles"));
+  EXPECT_FALSE(valid_counter_name("a-b"));
+  EXPECT_FALSE(valid_counter_name("hits_total"));
 }
 
 TEST(ServerAccessLog, OneJsonLinePerRequest) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -48,6 +49,27 @@ class AttentionOracle {
   virtual ExactOutput compute_exact(const ValidatedProblem& problem) const = 0;
 };
 
+// Version of BackendCounter and AttentionBackend::counters(); bumped when either changes shape.
+inline constexpr int kBackendCountersVersion = 1;
+
+// A number a backend publishes about itself (executables compiled, cache hits, bytes copied to a
+// device, ...), so that front ends can show it without knowing the backend: the server renders
+// each one as `kallpa_backend_<name>[_total]{backend="<backend>"}` on /metrics, and `kallpa
+// backends` lists them. Names and kinds are fixed for a backend's lifetime, values only move.
+struct BackendCounter {
+  enum class Kind : std::uint8_t {
+    counter,  // only grows since the process started; the server appends `_total` to its name
+    gauge,    // a current amount (executables held, bytes resident)
+  };
+  std::string name;  // [a-z][a-z0-9_]*, unique within the backend, without a `_total` suffix
+  std::string help;  // one sentence, for the metric's HELP line
+  Kind kind = Kind::counter;
+  double value = 0.0;
+};
+
+// True when `name` is a valid BackendCounter name ([a-z][a-z0-9_]*, not ending in `_total`).
+bool valid_counter_name(std::string_view name) noexcept;
+
 class AttentionBackend {
  public:
   virtual ~AttentionBackend() = default;
@@ -71,6 +93,11 @@ class AttentionBackend {
   // there; nullptr for host backends, and for a device backend whose device is unavailable.
   // The workspace handed to run() stays host memory for every backend.
   virtual DeviceMemory* device_memory() const noexcept { return nullptr; }
+
+  // The backend's own counters (BackendCounter), read at any time from any thread, cheaply: no
+  // device call, no lazy start-up. The same names on every call, whatever the values; empty for a
+  // backend with nothing to publish. May throw std::bad_alloc.
+  virtual std::vector<BackendCounter> counters() const { return {}; }
 
   // Non-null for the one backend that is the oracle (reference, in-tree); nullptr for every other.
   virtual const AttentionOracle* oracle() const noexcept { return nullptr; }

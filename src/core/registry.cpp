@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -17,6 +18,14 @@ std::string_view health_name(Health health) noexcept {
     case Health::quarantined: return "quarantined";
   }
   return "unknown";
+}
+
+bool valid_counter_name(std::string_view name) noexcept {
+  if (name.empty() || name.front() < 'a' || name.front() > 'z') return false;
+  const bool charset = std::all_of(name.begin(), name.end(),
+                                   [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; });
+  // The server appends `_total` to counters; a name carrying it already would render it twice.
+  return charset && !name.ends_with("_total");
 }
 
 BackendRegistry& BackendRegistry::global() {

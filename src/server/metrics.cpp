@@ -116,6 +116,7 @@ void MetricFamily::render(std::string& out) const {
 
 MetricFamily& MetricsRegistry::add(std::string name, std::string help, MetricType type,
                                    std::vector<std::string> label_names, std::vector<double> buckets) {
+  std::lock_guard lock(mu_);
   families_.push_back(std::make_unique<MetricFamily>(std::move(name), std::move(help), type, std::move(label_names),
                                                      std::move(buckets)));
   return *families_.back();
@@ -123,6 +124,7 @@ MetricFamily& MetricsRegistry::add(std::string name, std::string help, MetricTyp
 
 std::string MetricsRegistry::render() const {
   std::string out;
+  std::lock_guard lock(mu_);
   for (const auto& f : families_) f->render(out);
   return out;
 }

@@ -46,13 +46,15 @@ class MetricFamily {
 
 class MetricsRegistry {
  public:
-  // Families render in the order they were added. The registry owns them.
+  // Families render in the order they were added. The registry owns them; adding one while
+  // another thread renders is safe (families published by backends appear on first scrape).
   MetricFamily& add(std::string name, std::string help, MetricType type, std::vector<std::string> label_names = {},
                     std::vector<double> buckets = {});
   std::string render() const;
 
  private:
-  std::vector<std::unique_ptr<MetricFamily>> families_;
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<MetricFamily>> families_;  // under mu_
 };
 
 // Label values escaped as the text format requires (backslash, double quote, newline).

@@ -258,7 +258,8 @@ Server::Server(runtime::Engine& engine, ServerOptions options)
     }
   });
   s.http.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
-    res.set_content(s.metrics.render(s.scheduler->stats(), s.engine.attention_stats(), s.engine.op_fallbacks()),
+    res.set_content(s.metrics.render(s.scheduler->stats(), s.engine.attention_stats(), s.engine.op_fallbacks(),
+                                     s.engine.dispatcher().registry()),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
 }

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include <spdlog/spdlog.h>
+
 namespace kallpa::server {
 namespace {
 
@@ -72,8 +74,46 @@ void ServerMetrics::generation_finished(const runtime::Completion& c) {
   finish_->inc({c.finish_reason});
 }
 
+void ServerMetrics::publish(const BackendRegistry& backends) {
+  std::lock_guard lock(backend_mu_);
+  for (const BackendInfo& info : backends.list()) {
+    const std::string backend(info.backend->name());
+    for (const BackendCounter& c : info.backend->counters()) {
+      // A backend's mistake costs its own series, never the scrape: names that would break the
+      // exposition format, and a name another backend publishes as the other kind, are dropped.
+      if (!valid_counter_name(c.name)) {
+        if (!warned_.insert(backend + "/" + c.name).second) continue;  // once per process, not per scrape
+        spdlog::warn("metrics: backend '{}' publishes counter '{}', not a valid name ([a-z][a-z0-9_]*, no _total)",
+                     backend, c.name);
+        continue;
+      }
+      const bool counter = c.kind == BackendCounter::Kind::counter;
+      const std::string name = "kallpa_backend_" + c.name + (counter ? "_total" : "");
+      // Keyed by the bare name, so that `x` published as a counter by one backend and as a gauge by
+      // another is one conflict, not two unrelated families `x_total` and `x`.
+      auto it = backend_families_.find(c.name);
+      if (it == backend_families_.end()) {
+        // HELP text escapes backslash and newline (text format 0.0.4); a backend's help is free text.
+        std::string help;
+        for (char ch : c.help)
+          help += ch == '\\' ? std::string("\\\\") : ch == '\n' ? std::string("\\n") : std::string(1, ch);
+        MetricFamily& f = registry_.add(name, help, counter ? MetricType::counter : MetricType::gauge, {"backend"});
+        it = backend_families_.emplace(c.name, BackendFamily{&f, c.kind}).first;
+      } else if (it->second.kind != c.kind) {
+        if (!warned_.insert(backend + "/" + c.name).second) continue;
+        spdlog::warn("metrics: backend '{}' publishes '{}' as a {}, another backend as a {}; dropped", backend, c.name,
+                     counter ? "counter" : "gauge", counter ? "gauge" : "counter");
+        continue;
+      }
+      it->second.family->set({backend}, c.value);
+    }
+  }
+}
+
 std::string ServerMetrics::render(const runtime::SchedulerStats& s, const StatsObserver& attention,
-                                  const std::map<std::string, std::uint64_t>& op_fallbacks) {
+                                  const std::map<std::string, std::uint64_t>& op_fallbacks,
+                                  const BackendRegistry& backends) {
+  publish(backends);
   for (const auto& [op, n] : op_fallbacks) op_fallbacks_->set({op}, static_cast<double>(n));
   queued_->set({}, static_cast<double>(s.queued));
   running_->set({}, static_cast<double>(s.running));

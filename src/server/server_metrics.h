@@ -4,9 +4,12 @@
 #pragma once
 
 #include <map>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "kallpa/observer.h"
+#include "kallpa/registry.h"
 #include "kallpa/runtime/scheduler.h"
 #include "server/metrics.h"
 
@@ -24,8 +27,10 @@ class ServerMetrics {
 
   // Refreshes the gauges and mirrored counters, then renders everything.
   // `op_fallbacks`: device ops run on the CPU, by op (runtime::Engine::op_fallbacks()).
+  // `backends`: every registered backend's own counters (AttentionBackend::counters()) render as
+  // `kallpa_backend_<name>[_total]{backend="..."}`, one family per name across backends.
   std::string render(const runtime::SchedulerStats& scheduler, const StatsObserver& attention,
-                     const std::map<std::string, std::uint64_t>& op_fallbacks);
+                     const std::map<std::string, std::uint64_t>& op_fallbacks, const BackendRegistry& backends);
 
  private:
   MetricsRegistry registry_;
@@ -34,6 +39,15 @@ class ServerMetrics {
   MetricFamily *steps_, *batch_tokens_, *batch_sequences_;
   MetricFamily *att_calls_, *att_failures_, *att_fallbacks_, *att_seconds_;
   MetricFamily* op_fallbacks_;
+  // Families of backend counters, by counter name, created on the first scrape that sees them.
+  struct BackendFamily {
+    MetricFamily* family;
+    BackendCounter::Kind kind;
+  };
+  std::mutex backend_mu_;
+  std::map<std::string, BackendFamily> backend_families_;  // under backend_mu_
+  std::set<std::string> warned_;                           // "backend/name" dropped; under backend_mu_
+  void publish(const BackendRegistry& backends);
 };
 
 }  // namespace kallpa::server

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -130,6 +131,49 @@ TEST_F(PjrtBackendTest, CompileAheadOfTimeIsWhatRunUses) {
   Result<CompileReport> again = backend_->compile(*vp);
   ASSERT_TRUE(again);
   EXPECT_TRUE(again->cached);
+}
+
+// The counters the server exports (AttentionBackend::counters()) move with the cache: a compile
+// on a miss, a hit on the same bucket, an execution each.
+TEST_F(PjrtBackendTest, PublishedCountersMoveAfterACompileAndAHit) {
+  const auto read = [this] {
+    std::map<std::string, double> out;
+    for (const BackendCounter& c : static_cast<const AttentionBackend*>(backend_)->counters()) {
+      EXPECT_TRUE(valid_counter_name(c.name)) << c.name;
+      EXPECT_FALSE(c.help.empty()) << c.name;
+      out[c.name] = c.value;
+    }
+    return out;
+  };
+  std::map<std::string, double> before = read();
+  ASSERT_EQ(before.size(), 8u);
+  for (const char* name : {"compiles", "compile_failures", "compile_seconds", "cache_hits", "executions",
+                           "cached_executables", "bytes_to_device", "bytes_from_device"}) {
+    EXPECT_EQ(before.count(name), 1u) << name;
+  }
+  // Head dim 24 appears in no other test of this process: a new program, compiled here.
+  ASSERT_LT(max_difference("b=1,sq=2,skv=21,hq=2,hkv=1,d=24,causal"), 1e-4);
+  std::map<std::string, double> compiled = read();
+  EXPECT_EQ(compiled["compiles"], before["compiles"] + 1);
+  EXPECT_GT(compiled["compile_seconds"], before["compile_seconds"]);
+  EXPECT_EQ(compiled["cache_hits"], before["cache_hits"]);
+  EXPECT_EQ(compiled["executions"], before["executions"] + 1);
+  EXPECT_EQ(compiled["cached_executables"], before["cached_executables"] + 1);
+  EXPECT_EQ(compiled["compile_failures"], before["compile_failures"]);
+  // The copies of one run, f32 throughout, in the bucket b1 s2 n32: q 2x2x24, K and V 32x1x24, two
+  // lengths, scale, softcap and two window bounds up; o 2x2x24 down (no lse).
+  EXPECT_EQ(compiled["bytes_to_device"] - before["bytes_to_device"], (2 * 2 * 24 + 2 * 32 * 24 + 2 + 4) * 4);
+  EXPECT_EQ(compiled["bytes_from_device"] - before["bytes_from_device"], 2 * 2 * 24 * 4);
+  // Same bucket (keys up to 32, queries up to 2): a hit, nothing compiled.
+  ASSERT_LT(max_difference("b=1,sq=2,skv=30,hq=2,hkv=1,d=24,causal"), 1e-4);
+  std::map<std::string, double> hit = read();
+  EXPECT_EQ(hit["compiles"], compiled["compiles"]);
+  EXPECT_EQ(hit["compile_seconds"], compiled["compile_seconds"]);
+  EXPECT_EQ(hit["cache_hits"], compiled["cache_hits"] + 1);
+  EXPECT_EQ(hit["executions"], compiled["executions"] + 1);
+  EXPECT_EQ(hit["cached_executables"], compiled["cached_executables"]);
+  // Every executable the cache holds was counted as a compile: none was compiled around it.
+  EXPECT_EQ(hit["compiles"], hit["cached_executables"]);
 }
 
 }  // namespace

@@ -496,6 +496,20 @@ def test_metrics_parse():
         check(metric(m, "kallpa_prompt_tokens_cached_total") == sum(cached), "cached prompt tokens == sum of usage")
         check(metric(m, "kallpa_kv_cache_cached_blocks") > 0, "the prompt's blocks stay cached")
         check(not m.get("kallpa_op_fallbacks_total"), "no engine op runs on the CPU on the CPU device")
+        # Backends' own counters (AttentionBackend::counters()): every series names its backend, and
+        # the pjrt backend, when this kallpa has it, publishes its executable cache.
+        backend_families = [f for name, f in families.items() if name.startswith("kallpa_backend_")]
+        for f in backend_families:
+            check(all("backend" in sample.labels for sample in f.samples), f"{f.name} without a backend label")
+        listed = json.loads(subprocess.run([ARGS.kallpa, "--no-health-check", "backends", "--json"], check=True, capture_output=True,
+                                           text=True).stdout)
+        if any(b["name"] == "pjrt" for b in listed):
+            for name, kind in {"kallpa_backend_compiles": "counter", "kallpa_backend_cache_hits": "counter",
+                               "kallpa_backend_compile_seconds": "counter",
+                               "kallpa_backend_cached_executables": "gauge"}.items():
+                check(name in families and families[name].type == kind, f"pjrt's {name} ({kind}) missing")
+                check(any(sample.labels.get("backend") == "pjrt" for sample in families[name].samples),
+                      f"{name} has no pjrt series")
 
 
 def test_sigterm_drains():

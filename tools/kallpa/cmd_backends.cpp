@@ -27,6 +27,8 @@ int list_backends(const BackendsOptions& options) {
     nlohmann::json out = nlohmann::json::array();
     for (const BackendInfo& info : backends) {
       const AttentionBackend& b = *info.backend;
+      nlohmann::json published = nlohmann::json::object();
+      for (const BackendCounter& c : b.counters()) published[c.name] = c.value;
       out.push_back({{"name", b.name()},
                      {"device", device_kind_name(b.device_kind())},
                      {"version", b.version()},
@@ -34,7 +36,8 @@ int list_backends(const BackendsOptions& options) {
                      {"health", health_name(info.health)},
                      {"health_reason", info.health_reason},
                      {"run_failures", info.run_failures},
-                     {"description", b.description()}});
+                     {"description", b.description()},
+                     {"counters", published}});
     }
     fmt::print("{}\n", out.dump(2));
     return kExitOk;
@@ -48,6 +51,12 @@ int list_backends(const BackendsOptions& options) {
                    std::to_string(b.priority()), health, std::string(b.description())});
   }
   table.print(stdout);
+  // Each backend's own counters (the server's kallpa_backend_* metrics), one line per backend.
+  for (const BackendInfo& info : backends) {
+    std::string line;
+    for (const BackendCounter& c : info.backend->counters()) line += fmt::format(" {}={}", c.name, c.value);
+    if (!line.empty()) fmt::print("{} counters:{}\n", info.backend->name(), line);
+  }
   fmt::print("{} backend(s); health check: {} checked, {} quarantined, {:.1f} ms\n", backends.size(), counters.checked,
              counters.quarantined_at_check, counters.check_milliseconds);
   return kExitOk;

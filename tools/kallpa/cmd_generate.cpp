@@ -75,6 +75,12 @@ void print_summary(runtime::Engine& engine, const runtime::GenerateResult& r) {
              r.decode_seconds, r.decode_seconds > 0 ? double(r.generated_tokens) / r.decode_seconds : 0.0,
              r.finish_reason, engine.ops().device_name(), main_attention_backend(engine),
              fallbacks.empty() ? "" : "; on the CPU: " + fallbacks);
+  // The attention backend's own counters (compiles, bytes copied to a device, ...), when it has any.
+  if (const AttentionBackend* b = engine.dispatcher().registry().find(main_attention_backend(engine))) {
+    std::string line;
+    for (const BackendCounter& c : b->counters()) line += fmt::format(" {}={}", c.name, c.value);
+    if (!line.empty()) fmt::print(stderr, "[{}:{}]\n", b->name(), line);
+  }
 }
 
 struct GenerateCliOptions {

@@ -86,16 +86,27 @@ struct Packed {
   std::int32_t window_right = static_cast<std::int32_t>(kUnbounded);
 };
 
+std::uint64_t element_bytes(ElementType t) noexcept { return t == ElementType::f16 || t == ElementType::bf16 ? 2 : 4; }
+
+// Bytes one run moved between host and device: what a device-resident KV cache would save.
+struct Transfer {
+  std::uint64_t to_device = 0;
+  std::uint64_t from_device = 0;
+};
+
 // Uploads the packed arguments, runs `exe` on the client's device, and downloads o (in the
-// spec's out dtype) and lse (when the spec has it).
+// spec's out dtype) and lse (when the spec has it). `moved` counts the bytes copied each way.
 Status launch(const Client& client, const Executable& exe, const Packed& in, std::vector<char>& o,
-              std::vector<float>& lse) {
+              std::vector<float>& lse, Transfer& moved) {
   const ProgramSpec& spec = in.spec;
   const ElementType t = element_type(spec.in_dtype), kt = element_type(spec.kv_dtype);
   std::vector<Buffer> args;
   const auto upload = [&](const void* data, ElementType type, std::vector<std::int64_t> dims) -> Status {
     Result<Buffer> b = client.upload(data, type, dims);
     if (!b) return b.status();
+    std::uint64_t bytes = element_bytes(type);
+    for (const std::int64_t d : dims) bytes *= static_cast<std::uint64_t>(d);
+    moved.to_device += bytes;
     args.push_back(std::move(*b));
     return {};
   };
@@ -124,9 +135,11 @@ Status launch(const Client& client, const Executable& exe, const Packed& in, std
   }
   o.resize(static_cast<std::size_t>(spec.batch * spec.seq_q * spec.hq * spec.head_dim_v) * dtype_size(spec.out_dtype));
   if (Status r = (*outputs)[0].to_host(o.data(), o.size()); !r) return r;
+  moved.from_device += o.size();
   if (spec.lse) {
     lse.resize(static_cast<std::size_t>(spec.batch * spec.hq * spec.seq_q));
     if (Status r = (*outputs)[1].to_host(lse.data(), lse.size() * sizeof(float)); !r) return r;
+    moved.from_device += lse.size() * sizeof(float);
   }
   return {};
 }
@@ -159,7 +172,8 @@ Status probe(const std::string& path, int device_index) {
   in.slopes.assign(static_cast<std::size_t>(s.hq), 0.0f);
   std::vector<char> o;
   std::vector<float> lse;
-  return launch(**client, **exe, in, o, lse);
+  Transfer moved;
+  return launch(**client, **exe, in, o, lse, moved);
 }
 
 class PjrtBackend final : public PjrtAttention {
@@ -219,8 +233,35 @@ class PjrtBackend final : public PjrtAttention {
     CacheStats s = stats_;
     s.cache_hits = hits_.load(std::memory_order_relaxed);
     s.executions = executions_.load(std::memory_order_relaxed);
+    s.bytes_to_device = bytes_to_device_.load(std::memory_order_relaxed);
+    s.bytes_from_device = bytes_from_device_.load(std::memory_order_relaxed);
     s.cached_executables = cache_.size();
     return s;
+  }
+
+  std::vector<BackendCounter> counters() const override {
+    // Read from the cache's counters only: never loads the plugin, so a scrape of an idle server
+    // shows zeros rather than starting a client.
+    const CacheStats s = cache_stats();
+    using K = BackendCounter::Kind;
+    return {
+        {"compiles", "Attention programs compiled by the PJRT plugin (each an executable cache miss).", K::counter,
+         static_cast<double>(s.compiles)},
+        {"compile_failures", "Attention programs the PJRT plugin failed to compile.", K::counter,
+         static_cast<double>(s.compile_failures)},
+        {"compile_seconds", "Time spent compiling attention programs, failed compiles included.", K::counter,
+         s.compile_milliseconds / 1000.0},
+        {"cache_hits", "Attention runs that found their executable already compiled.", K::counter,
+         static_cast<double>(s.cache_hits)},
+        {"executions", "Attention programs executed on the PJRT device.", K::counter,
+         static_cast<double>(s.executions)},
+        {"cached_executables", "Compiled attention executables held (one per program and shape bucket).", K::gauge,
+         static_cast<double>(s.cached_executables)},
+        {"bytes_to_device", "Bytes attention runs copied from host to the PJRT device (q, K/V pages, indices).",
+         K::counter, static_cast<double>(s.bytes_to_device)},
+        {"bytes_from_device", "Bytes attention runs copied from the PJRT device to host (o, lse).", K::counter,
+         static_cast<double>(s.bytes_from_device)},
+    };
   }
 
   Result<CompileReport> compile(const ValidatedProblem& vp) override {
@@ -513,7 +554,10 @@ class PjrtBackend final : public PjrtAttention {
     return out;
   }
 
-  // The cached executable for `spec`, compiling it on a miss (counted, timed).
+  // The cached executable for `spec`, compiling it on a miss (counted, timed). The only place the
+  // host process compiles for a client: run() and compile() both come here, so no compile on the
+  // token path escapes the counters (the first-contact probe compiles in a child process, and
+  // compile_for_target has no client and caches nothing).
   Result<Compiled> executable(const Runtime& rt, const ProgramSpec& spec) {
     const std::string key = spec.key();
     {
@@ -532,13 +576,13 @@ class PjrtBackend final : public PjrtAttention {
     Result<std::unique_ptr<Executable>> exe = rt.client->compile(text);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     std::unique_lock lock(cache_mu_);
+    stats_.compile_milliseconds += ms;  // a failed compile stalls the caller just the same
     if (!exe) {
       ++stats_.compile_failures;
       return Status(exe.status().code(), exe.status().field(),
                     fmt::format("compiling [{}]: {}", key, exe.status().message()));
     }
     ++stats_.compiles;
-    stats_.compile_milliseconds += ms;
     std::shared_ptr<const Executable> shared(std::move(*exe));
     cache_.emplace(key, shared);
     // Never silent: a compile on the token path stalls it for hundreds of milliseconds.
@@ -559,7 +603,12 @@ class PjrtBackend final : public PjrtAttention {
     const Packed in = pack(vp, spec);
     std::vector<char> o;
     std::vector<float> lse;
-    if (Status r = launch(*rt->client, *exe->exe, in, o, lse); !r) return r;
+    Transfer moved;
+    const Status launched = launch(*rt->client, *exe->exe, in, o, lse, moved);
+    // Counted whether or not the run succeeded: the copies happened.
+    bytes_to_device_.fetch_add(moved.to_device, std::memory_order_relaxed);
+    bytes_from_device_.fetch_add(moved.from_device, std::memory_order_relaxed);
+    if (!launched) return launched;
     executions_.fetch_add(1, std::memory_order_relaxed);
     const std::int64_t hq = vp.hq(), dv = vp.head_dim_v();
     const std::size_t os = dtype_size(p.o.dtype);
@@ -593,6 +642,8 @@ class PjrtBackend final : public PjrtAttention {
   CacheStats stats_;                                                          // compiles; under cache_mu_
   std::atomic<std::uint64_t> hits_{0};
   std::atomic<std::uint64_t> executions_{0};
+  std::atomic<std::uint64_t> bytes_to_device_{0};
+  std::atomic<std::uint64_t> bytes_from_device_{0};
 };
 
 }  // namespace

@@ -37,13 +37,20 @@ struct PlatformInfo {
   std::int64_t chunk = kDefaultChunk;
 };
 
-// Counters of the executable cache since the process started.
+// Counters of the executable cache since the process started; AttentionBackend::counters()
+// publishes the same numbers (compiles, compile_failures, compile_seconds, cache_hits, executions,
+// cached_executables, bytes_to_device, bytes_from_device) for the server's /metrics and `kallpa
+// backends`.
 struct CacheStats {
   std::uint64_t compiles = 0;  // programs compiled (each a cache miss)
   std::uint64_t compile_failures = 0;
   std::uint64_t cache_hits = 0;  // runs that found their executable compiled
   std::uint64_t executions = 0;  // runs that executed (hit or fresh compile)
-  double compile_milliseconds = 0.0;
+  // Host <-> device copies of runs (arguments up, o and lse down): every run copies q and the K/V
+  // pages it reads, so this is the cost a device-resident KV cache would remove.
+  std::uint64_t bytes_to_device = 0;
+  std::uint64_t bytes_from_device = 0;
+  double compile_milliseconds = 0.0;  // spent compiling, failed compiles included
   std::size_t cached_executables = 0;
 };
 
