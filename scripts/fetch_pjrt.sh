@@ -84,17 +84,7 @@ for item in "${items[@]}"; do
   fi
   log "extracting $member"
   mkdir -p -- "$(dirname "$dest")"
-  "$python" - "${wheel_of[$requirement]}" "$member" "$dest.part" <<'EOF' || die "cannot extract $member"
-import shutil, sys, zipfile
-wheel, member, out = sys.argv[1:4]
-with zipfile.ZipFile(wheel) as z:
-    try:
-        src = z.open(member)
-    except KeyError:
-        sys.exit(f"fetch_pjrt: error: {member} is not in {wheel}")
-    with src, open(out, "wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-EOF
+  "$python" "$(dirname "${BASH_SOURCE[0]}")/wheel_member.py" "${wheel_of[$requirement]}" "$member" "$dest.part" || die "cannot extract $member"
   if [[ "$target_sha" != "-" ]]; then
     got="$(sha256_of "$dest.part")"
     [[ "$got" == "$target_sha" ]] || { rm -f -- "$dest.part"; die "SHA-256 mismatch for $target: got $got, expected $target_sha"; }

@@ -34,6 +34,15 @@
 namespace kallpa::pjrt {
 namespace {
 
+// The compiler's memory statistics in a report (plugins that give none leave memory_known false).
+void set_memory(CompileReport& report, const MemoryStats& mem) {
+  report.memory_known = true;
+  report.argument_bytes = mem.argument_bytes;
+  report.output_bytes = mem.output_bytes;
+  report.temp_bytes = mem.temp_bytes;
+  report.generated_code_bytes = mem.generated_code_bytes;
+}
+
 // Positions past any sequence: the window bound passed for an unbounded side.
 constexpr std::int64_t kUnbounded = std::int64_t{1} << 30;
 
@@ -277,13 +286,7 @@ class PjrtBackend final : public PjrtAttention {
       report.compile_milliseconds = exe->compile_ms;
       report.program_bytes = exe->program_bytes;
       Result<MemoryStats> mem = exe->exe->memory_stats();
-      if (mem) {
-        report.memory_known = true;
-        report.argument_bytes = mem->argument_bytes;
-        report.output_bytes = mem->output_bytes;
-        report.temp_bytes = mem->temp_bytes;
-        report.generated_code_bytes = mem->generated_code_bytes;
-      }
+      if (mem) set_memory(report, *mem);
       return report;
     } catch (const std::bad_alloc&) {
       return Status(ErrorCode::out_of_memory, "pjrt", "out of host memory while compiling");
@@ -304,11 +307,7 @@ class PjrtBackend final : public PjrtAttention {
       report.compile_milliseconds =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (!mem) return mem.status();
-      report.memory_known = true;
-      report.argument_bytes = mem->argument_bytes;
-      report.output_bytes = mem->output_bytes;
-      report.temp_bytes = mem->temp_bytes;
-      report.generated_code_bytes = mem->generated_code_bytes;
+      set_memory(report, *mem);
       return report;
     } catch (const std::bad_alloc&) {
       return Status(ErrorCode::out_of_memory, "pjrt", "out of host memory while compiling");
