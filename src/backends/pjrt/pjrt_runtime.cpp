@@ -25,6 +25,23 @@ T make_args(std::size_t size) noexcept {
 }
 #define KALLPA_PJRT_ARGS(Type) make_args<Type>(Type##_STRUCT_SIZE)
 
+// A PJRT_Program of StableHLO text. PJRT_Program.code is not const, so the text is copied and held
+// here for as long as the compile call that reads `program` needs it.
+struct MlirProgram {
+  explicit MlirProgram(std::string_view mlir) : code(mlir) {
+    static constexpr char kFormat[] = "mlir";
+    program.code = code.data();
+    program.code_size = code.size();
+    program.format = kFormat;
+    program.format_size = sizeof kFormat - 1;
+  }
+  MlirProgram(const MlirProgram&) = delete;
+  MlirProgram& operator=(const MlirProgram&) = delete;
+
+  std::string code;
+  PJRT_Program program = KALLPA_PJRT_ARGS(PJRT_Program);
+};
+
 // The slots a normal run calls; a plugin whose table lacks one is refused at load time, before any
 // slot is touched. Optional slots (memory statistics) are checked where they are used.
 struct Slot {
@@ -202,16 +219,10 @@ Result<MemoryStats> Plugin::compile_for_topology(std::string_view topology, std:
   if (Status s = check(api_->PJRT_TopologyDescription_Create(&create), "PJRT_TopologyDescription_Create"); !s) {
     return s;
   }
-  static constexpr char kFormat[] = "mlir";
-  std::string code(mlir);
-  auto program = KALLPA_PJRT_ARGS(PJRT_Program);
-  program.code = code.data();
-  program.code_size = code.size();
-  program.format = kFormat;
-  program.format_size = sizeof kFormat - 1;
+  MlirProgram program(mlir);
   auto compile = KALLPA_PJRT_ARGS(PJRT_Compile_Args);
   compile.topology = create.topology;
-  compile.program = &program;
+  compile.program = &program.program;
   compile.compile_options = kCompileOptions;
   compile.compile_options_size = sizeof kCompileOptions;
   Status s = check(api_->PJRT_Compile(&compile), "PJRT_Compile");
@@ -358,16 +369,10 @@ Client::~Client() {
 
 Result<std::unique_ptr<Executable>> Client::compile(std::string_view mlir) const {
   const PJRT_Api& api = plugin_->api();
-  static constexpr char kFormat[] = "mlir";
-  std::string code(mlir);  // PJRT_Program.code is not const
-  auto program = KALLPA_PJRT_ARGS(PJRT_Program);
-  program.code = code.data();
-  program.code_size = code.size();
-  program.format = kFormat;
-  program.format_size = sizeof kFormat - 1;
+  MlirProgram program(mlir);
   auto compile = KALLPA_PJRT_ARGS(PJRT_Client_Compile_Args);
   compile.client = client_;
-  compile.program = &program;
+  compile.program = &program.program;
   compile.compile_options = kCompileOptions;
   compile.compile_options_size = sizeof kCompileOptions;
   if (Status s = plugin_->check(api.PJRT_Client_Compile(&compile), "PJRT_Client_Compile"); !s) return s;
