@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "backends/reference/reference.h"
 #include "kallpa/registry.h"
@@ -103,6 +104,35 @@ TEST(Reference, BackendWritesRoundedOutputAndLse) {
   for (std::size_t n = 0; n < t.o.size(); ++n) EXPECT_EQ(t.o[n], static_cast<float>(expected.o[n]));
   // lse is [B, Hq, Sq]; the oracle's is [row, head].
   EXPECT_EQ(t.lse[(1 * 2 + 1) * 3 + 2], static_cast<float>(expected.lse[(1 * 3 + 2) * 2 + 1]));
+}
+
+// An oracle that only has compute_exact, so that compute_rows is the interface's default.
+class WholeProblemOracle final : public AttentionOracle {
+ public:
+  ExactOutput compute_exact(const ValidatedProblem& p) const override { return reference::compute_f64(p); }
+};
+
+TEST(Reference, RowsAreTheWholeAnswersRowsInTheOrderAsked) {
+  DenseF32Problem t(2, 3, 5, 4, 2, 8, 6);
+  t.problem.causal = true;
+  t.problem.window_left = 2;
+  auto vp = validate(t.problem);
+  ASSERT_TRUE(vp.is_ok()) << vp.status().to_string();
+  const reference::Output64 all = reference::compute_f64(*vp);
+  const std::vector<OutputRow> rows = {{1, 2, 3}, {0, 0, 0}, {1, 0, 1}, {0, 2, 2}, {1, 2, 3}};
+  const WholeProblemOracle whole;
+  const AttentionOracle* ref = BackendRegistry::global().oracle();
+  ASSERT_NE(ref, nullptr);
+  for (const AttentionOracle* oracle : {ref, static_cast<const AttentionOracle*>(&whole)}) {
+    const ExactRows got = oracle->compute_rows(*vp, rows);
+    ASSERT_EQ(got.o.size(), rows.size() * 6);
+    ASSERT_EQ(got.lse.size(), rows.size());
+    for (std::size_t n = 0; n < rows.size(); ++n) {
+      const std::size_t at = static_cast<std::size_t>((rows[n].sequence * 3 + rows[n].query) * 4 + rows[n].head);
+      EXPECT_EQ(got.lse[n], all.lse[at]) << "row " << n;
+      for (std::size_t c = 0; c < 6; ++c) EXPECT_EQ(got.o[n * 6 + c], all.o[at * 6 + c]) << "row " << n << " c " << c;
+    }
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -42,11 +43,29 @@ struct ExactOutput {
 // What makes a backend the oracle: the exact answer that the conformance suite and the health
 // check judge every backend against. The core and the suite find it through the registry
 // (BackendRegistry::oracle()), never by a backend's name.
+// One output row of one head: query `query` of sequence `sequence`, head `head` (of the q heads).
+struct OutputRow {
+  std::int32_t sequence = 0;
+  std::int64_t query = 0;
+  std::int32_t head = 0;
+};
+
+// The exact answer for chosen rows only, in the order they were asked for.
+struct ExactRows {
+  std::vector<double> o;    // [rows, dv]
+  std::vector<double> lse;  // [rows]; -inf for a row with no visible key
+};
+
 class AttentionOracle {
  public:
   virtual ~AttentionOracle() = default;
   // Every feature of the contract; may throw std::bad_alloc.
   virtual ExactOutput compute_exact(const ValidatedProblem& problem) const = 0;
+  // The same numbers as compute_exact for the rows asked for, at the cost of those rows only: what
+  // checks on sampled rows of a large problem use. Rows must lie inside the problem (sequence <
+  // batch, query < seqlen_q(sequence), head < hq); may throw std::bad_alloc. The default computes
+  // the whole problem and picks the rows.
+  virtual ExactRows compute_rows(const ValidatedProblem& problem, std::span<const OutputRow> rows) const;
 };
 
 // Version of BackendCounter and AttentionBackend::counters(); bumped when either changes shape.

@@ -28,6 +28,25 @@ bool valid_counter_name(std::string_view name) noexcept {
   return charset && !name.ends_with("_total");
 }
 
+ExactRows AttentionOracle::compute_rows(const ValidatedProblem& problem, std::span<const OutputRow> rows) const {
+  const ExactOutput all = compute_exact(problem);
+  std::vector<std::int64_t> first_row(static_cast<std::size_t>(problem.batch()) + 1, 0);
+  for (std::int32_t b = 0; b < problem.batch(); ++b) {
+    first_row[static_cast<std::size_t>(b) + 1] = first_row[static_cast<std::size_t>(b)] + problem.seqlen_q(b);
+  }
+  const std::int64_t hq = problem.hq(), dv = problem.head_dim_v();
+  ExactRows out;
+  out.o.reserve(rows.size() * static_cast<std::size_t>(dv));
+  out.lse.reserve(rows.size());
+  for (const OutputRow& r : rows) {
+    const std::int64_t at = (first_row[static_cast<std::size_t>(r.sequence)] + r.query) * hq + r.head;
+    const auto o_begin = all.o.begin() + static_cast<std::ptrdiff_t>(at * dv);
+    out.o.insert(out.o.end(), o_begin, o_begin + static_cast<std::ptrdiff_t>(dv));
+    out.lse.push_back(all.lse[static_cast<std::size_t>(at)]);
+  }
+  return out;
+}
+
 BackendRegistry& BackendRegistry::global() {
   static BackendRegistry registry;
   // Set on first use, not in a constructor, so that built-ins registering during static

@@ -2,6 +2,7 @@
 // Clarity over speed. The conformance suite compares every backend with compute_f64().
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "kallpa/attention.h"
@@ -13,6 +14,8 @@ namespace kallpa::reference {
 using Output64 = ExactOutput;
 
 Output64 compute_f64(const ValidatedProblem& vp);
+// compute_f64's numbers for the chosen rows only, at their cost (AttentionOracle::compute_rows).
+ExactRows compute_rows_f64(const ValidatedProblem& vp, std::span<const OutputRow> rows);
 
 // Loads element `index` (in elements from data) of a tensor as double.
 double load(const TensorView& t, std::int64_t index) noexcept;
