@@ -3,6 +3,7 @@
 // a shared block so that one sequence's writes never reach another's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -270,6 +271,71 @@ TEST(KvCacheWrite, HalfRowsHoldTheScalarConversionsBitForBit) {
     }
     EXPECT_EQ(differ, 0);
   }
+}
+
+// Page versions (the attention contract's page_versions): every change to a block's bytes in a
+// layer gives it a version never seen before; nothing else moves it.
+std::uint64_t version(const KvCache& c, std::int32_t layer, std::int32_t block) {
+  return c.page_versions(layer)[block];
+}
+
+TEST(KvCacheVersions, PoolsHaveDistinctIdsAndUntouchedBlocksAreUnknown) {
+  auto a = make_cache(16), b = make_cache(16);
+  EXPECT_NE(a->pool_id(), 0u);
+  EXPECT_NE(a->pool_id(), b->pool_id());
+  for (std::int32_t l = 0; l < kLayers; ++l) {
+    for (std::int32_t blk = 0; blk < a->total_blocks(); ++blk) EXPECT_EQ(version(*a, l, blk), 0u);
+  }
+}
+
+TEST(KvCacheVersions, AWriteMovesOnlyItsBlockInItsLayer) {
+  auto c = make_cache(32);
+  const SeqId s = c->add_sequence();
+  ASSERT_TRUE(c->reserve(s, 8).is_ok());
+  const auto blocks = c->blocks(s);
+  const std::uint64_t taken0 = version(*c, 0, blocks[0]), taken1 = version(*c, 1, blocks[0]);
+  EXPECT_NE(taken0, 0u);  // handed out: its bytes are whatever the pool held, so a new version
+  EXPECT_NE(taken1, 0u);
+  const std::uint64_t other = version(*c, 0, blocks[1]);
+
+  std::vector<float> row(kHeads * kDim, 1.0f);
+  ASSERT_TRUE(c->write(0, blocks, 2, row.data(), row.data(), 1));
+  const std::uint64_t written = version(*c, 0, blocks[0]);
+  EXPECT_GT(written, taken0);
+  EXPECT_EQ(version(*c, 1, blocks[0]), taken1);  // the other layer did not change
+  EXPECT_EQ(version(*c, 0, blocks[1]), other);   // nor did the other block
+
+  const std::vector<std::int64_t> slots = {c->slot(blocks, 5)};
+  ASSERT_TRUE(c->write_rows(1, slots, row.data(), row.data()));
+  EXPECT_GT(version(*c, 1, blocks[1]), written);
+  EXPECT_EQ(version(*c, 0, blocks[0]), written);
+}
+
+TEST(KvCacheVersions, ABlockHandedOutAgainOrCopiedIntoGetsANewVersion) {
+  auto c = make_cache(64);
+  const SeqId a = c->add_sequence();
+  ASSERT_TRUE(c->reserve(a, 8).is_ok());
+  fill(*c, a, 0, 8, 1);
+  c->publish(a, tokens_of(8));
+  const SeqId b = c->add_sequence();
+  ASSERT_EQ(c->attach_prefix(b, tokens_of(9)), 8);
+  const std::int32_t shared = c->blocks(a)[1];
+  const std::uint64_t before = version(*c, 1, shared);
+
+  ASSERT_EQ(c->truncate(b, 6), 6);  // copy-on-truncate: b's second block is a fresh copy
+  const std::int32_t copy = c->blocks(b)[1];
+  ASSERT_NE(copy, shared);
+  EXPECT_EQ(version(*c, 1, shared), before);  // the source did not change
+  EXPECT_GT(version(*c, 1, copy), before);
+
+  // Freed and taken again: whatever it held, a version seen before never describes it.
+  const SeqId d = c->add_sequence();
+  c->remove(b);
+  const std::uint64_t freed = version(*c, 0, copy);
+  ASSERT_TRUE(c->reserve(d, 64 - 8).is_ok());  // every block but a's two
+  const auto mine = c->blocks(d);
+  ASSERT_NE(std::find(mine.begin(), mine.end(), copy), mine.end());
+  EXPECT_GT(version(*c, 0, copy), freed);
 }
 
 }  // namespace

@@ -233,6 +233,24 @@ TEST(Validate, PagedBlockTableIsChecked) {
   lens[1] = 2;
   p.block_table_stride = 1;
   expect_invalid(p, "block_table_stride");
+  p.block_table_stride = 3;
+
+  // Page versions come with a pool id, and only with paged K/V.
+  const std::uint64_t versions[4] = {1, 2, 3, 0};
+  p.page_versions = versions;
+  expect_invalid(p, "kv_pool_id", "together");
+  p.kv_pool_id = 7;
+  ASSERT_TRUE(validate(p).is_ok());
+  p.page_versions = nullptr;
+  expect_invalid(p, "page_versions", "together");
+}
+
+TEST(Validate, PageVersionsOutsidePagedLayoutAreRefused) {
+  DenseF32Problem t(1, 2, 2, 1, 1, 4);
+  const std::uint64_t versions[1] = {1};
+  t.problem.page_versions = versions;
+  t.problem.kv_pool_id = 1;
+  expect_invalid(t.problem, "page_versions", "not paged");
 }
 
 TEST(Validate, IndexArraysForTheWrongLayoutAreRefused) {

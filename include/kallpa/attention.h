@@ -68,6 +68,16 @@ struct AttentionProblem {
   std::int32_t max_blocks_per_seq = 0;
   const std::int32_t* seqlens_k = nullptr;
 
+  // Paged KV, optional (both set or neither): what lets a backend on another device keep pages
+  // there between calls and copy only those that changed. page_versions[n] (host memory, one per
+  // block of k) is block n's version; kv_pool_id names the storage k and v view: unique in the
+  // process for that storage's life and never reused (a freed pool allocated again at the same
+  // address gets a new id). The promise: when block n's version equals one seen earlier for the
+  // same pool id and the same k/v data pointers, block n's K and V bytes are exactly what they were
+  // then. Version 0 means unknown: the block must be read afresh. A backend may ignore both.
+  const std::uint64_t* page_versions = nullptr;
+  std::uint64_t kv_pool_id = 0;
+
   std::optional<float> scale;  // default 1/sqrt(D)
   bool causal = false;
   std::int64_t window_left = -1;

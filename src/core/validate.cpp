@@ -223,6 +223,13 @@ Result<ValidatedProblem> validate(const AttentionProblem& p) {
   // Index arrays given for a layout that does not use them are a caller mistake worth naming.
   if (!q_packed && p.cu_seqlens_q) return bad("cu_seqlens_q", "is set but q_layout is dense");
   if (!kv_packed && p.cu_seqlens_k) return bad("cu_seqlens_k", "is set but kv_layout is not packed");
+  if (!kv_paged && (p.page_versions || p.kv_pool_id != 0)) {
+    return bad(p.page_versions ? "page_versions" : "kv_pool_id", "is set but kv_layout is not paged");
+  }
+  if ((p.page_versions == nullptr) != (p.kv_pool_id == 0)) {
+    return bad(p.page_versions ? "kv_pool_id" : "page_versions",
+               "page_versions and kv_pool_id are set together or not at all");
+  }
   if (!kv_paged && (p.block_table || p.seqlens_k)) {
     return bad(p.block_table ? "block_table" : "seqlens_k", "is set but kv_layout is not paged");
   }

@@ -277,6 +277,8 @@ Status LlamaModel::attention(std::int32_t layer, const ops::KvCache& cache, Disp
   p.block_table = block_table_.data();
   p.max_blocks_per_seq = max_blocks_;
   p.seqlens_k = seqlens_k_.data();
+  p.page_versions = cache.page_versions(layer);
+  p.kv_pool_id = cache.pool_id();
   p.causal = true;
   return dispatcher.run(p);
 }

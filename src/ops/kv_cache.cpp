@@ -1,6 +1,7 @@
 #include "kallpa/ops/kv_cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <new>
 
@@ -11,6 +12,16 @@
 #include "ops/huge_buffer.h"
 
 namespace kallpa::ops {
+namespace {
+
+// Page versions and pool ids come from process-wide sequences, so that neither is ever reused:
+// a backend that saw version v of a page can trust that v still means the same bytes.
+std::atomic<std::uint64_t> g_page_version{0};
+std::atomic<std::uint64_t> g_pool_id{0};
+
+std::uint64_t next_page_version() noexcept { return g_page_version.fetch_add(1, std::memory_order_relaxed) + 1; }
+
+}  // namespace
 
 Result<std::unique_ptr<KvCache>> KvCache::create(std::int32_t n_layer, std::int32_t n_head_kv, std::int32_t head_dim,
                                                  KvCacheOptions options, Ops* memory) {
@@ -52,6 +63,8 @@ Result<std::unique_ptr<KvCache>> KvCache::create(std::int32_t n_layer, std::int3
   for (std::int64_t b = cache->n_blocks_ - 1; b >= 0; --b) cache->free_.push_back(static_cast<std::int32_t>(b));
   cache->refs_.assign(static_cast<std::size_t>(cache->n_blocks_), 0);
   cache->published_.resize(static_cast<std::size_t>(cache->n_blocks_));
+  cache->versions_.assign(static_cast<std::size_t>(cache->n_blocks_) * static_cast<std::size_t>(n_layer), 0);
+  cache->pool_id_ = g_pool_id.fetch_add(1, std::memory_order_relaxed) + 1;
   return cache;
 }
 
@@ -77,6 +90,7 @@ std::int32_t KvCache::take_block() {
     unpublish(b);
   }
   refs_[static_cast<std::size_t>(b)] = 1;
+  bump_block(b);
   return b;
 }
 
@@ -112,7 +126,15 @@ std::uint64_t KvCache::chain_hash(std::uint64_t parent, std::span<const std::int
   return h;
 }
 
+void KvCache::bump_block(std::int32_t block) noexcept {
+  for (std::int32_t l = 0; l < n_layer_; ++l) {
+    versions_[static_cast<std::size_t>(l) * static_cast<std::size_t>(n_blocks_) + static_cast<std::size_t>(block)] =
+        next_page_version();
+  }
+}
+
 void KvCache::copy_block(std::int32_t from, std::int32_t to) {
+  bump_block(to);
   const std::size_t bytes = static_cast<std::size_t>(options_.page_size) * static_cast<std::size_t>(n_head_kv_) *
                             static_cast<std::size_t>(head_dim_) * dtype_size(options_.dtype);
   for (std::int32_t l = 0; l < n_layer_; ++l) {
@@ -276,6 +298,10 @@ Status KvCache::write(std::int32_t layer, std::span<const std::int32_t> table, s
 
 Status KvCache::write_rows(std::int32_t layer, std::span<const std::int64_t> slots, const float* k, const float* v) {
   const std::int64_t row = std::int64_t{n_head_kv_} * head_dim_;
+  // Before the bytes change, so that a version never describes bytes it does not hold once the
+  // write returns (a failed write leaves a new version over whatever landed: still never stale).
+  std::uint64_t* versions = &versions_[static_cast<std::size_t>(layer) * static_cast<std::size_t>(n_blocks_)];
+  for (const std::int64_t s : slots) versions[s / options_.page_size] = next_page_version();
   if (device_ != nullptr) {
     Status s = device_->scatter_rows(k, row, k_data(layer), options_.dtype, slots);
     return s ? device_->scatter_rows(v, row, v_data(layer), options_.dtype, slots) : s;

@@ -85,8 +85,19 @@ class KvCache {
            pos % options_.page_size;
   }
 
+  // The views of one layer's pool. Writes through them by anyone but this cache are outside the
+  // page-version promise below: such a writer must not pass page_versions with them.
   TensorView k_view(std::int32_t layer) const;
   TensorView v_view(std::int32_t layer) const;
+  // One version per block of the layer (the attention contract's page_versions), and the id of
+  // this cache's storage (its kv_pool_id). Every path that changes a block's bytes in the layer
+  // (write, write_rows, copy_block, handing a block out) gives it a new version first, drawn from
+  // a process-wide sequence; versions are read by attention calls that never overlap a write to
+  // the blocks they read (a forward pass writes a layer's rows, then runs its attention).
+  const std::uint64_t* page_versions(std::int32_t layer) const noexcept {
+    return versions_.data() + static_cast<std::size_t>(layer) * static_cast<std::size_t>(n_blocks_);
+  }
+  std::uint64_t pool_id() const noexcept { return pool_id_; }
   // The sequence's block ids, in order (valid until the next reserve/truncate/remove).
   std::vector<std::int32_t> blocks(SeqId seq) const;
 
@@ -112,6 +123,7 @@ class KvCache {
   void release_block(std::int32_t block);
   void unpublish(std::int32_t block);
   void copy_block(std::int32_t from, std::int32_t to);
+  void bump_block(std::int32_t block) noexcept;  // a new version in every layer
   std::uint64_t chain_hash(std::uint64_t parent, std::span<const std::int32_t> tokens) const;
 
   KvCacheOptions options_;
@@ -125,6 +137,8 @@ class KvCache {
     return storage_.get() + 2 * static_cast<std::size_t>(layer) * layer_bytes_;
   }
   std::byte* v_data(std::int32_t layer) const noexcept { return k_data(layer) + layer_bytes_; }
+  std::vector<std::uint64_t> versions_;  // [layer][block]; see page_versions()
+  std::uint64_t pool_id_ = 0;
   mutable std::mutex mu_;
   std::vector<std::int32_t> free_;                         // never-used or dropped block ids (a stack)
   std::vector<std::int32_t> refs_;                         // sequences holding each block
