@@ -146,9 +146,11 @@ TEST_F(PjrtBackendTest, PublishedCountersMoveAfterACompileAndAHit) {
     return out;
   };
   std::map<std::string, double> before = read();
-  ASSERT_EQ(before.size(), 8u);
-  for (const char* name : {"compiles", "compile_failures", "compile_seconds", "cache_hits", "executions",
-                           "cached_executables", "bytes_to_device", "bytes_from_device"}) {
+  ASSERT_EQ(before.size(), 14u);
+  for (const char* name :
+       {"compiles", "compile_failures", "compile_seconds", "cache_hits", "executions", "cached_executables",
+        "bytes_to_device", "bytes_from_device", "kv_pages_uploaded", "kv_page_updates", "kv_mirrors_created",
+        "kv_mirror_evictions", "kv_mirrors", "kv_mirror_bytes"}) {
     EXPECT_EQ(before.count(name), 1u) << name;
   }
   // Head dim 24 appears in no other test of this process: a new program, compiled here.
@@ -174,6 +176,89 @@ TEST_F(PjrtBackendTest, PublishedCountersMoveAfterACompileAndAHit) {
   EXPECT_EQ(hit["cached_executables"], compiled["cached_executables"]);
   // Every executable the cache holds was counted as a compile: none was compiled around it.
   EXPECT_EQ(hit["compiles"], hit["cached_executables"]);
+}
+
+// A paged cache that states page versions is kept on the device: a run copies only the pages
+// whose version moved since the device last saw them, and a page changed without a new version is
+// not re-read (which is how this test sees that the device copy, not the host, is read).
+TEST_F(PjrtBackendTest, PagedKvWithPageVersionsIsMirroredAndOnlyChangedPagesAreCopied) {
+  // Head dim 28 appears in no other test of this process: a pool of its own.
+  Result<ProblemSpec> spec = parse_problem_spec("b=2,sq=1,skv=40,hq=4,hkv=2,d=28,kv=paged,page=16,causal");
+  ASSERT_TRUE(spec) << spec.status().to_string();
+  Result<std::unique_ptr<harness::ProblemInstance>> inst = harness::ProblemInstance::create(*spec, 11);
+  ASSERT_TRUE(inst) << inst.status().to_string();
+  AttentionProblem p = (*inst)->problem();
+  const std::int64_t blocks = p.k.shape[0];
+  std::vector<std::uint64_t> versions(static_cast<std::size_t>(blocks));
+  for (std::size_t b = 0; b < versions.size(); ++b) versions[b] = 100 + b;
+  p.page_versions = versions.data();
+  p.kv_pool_id = 0x6b76'6d69'7272'6f72ULL;  // any id no other test uses
+  std::vector<float> expected(static_cast<std::size_t>(p.o.numel()));
+  AttentionProblem ref = p;
+  ref.o.data = expected.data();
+
+  // The largest difference between pjrt's o and the reference's, both over the current bytes.
+  const auto difference = [&] {
+    Result<ValidatedProblem> vp = validate(p), vr = validate(ref);
+    EXPECT_TRUE(vp && vr);
+    Status s = backend_->run(*vp, {});
+    EXPECT_TRUE(s) << s.to_string();
+    EXPECT_TRUE(reference_->run(*vr, {}));
+    double worst = 0.0;
+    for (std::int64_t i = 0; i < p.o.numel(); ++i) {
+      worst = std::max(worst, std::abs(double(element(p.o, i)) - double(expected[static_cast<std::size_t>(i)])));
+    }
+    return worst;
+  };
+  // Sequence 0's first block: overwritten with new keys below.
+  const std::int32_t block = p.block_table[0];
+  auto* k = static_cast<float*>(p.k.data);
+  const auto rewrite_block = [&](float value) {
+    for (std::int64_t r = 0; r < p.k.shape[1]; ++r) {
+      for (std::int64_t h = 0; h < p.k.shape[2]; ++h) {
+        for (std::int64_t c = 0; c < p.k.shape[3]; ++c) {
+          k[block * p.k.stride[0] + r * p.k.stride[1] + h * p.k.stride[2] + c * p.k.stride[3]] =
+              value * static_cast<float>((r + c) % 5);
+        }
+      }
+    }
+  };
+  const std::uint64_t used = 3 + 3;  // 40 keys in pages of 16, two sequences
+
+  const CacheStats start = backend_->cache_stats();
+  ASSERT_LT(difference(), 1e-4);
+  const CacheStats first = backend_->cache_stats();
+  EXPECT_EQ(first.kv_mirrors_created, start.kv_mirrors_created + 1);
+  EXPECT_EQ(first.kv_pages_uploaded, start.kv_pages_uploaded + used);
+  EXPECT_EQ(first.kv_mirrors, start.kv_mirrors + 1);
+
+  // Nothing changed: no page crosses, the answer is the same.
+  ASSERT_LT(difference(), 1e-4);
+  const CacheStats second = backend_->cache_stats();
+  EXPECT_EQ(second.kv_pages_uploaded, first.kv_pages_uploaded);
+  EXPECT_EQ(second.kv_mirrors_created, first.kv_mirrors_created);
+  EXPECT_EQ(second.bytes_to_device - first.bytes_to_device, first.bytes_to_device - start.bytes_to_device -
+                                                                used * 16 * 2 * 28 * 2 * 4 - used * 4 -
+                                                                (8 - used) * (16 * 2 * 28 * 2 * 4 + 4));
+
+  // One block rewritten with a new version: that page alone crosses, and the answer follows it.
+  rewrite_block(0.5f);
+  versions[static_cast<std::size_t>(block)] = 1000;
+  ASSERT_LT(difference(), 1e-4);
+  const CacheStats third = backend_->cache_stats();
+  EXPECT_EQ(third.kv_pages_uploaded, second.kv_pages_uploaded + 1);
+
+  // Rewritten without a new version (a broken promise): the device's copy answers, so pjrt no
+  // longer agrees with the reference, which reads the host's bytes.
+  rewrite_block(-0.75f);
+  EXPECT_GT(difference(), 1e-3);
+  EXPECT_EQ(backend_->cache_stats().kv_pages_uploaded, third.kv_pages_uploaded);
+
+  // Version 0 means unknown: the page is read afresh on every run.
+  versions[static_cast<std::size_t>(block)] = 0;
+  ASSERT_LT(difference(), 1e-4);
+  ASSERT_LT(difference(), 1e-4);
+  EXPECT_EQ(backend_->cache_stats().kv_pages_uploaded, third.kv_pages_uploaded + 2);
 }
 
 }  // namespace

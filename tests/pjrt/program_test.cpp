@@ -218,5 +218,35 @@ TEST(AttentionProgram, CheckSpecNamesTheBadField) {
   EXPECT_TRUE(check_spec(base()));
 }
 
+// The KV mirror's programs: the update scatters n pages into each pool, which it donates to its
+// results; the zeros program takes nothing and makes both pools on the device.
+TEST(PageUpdateProgram, ScattersPagesIntoDonatedPools) {
+  PageUpdateSpec s;
+  s.kv_dtype = DType::f16;
+  s.num_blocks = 512;
+  s.page_size = 16;
+  s.hkv = 3;
+  s.head_dim = 64;
+  s.head_dim_v = 32;
+  s.pages = 4;
+  ASSERT_TRUE(check_spec(s));
+  const std::string t = page_update_program(s);
+  EXPECT_TRUE(has(t,
+                  "@main(%arg0: tensor<512x16x3x64xf16> {tf.aliasing_output = 0 : i32}, %arg1: "
+                  "tensor<512x16x3x32xf16> {tf.aliasing_output = 1 : i32}, %arg2: tensor<4x16x3x64xf16>, %arg3: "
+                  "tensor<4x16x3x32xf16>, %arg4: tensor<4x1xi32>) -> (tensor<512x16x3x64xf16>, "
+                  "tensor<512x16x3x32xf16>)"))
+      << t;
+  EXPECT_EQ(count(t, "\"stablehlo.scatter\""), 2u) << t;
+  EXPECT_EQ(s.key(), "page-update f16 blocks512x16 h3 d64/32 n4");
+
+  const std::string z = pool_zeros_program(s);
+  EXPECT_TRUE(has(z, "@main() -> (tensor<512x16x3x64xf16>, tensor<512x16x3x32xf16>)")) << z;
+  EXPECT_EQ(s.zeros_key(), "pool-zeros f16 blocks512x16 h3 d64/32");
+
+  s.pages = 0;
+  EXPECT_EQ(check_spec(s).field(), "pages");
+}
+
 }  // namespace
 }  // namespace kallpa::pjrt

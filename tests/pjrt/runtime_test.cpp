@@ -238,6 +238,62 @@ TEST_P(PjrtRealPlugin, LoadsWithItsVersionAndCompilesAProgramWhoseMemoryGrowsWit
   EXPECT_LT(large, scores / 4) << "temp bytes for 32k keys: " << large;
 }
 
+// The page update program on a real compiler: pages land at their indices, the rest of the pool
+// is untouched, a padded repeat is harmless, and the result (the donated pool, where the plugin
+// honours donation) feeds the next update.
+TEST_P(PjrtRealPlugin, PageUpdateWritesPagesAtTheirBlocksAndChains) {
+  Result<std::shared_ptr<Plugin>> p = Plugin::load(GetParam().path);
+  ASSERT_TRUE(p) << p.status().to_string();
+  Result<std::unique_ptr<Client>> c = Client::create(*p, 0);
+  ASSERT_TRUE(c) << c.status().to_string();
+  PageUpdateSpec s;
+  s.num_blocks = 6;
+  s.page_size = 2;
+  s.hkv = 1;
+  s.head_dim = 3;
+  s.head_dim_v = 2;
+  s.pages = 2;
+  ASSERT_TRUE(check_spec(s));
+  Result<std::unique_ptr<Executable>> exe = (*c)->compile(page_update_program(s));
+  ASSERT_TRUE(exe) << exe.status().to_string();
+  const std::int64_t kpage = 2 * 3, vpage = 2 * 2;  // elements per page
+  std::vector<float> k(6 * kpage), v(6 * vpage);
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = static_cast<float>(i);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = -static_cast<float>(i);
+  Result<Buffer> kb = (*c)->upload(k.data(), ElementType::f32, {6, 2, 1, 3});
+  Result<Buffer> vb = (*c)->upload(v.data(), ElementType::f32, {6, 2, 1, 2});
+  ASSERT_TRUE(kb && vb);
+  Buffer kpool = std::move(*kb), vpool = std::move(*vb);
+  const auto update = [&](std::vector<std::int32_t> index, float tag) {
+    std::vector<float> kn(2 * kpage), vn(2 * vpage);
+    for (std::size_t i = 0; i < 2; ++i) {
+      for (std::int64_t e = 0; e < kpage; ++e) kn[i * kpage + e] = tag + static_cast<float>(index[i] * 10 + e);
+      for (std::int64_t e = 0; e < vpage; ++e) vn[i * vpage + e] = -tag - static_cast<float>(index[i] * 10 + e);
+    }
+    Result<Buffer> knb = (*c)->upload(kn.data(), ElementType::f32, {2, 2, 1, 3});
+    Result<Buffer> vnb = (*c)->upload(vn.data(), ElementType::f32, {2, 2, 1, 2});
+    Result<Buffer> ib = (*c)->upload(index.data(), ElementType::s32, {2, 1});
+    ASSERT_TRUE(knb && vnb && ib);
+    Result<std::vector<Buffer>> out =
+        (*exe)->execute((*c)->device(), {kpool.get(), vpool.get(), knb->get(), vnb->get(), ib->get()});
+    ASSERT_TRUE(out) << out.status().to_string();
+    ASSERT_EQ(out->size(), 2u);
+    kpool = std::move((*out)[0]);
+    vpool = std::move((*out)[1]);
+    for (std::size_t i = 0; i < 2; ++i) {
+      for (std::int64_t e = 0; e < kpage; ++e) k[index[i] * kpage + e] = kn[i * kpage + e];
+      for (std::int64_t e = 0; e < vpage; ++e) v[index[i] * vpage + e] = vn[i * vpage + e];
+    }
+  };
+  update({4, 1}, 1000.0f);
+  update({2, 2}, 2000.0f);  // one page, padded by repeating it
+  std::vector<float> kd(k.size()), vd(v.size());
+  ASSERT_TRUE(kpool.to_host(kd.data(), kd.size() * sizeof(float)));
+  ASSERT_TRUE(vpool.to_host(vd.data(), vd.size() * sizeof(float)));
+  EXPECT_EQ(kd, k);
+  EXPECT_EQ(vd, v);
+}
+
 INSTANTIATE_TEST_SUITE_P(CpuPlugins, PjrtRealPlugin,
                          testing::Values(RealPlugin{KALLPA_PJRT_PLUGIN_0_115, "0.115"},
                                          RealPlugin{KALLPA_PJRT_PLUGIN_0_81, "0.81"}),

@@ -437,4 +437,91 @@ std::string attention_program(const ProgramSpec& s) {
   return e.text;
 }
 
+std::string PageUpdateSpec::key() const {
+  return fmt::format("page-update {} blocks{}x{} h{} d{}/{} n{}", element(kv_dtype), num_blocks, page_size, hkv,
+                     head_dim, head_dim_v, pages);
+}
+
+std::string PageUpdateSpec::zeros_key() const {
+  return fmt::format("pool-zeros {} blocks{}x{} h{} d{}/{}", element(kv_dtype), num_blocks, page_size, hkv, head_dim,
+                     head_dim_v);
+}
+
+Status check_spec(const PageUpdateSpec& s) {
+  const struct {
+    const char* name;
+    std::int64_t value;
+  } extents[] = {{"num_blocks", s.num_blocks}, {"page_size", s.page_size},   {"hkv", s.hkv},
+                 {"head_dim", s.head_dim},     {"head_dim_v", s.head_dim_v}, {"pages", s.pages}};
+  for (const auto& e : extents) {
+    if (e.value < 1 || e.value > kMaxExtent) {
+      return Status::invalid(e.name, fmt::format("{} is out of [1, 2^30]", e.value));
+    }
+  }
+  return {};
+}
+
+std::string page_update_program(const PageUpdateSpec& s) {
+  const std::int64_t NB = s.num_blocks, P = s.page_size, K = s.hkv, D = s.head_dim, E = s.head_dim_v, n = s.pages;
+  const std::string_view T = element(s.kv_dtype);
+  const std::string k_pool = tensor({NB, P, K, D}, T), v_pool = tensor({NB, P, K, E}, T);
+  const Value kp{"%arg0", k_pool}, vp{"%arg1", v_pool}, kn{"%arg2", tensor({n, P, K, D}, T)},
+      vn{"%arg3", tensor({n, P, K, E}, T)}, index{"%arg4", tensor({n, 1}, "i32")};
+
+  Emitter e;
+  e.line("module @kallpa_page_update {");
+  e.push();
+  // tf.aliasing_output donates each pool to its result: where the plugin honours it, the scatter
+  // writes the mirror in place; where it does not, the update costs one device-side copy.
+  e.line(fmt::format(
+      "func.func public @main({}: {} {{tf.aliasing_output = 0 : i32}}, {}: {} {{tf.aliasing_output = 1 "
+      ": i32}}, {}: {}, {}: {}, {}: {}) -> ({}, {}) {{",
+      kp.name, kp.type, vp.name, vp.type, kn.name, kn.type, vn.name, vn.type, index.name, index.type, k_pool, v_pool));
+  e.push();
+  const auto scatter = [&](const Value& pool, const Value& pages) {
+    const std::string scalar = tensor({}, T);
+    const Value x = e.fresh_arg(scalar), y = e.fresh_arg(scalar);
+    // The update replaces what the pool held.
+    const std::string body = fmt::format("{{\n^bb0({}: {}, {}: {}):\n  \"stablehlo.return\"({}) : ({}) -> ()\n}}",
+                                         x.name, scalar, y.name, scalar, y.name, scalar);
+    return e
+        .op_n("stablehlo.scatter", {pool, index, pages},
+              "scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1, 2, 3], inserted_window_dims = "
+              "[0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, indices_are_sorted = false, "
+              "unique_indices = false",
+              {pool.type}, body)
+        .front();
+  };
+  const Value k_out = scatter(kp, kn);
+  const Value v_out = scatter(vp, vn);
+  e.line(fmt::format("\"func.return\"({}) : ({}) -> ()", Emitter::names({k_out, v_out}),
+                     Emitter::types_of({k_out, v_out})));
+  e.pop();
+  e.line("}");
+  e.pop();
+  e.line("}");
+  return e.text;
+}
+
+std::string pool_zeros_program(const PageUpdateSpec& s) {
+  const std::string_view T = element(s.kv_dtype);
+  const Dims k_dims{s.num_blocks, s.page_size, s.hkv, s.head_dim},
+      v_dims{s.num_blocks, s.page_size, s.hkv, s.head_dim_v};
+  Emitter e;
+  Builder b(e);
+  e.line("module @kallpa_pool_zeros {");
+  e.push();
+  e.line(fmt::format("func.func public @main() -> ({}, {}) {{", tensor(k_dims, T), tensor(v_dims, T)));
+  e.push();
+  const Value zero = b.constant("0.0", {}, T);
+  const Value k = b.broadcast(zero, {}, k_dims, T);
+  const Value v = b.broadcast(zero, {}, v_dims, T);
+  e.line(fmt::format("\"func.return\"({}) : ({}) -> ()", Emitter::names({k, v}), Emitter::types_of({k, v})));
+  e.pop();
+  e.line("}");
+  e.pop();
+  e.line("}");
+  return e.text;
+}
+
 }  // namespace kallpa::pjrt

@@ -64,4 +64,35 @@ Status check_spec(const ProgramSpec& spec);
 // The program's MLIR text; check_spec(spec) must hold.
 std::string attention_program(const ProgramSpec& spec);
 
+// The program that writes changed pages into the device's copy of a paged K/V pool (the backend's
+// KV mirror), so that a decode step uploads the pages written since the last step, not the pool.
+// Arguments, in order:
+//
+//   k_pool  [blocks, page, Hkv, D]   kv_dtype   donated: result 0 aliases it
+//   v_pool  [blocks, page, Hkv, Dv]  kv_dtype   donated: result 1 aliases it
+//   k_pages [n, page, Hkv, D], v_pages [n, page, Hkv, Dv]   kv_dtype
+//   index   [n, 1] i32: the block page i goes to, in [0, blocks)
+//
+// Results: the two pools with the pages written. The caller pads n to a bucket by repeating a
+// page and its index (a scatter writing identical bytes twice), never with an index out of range,
+// whose handling StableHLO leaves to the implementation.
+struct PageUpdateSpec {
+  DType kv_dtype = DType::f32;
+  std::int64_t num_blocks = 1;
+  std::int64_t page_size = 1;
+  std::int64_t hkv = 1;
+  std::int64_t head_dim = 1;
+  std::int64_t head_dim_v = 1;
+  std::int64_t pages = 1;  // n
+
+  std::string key() const;
+  std::string zeros_key() const;  // pool_zeros_program's (pages plays no part in it)
+};
+
+Status check_spec(const PageUpdateSpec& spec);
+std::string page_update_program(const PageUpdateSpec& spec);
+// A program with no arguments whose results are the two pools, zero: how a mirror starts on the
+// device without a pool's worth of zeros crossing from the host.
+std::string pool_zeros_program(const PageUpdateSpec& spec);
+
 }  // namespace kallpa::pjrt

@@ -4,7 +4,9 @@
 //
 // Tensors stay in host memory (device kind cpu): each run packs the problem's rows into padded,
 // contiguous arrays (varlen rows into a dense batch, paged KV into the blocks the table names),
-// copies them to the device, executes, and scatters o and lse back into the caller's views.
+// copies them to the device, executes, and scatters o and lse back into the caller's views. Paged
+// K/V whose cache states page versions stays on the device instead (kv_mirror.h): a run copies the
+// pages that changed since the device last saw them.
 #include "backends/pjrt/pjrt_backend.h"
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -28,6 +31,8 @@
 
 #include "backends/pjrt/attention_program.h"
 #include "backends/pjrt/child_probe.h"
+#include "backends/pjrt/host_copy.h"
+#include "backends/pjrt/kv_mirror.h"
 #include "backends/pjrt/pjrt_runtime.h"
 #include "kallpa/registry.h"
 
@@ -64,25 +69,6 @@ const char* env(const char* name) noexcept {
   return v != nullptr && *v != '\0' ? v : nullptr;
 }
 
-// Copies `n` elements of `size` bytes from a strided source to a contiguous destination.
-void gather_elems(char* dst, const char* src, std::int64_t n, std::int64_t stride, std::size_t size) noexcept {
-  if (stride == 1) {
-    std::memcpy(dst, src, static_cast<std::size_t>(n) * size);
-    return;
-  }
-  for (std::int64_t i = 0; i < n; ++i)
-    std::memcpy(dst + i * static_cast<std::int64_t>(size), src + i * stride * static_cast<std::int64_t>(size), size);
-}
-
-void scatter_elems(char* dst, const char* src, std::int64_t n, std::int64_t stride, std::size_t size) noexcept {
-  if (stride == 1) {
-    std::memcpy(dst, src, static_cast<std::size_t>(n) * size);
-    return;
-  }
-  for (std::int64_t i = 0; i < n; ++i)
-    std::memcpy(dst + i * stride * static_cast<std::int64_t>(size), src + i * static_cast<std::int64_t>(size), size);
-}
-
 // The host arrays of one run, laid out as the program's arguments (attention_program.h).
 struct Packed {
   ProgramSpec spec;
@@ -97,7 +83,7 @@ struct Packed {
 
 std::uint64_t element_bytes(ElementType t) noexcept { return t == ElementType::f16 || t == ElementType::bf16 ? 2 : 4; }
 
-// Bytes one run moved between host and device: what a device-resident KV cache would save.
+// Bytes one run moved between host and device.
 struct Transfer {
   std::uint64_t to_device = 0;
   std::uint64_t from_device = 0;
@@ -105,25 +91,34 @@ struct Transfer {
 
 // Uploads the packed arguments, runs `exe` on the client's device, and downloads o (in the
 // spec's out dtype) and lse (when the spec has it). `moved` counts the bytes copied each way.
+// With `k_dev` and `v_dev` (the KV mirror's pools), K and V are already on the device and the
+// packed k and v are not read.
 Status launch(const Client& client, const Executable& exe, const Packed& in, std::vector<char>& o,
-              std::vector<float>& lse, Transfer& moved) {
+              std::vector<float>& lse, Transfer& moved, PJRT_Buffer* k_dev = nullptr, PJRT_Buffer* v_dev = nullptr) {
   const ProgramSpec& spec = in.spec;
   const ElementType t = element_type(spec.in_dtype), kt = element_type(spec.kv_dtype);
   std::vector<Buffer> args;
+  std::vector<PJRT_Buffer*> raw;
   const auto upload = [&](const void* data, ElementType type, std::vector<std::int64_t> dims) -> Status {
     Result<Buffer> b = client.upload(data, type, dims);
     if (!b) return b.status();
     std::uint64_t bytes = element_bytes(type);
     for (const std::int64_t d : dims) bytes *= static_cast<std::uint64_t>(d);
     moved.to_device += bytes;
+    raw.push_back(b->get());
     args.push_back(std::move(*b));
     return {};
   };
   const std::int64_t kv_rows = spec.paged ? spec.num_blocks : spec.batch;
   const std::int64_t kv_cols = spec.paged ? spec.page_size : spec.seq_k;
   Status s = upload(in.q.data(), t, {spec.batch, spec.seq_q, spec.hq, spec.head_dim});
-  if (s) s = upload(in.k.data(), kt, {kv_rows, kv_cols, spec.hkv, spec.head_dim});
-  if (s) s = upload(in.v.data(), kt, {kv_rows, kv_cols, spec.hkv, spec.head_dim_v});
+  if (s && k_dev != nullptr) {
+    raw.push_back(k_dev);
+    raw.push_back(v_dev);
+  } else {
+    if (s) s = upload(in.k.data(), kt, {kv_rows, kv_cols, spec.hkv, spec.head_dim});
+    if (s) s = upload(in.v.data(), kt, {kv_rows, kv_cols, spec.hkv, spec.head_dim_v});
+  }
   if (s) s = upload(in.seqlen_q.data(), ElementType::s32, {spec.batch});
   if (s) s = upload(in.seqlen_k.data(), ElementType::s32, {spec.batch});
   if (s) s = upload(&in.scale, ElementType::f32, {});
@@ -133,8 +128,6 @@ Status launch(const Client& client, const Executable& exe, const Packed& in, std
   if (s && spec.paged) s = upload(in.table.data(), ElementType::s32, {spec.batch, spec.max_blocks()});
   if (s && spec.alibi) s = upload(in.slopes.data(), ElementType::f32, {spec.hq});
   if (!s) return s;
-  std::vector<PJRT_Buffer*> raw;
-  for (const Buffer& b : args) raw.push_back(b.get());
   Result<std::vector<Buffer>> outputs = exe.execute(client.device(), raw);
   if (!outputs) return outputs.status();
   const std::size_t want = spec.lse ? 2 : 1;
@@ -245,6 +238,13 @@ class PjrtBackend final : public PjrtAttention {
     s.bytes_to_device = bytes_to_device_.load(std::memory_order_relaxed);
     s.bytes_from_device = bytes_from_device_.load(std::memory_order_relaxed);
     s.cached_executables = cache_.size();
+    const MirrorStats m = mirrors_.stats();
+    s.kv_pages_uploaded = m.pages_uploaded;
+    s.kv_page_updates = m.updates;
+    s.kv_mirrors_created = m.created;
+    s.kv_mirror_evictions = m.evictions;
+    s.kv_mirrors = m.mirrors;
+    s.kv_mirror_bytes = m.bytes;
     return s;
   }
 
@@ -270,6 +270,17 @@ class PjrtBackend final : public PjrtAttention {
          K::counter, static_cast<double>(s.bytes_to_device)},
         {"bytes_from_device", "Bytes attention runs copied from the PJRT device to host (o, lse).", K::counter,
          static_cast<double>(s.bytes_from_device)},
+        {"kv_pages_uploaded", "K/V pages copied into the device's copy of a paged cache (changed since last seen).",
+         K::counter, static_cast<double>(s.kv_pages_uploaded)},
+        {"kv_page_updates", "Page update programs run on the device's copies of paged caches.", K::counter,
+         static_cast<double>(s.kv_page_updates)},
+        {"kv_mirrors_created", "Device copies of paged K/V pools started (zeros made on the device).", K::counter,
+         static_cast<double>(s.kv_mirrors_created)},
+        {"kv_mirror_evictions", "Device copies of paged K/V pools dropped to stay under the memory cap.", K::counter,
+         static_cast<double>(s.kv_mirror_evictions)},
+        {"kv_mirrors", "Device copies of paged K/V pools held.", K::gauge, static_cast<double>(s.kv_mirrors)},
+        {"kv_mirror_bytes", "Device bytes the copies of paged K/V pools hold.", K::gauge,
+         static_cast<double>(s.kv_mirror_bytes)},
     };
   }
 
@@ -322,6 +333,7 @@ class PjrtBackend final : public PjrtAttention {
     std::string crashed;  // the plugin crashed or hung at first contact, in a child process
     int device_index = 0;
     std::int64_t chunk = kDefaultChunk;
+    std::uint64_t mirror_bytes = kDefaultKvMirrorBytes;
 
     Status unavailable() const {
       if (!crashed.empty()) return Status(ErrorCode::backend_failure, "pjrt", crashed);
@@ -341,6 +353,7 @@ class PjrtBackend final : public PjrtAttention {
     std::call_once(init_once_, [this] {
       try {
         runtime_ = load_runtime();
+        mirrors_.set_capacity(runtime_->mirror_bytes);
       } catch (const std::exception& e) {
         runtime_ = std::make_unique<Runtime>();
         runtime_->why_not = fmt::format("PJRT set-up failed: {}", e.what());
@@ -380,6 +393,16 @@ class PjrtBackend final : public PjrtAttention {
       }
       rt->chunk = chunk;
     }
+    if (const char* m = env(kKvMirrorBytesEnv); m != nullptr) {
+      const std::string_view text(m);
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), rt->mirror_bytes);
+      if (ec != std::errc() || end != text.data() + text.size()) {
+        rt->why_not =
+            fmt::format("{}='{}' is not a number of bytes (0 turns the KV mirror off)", kKvMirrorBytesEnv, text);
+        return rt;
+      }
+    }
+
     // First contact in a child process, unless turned off: a plugin that aborts or hangs there
     // costs the child. A regular error is met again, safely, by the load below.
     const char* isolate = env(kIsolateEnv);
@@ -418,7 +441,9 @@ class PjrtBackend final : public PjrtAttention {
 
   // The program and shape bucket for a problem: batch, query rows and keys padded up to powers
   // of two (paged: the blocks per row), so that a serving workload compiles a bounded set.
-  static ProgramSpec plan(const ValidatedProblem& vp, std::int64_t chunk) {
+  // Mirrored (paged K/V kept on the device): the program reads the whole pool through the
+  // caller's own block table.
+  static ProgramSpec plan(const ValidatedProblem& vp, std::int64_t chunk, bool mirrored = false) {
     const AttentionProblem& p = vp.problem();
     const ProblemSignature& sig = vp.signature();
     ProgramSpec s;
@@ -455,7 +480,7 @@ class PjrtBackend final : public PjrtAttention {
                              std::bit_floor(static_cast<std::uint64_t>(std::max<std::int64_t>(1, chunk / page)))));
       s.paged = true;
       s.page_size = page;
-      s.num_blocks = bucket(blocks);
+      s.num_blocks = mirrored ? p.k.shape[0] : bucket(blocks);
       s.seq_k = rows * page;
       s.chunk = per_step * page;
     } else {
@@ -466,7 +491,7 @@ class PjrtBackend final : public PjrtAttention {
   }
 
   // Packs the problem into the program's arguments (zero padding everywhere past a length).
-  static Packed pack(const ValidatedProblem& vp, const ProgramSpec& s) {
+  static Packed pack(const ValidatedProblem& vp, const ProgramSpec& s, bool mirrored = false) {
     const AttentionProblem& p = vp.problem();
     Packed out;
     out.spec = s;
@@ -495,7 +520,18 @@ class PjrtBackend final : public PjrtAttention {
 
     const char* k = static_cast<const char*>(p.k.data);
     const char* v = static_cast<const char*>(p.v.data);
-    if (s.paged) {
+    if (s.paged && mirrored) {
+      // K and V are on the device already: the table goes as the caller wrote it, entries past a
+      // sequence's keys at block 0 (masked in the program).
+      const std::int64_t page = s.page_size, rows = s.max_blocks();
+      const std::int64_t stride = p.block_table_stride > 0 ? p.block_table_stride : p.max_blocks_per_seq;
+      out.table.assign(static_cast<std::size_t>(s.batch * rows), 0);
+      for (std::int32_t b = 0; b < vp.batch(); ++b) {
+        const std::int64_t n = (vp.seqlen_k(b) + page - 1) / page;
+        std::copy(p.block_table + b * stride, p.block_table + b * stride + n,
+                  out.table.begin() + static_cast<std::ptrdiff_t>(b * rows));
+      }
+    } else if (s.paged) {
       // The blocks the sequences use, renumbered densely; the table is rewritten to match, and
       // entries past a sequence's keys point at block 0 (masked in the program).
       const std::int64_t page = s.page_size, rows = s.max_blocks();
@@ -558,7 +594,12 @@ class PjrtBackend final : public PjrtAttention {
   // token path escapes the counters (the first-contact probe compiles in a child process, and
   // compile_for_target has no client and caches nothing).
   Result<Compiled> executable(const Runtime& rt, const ProgramSpec& spec) {
-    const std::string key = spec.key();
+    if (Status s = check_spec(spec); !s) return s;
+    return executable(rt, spec.key(), [&] { return attention_program(spec); });
+  }
+
+  // The same cache for any program the backend runs (attention, the KV mirror's page programs).
+  Result<Compiled> executable(const Runtime& rt, const std::string& key, const std::function<std::string()>& program) {
     {
       std::shared_lock lock(cache_mu_);
       if (auto it = cache_.find(key); it != cache_.end()) return Compiled{it->second, true, 0.0, 0};
@@ -569,8 +610,7 @@ class PjrtBackend final : public PjrtAttention {
       std::shared_lock lock(cache_mu_);
       if (auto it = cache_.find(key); it != cache_.end()) return Compiled{it->second, true, 0.0, 0};
     }
-    if (Status s = check_spec(spec); !s) return s;
-    const std::string text = attention_program(spec);
+    const std::string text = program();
     const auto t0 = std::chrono::steady_clock::now();
     Result<std::unique_ptr<Executable>> exe = rt.client->compile(text);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -594,16 +634,31 @@ class PjrtBackend final : public PjrtAttention {
     if (rt->client == nullptr) return rt->unavailable();
     if (vp.total_q() == 0) return {};
     const AttentionProblem& p = vp.problem();
-    const ProgramSpec spec = plan(vp, rt->chunk);
+    const bool mirrored = mirrors_.applies(vp);
+    const ProgramSpec spec = plan(vp, rt->chunk, mirrored);
     Result<Compiled> exe = executable(*rt, spec);
     if (!exe) return exe.status();
     if (exe->cached) hits_.fetch_add(1, std::memory_order_relaxed);
 
-    const Packed in = pack(vp, spec);
+    const Packed in = pack(vp, spec, mirrored);
     std::vector<char> o;
     std::vector<float> lse;
     Transfer moved;
-    const Status launched = launch(*rt->client, *exe->exe, in, o, lse, moved);
+    Status launched;
+    if (mirrored) {
+      const KvMirrors::ProgramCache programs = [&](const std::string& key,
+                                                   const std::function<std::string()>& program) {
+        Result<Compiled> c = executable(*rt, key, program);
+        if (!c) return Result<std::shared_ptr<const Executable>>(c.status());
+        if (c->cached) hits_.fetch_add(1, std::memory_order_relaxed);
+        return Result<std::shared_ptr<const Executable>>(c->exe);
+      };
+      launched = mirrors_.run_with(*rt->client, vp, programs, moved.to_device, [&](PJRT_Buffer* k, PJRT_Buffer* v) {
+        return launch(*rt->client, *exe->exe, in, o, lse, moved, k, v);
+      });
+    } else {
+      launched = launch(*rt->client, *exe->exe, in, o, lse, moved);
+    }
     // Counted whether or not the run succeeded: the copies happened.
     bytes_to_device_.fetch_add(moved.to_device, std::memory_order_relaxed);
     bytes_from_device_.fetch_add(moved.from_device, std::memory_order_relaxed);
@@ -643,6 +698,7 @@ class PjrtBackend final : public PjrtAttention {
   std::atomic<std::uint64_t> executions_{0};
   std::atomic<std::uint64_t> bytes_to_device_{0};
   std::atomic<std::uint64_t> bytes_from_device_{0};
+  mutable KvMirrors mirrors_{kDefaultKvMirrorBytes};
 };
 
 }  // namespace

@@ -26,6 +26,11 @@ inline constexpr std::int64_t kDefaultChunk = 512;
 inline constexpr char kIsolateEnv[] = "KALLPA_PJRT_ISOLATE";
 inline constexpr char kProbeTimeoutEnv[] = "KALLPA_PJRT_PROBE_TIMEOUT";
 inline constexpr double kDefaultProbeSeconds = 120.0;
+// Paged K/V whose cache states page versions is kept on the device between runs, up to
+// KALLPA_PJRT_KV_MIRROR_BYTES of device memory over all pools (0: never; the least recently used
+// pool goes first); runs then copy only the pages written since (docs/pjrt.md).
+inline constexpr char kKvMirrorBytesEnv[] = "KALLPA_PJRT_KV_MIRROR_BYTES";
+inline constexpr std::uint64_t kDefaultKvMirrorBytes = std::uint64_t{4} << 30;
 
 struct PlatformInfo {
   std::string plugin_path;
@@ -37,21 +42,30 @@ struct PlatformInfo {
   std::int64_t chunk = kDefaultChunk;
 };
 
-// Counters of the executable cache since the process started; AttentionBackend::counters()
-// publishes the same numbers (compiles, compile_failures, compile_seconds, cache_hits, executions,
-// cached_executables, bytes_to_device, bytes_from_device) for the server's /metrics and `kallpa
-// backends`.
+// Counters of the executable cache and the KV mirrors since the process started;
+// AttentionBackend::counters() publishes the same numbers (compiles, compile_failures,
+// compile_seconds, cache_hits, executions, cached_executables, bytes_to_device, bytes_from_device,
+// kv_pages_uploaded, kv_page_updates, kv_mirrors_created, kv_mirror_evictions, kv_mirrors,
+// kv_mirror_bytes) for the server's /metrics and `kallpa backends`.
 struct CacheStats {
   std::uint64_t compiles = 0;  // programs compiled (each a cache miss)
   std::uint64_t compile_failures = 0;
   std::uint64_t cache_hits = 0;  // runs that found their executable compiled
   std::uint64_t executions = 0;  // runs that executed (hit or fresh compile)
-  // Host <-> device copies of runs (arguments up, o and lse down): every run copies q and the K/V
-  // pages it reads, so this is the cost a device-resident KV cache would remove.
+  // Host <-> device copies of runs (arguments up, o and lse down): q and the indices every run;
+  // K/V pages every run, or, for a mirrored pool, only the pages that changed since last seen.
   std::uint64_t bytes_to_device = 0;
   std::uint64_t bytes_from_device = 0;
   double compile_milliseconds = 0.0;  // spent compiling, failed compiles included
   std::size_t cached_executables = 0;
+  // The device's copies of paged K/V pools (kKvMirrorBytesEnv): pages written into them, update
+  // programs run, copies started and evicted; copies and their bytes held now.
+  std::uint64_t kv_pages_uploaded = 0;
+  std::uint64_t kv_page_updates = 0;
+  std::uint64_t kv_mirrors_created = 0;
+  std::uint64_t kv_mirror_evictions = 0;
+  std::uint64_t kv_mirrors = 0;
+  std::uint64_t kv_mirror_bytes = 0;
 };
 
 struct CompileReport {
