@@ -13,15 +13,6 @@
 namespace kallpa::pjrt {
 namespace {
 
-ElementType element_type(DType t) noexcept {
-  switch (t) {
-    case DType::f32: return ElementType::f32;
-    case DType::f16: return ElementType::f16;
-    case DType::bf16: return ElementType::bf16;
-  }
-  return ElementType::f32;
-}
-
 // The pool's geometry, as the page programs see it.
 PageUpdateSpec pool_spec(const ValidatedProblem& vp) {
   const AttentionProblem& p = vp.problem();

@@ -55,15 +55,6 @@ std::int64_t bucket(std::int64_t n) noexcept {
   return static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(std::max<std::int64_t>(n, 1))));
 }
 
-ElementType element_type(DType t) noexcept {
-  switch (t) {
-    case DType::f32: return ElementType::f32;
-    case DType::f16: return ElementType::f16;
-    case DType::bf16: return ElementType::bf16;
-  }
-  return ElementType::f32;
-}
-
 const char* env(const char* name) noexcept {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? v : nullptr;

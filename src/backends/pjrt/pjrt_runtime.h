@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kallpa/status.h"
+#include "kallpa/tensor.h"
 
 // The PJRT types this interface passes around, opaque here: only pjrt_runtime.cpp includes XLA's
 // header (which GCC's -Wpedantic rejects in C++, so that one file is built without it).
@@ -120,6 +121,16 @@ class Executable {
 
 // Element types that cross the host boundary.
 enum class ElementType : std::uint8_t { f32, f16, bf16, s32 };
+
+// The element type of a kallpa dtype's buffers.
+inline ElementType element_type(DType t) noexcept {
+  switch (t) {
+    case DType::f32: return ElementType::f32;
+    case DType::f16: return ElementType::f16;
+    case DType::bf16: return ElementType::bf16;
+  }
+  return ElementType::f32;
+}
 
 class Client {
  public:
