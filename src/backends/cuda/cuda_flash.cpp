@@ -141,8 +141,8 @@ class CudaFlash final : public AttentionBackend {
       fp.lse_is = packed_lse ? p.lse.stride[1] : p.lse.stride[2];
     }
     fp.causal = p.causal;
-    fp.window_left = p.window_left;
-    fp.window_right = p.window_right;
+    fp.window_left = vp.window_left();
+    fp.window_right = vp.window_right();
     fp.scale = vp.scale();
     fp.softcap = p.softcap;
 
