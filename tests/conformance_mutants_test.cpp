@@ -265,7 +265,7 @@ const std::vector<Expectation>& expectations() {
 }
 
 const std::vector<Case>& quick_cases() {
-  static const std::vector<Case> cases = generate_cases(true);
+  static const std::vector<Case> cases = generate_cases(Tier::quick);
   return cases;
 }
 
