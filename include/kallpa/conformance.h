@@ -76,7 +76,7 @@ Tolerance tolerance_for(DType dtype) noexcept;
 
 // How much of the suite to run (docs/conformance.md has what each covers and costs):
 //  * quick:  the pairwise covering matrix once, the edge rules, the degenerate shapes and window
-//            limits, a few 1k-4k-key cases. For CI under sanitizers.
+//            limits, a few 1k-2k-key cases. For CI under sanitizers.
 //  * normal: the matrix in six rounds plus every size-bucket boundary the backends and the
 //            dispatcher use (both sides of 1k, 2k, 4k and 8k keys, split/tiling/chunk thresholds),
 //            prefill and decode; the large cases judged on sampled rows. `kallpa conformance`'s
