@@ -42,6 +42,7 @@ enum class Bug {
   workspace_overflow,   // asks for 64 bytes of workspace and uses 65
   refuses,              // declines every problem: must be skipped, not failed
   run_fails,            // supports everything, then returns an error from run()
+  window_overflow,      // p_i +/- window in plain int64 arithmetic: wraps for windows near INT64_MAX
 };
 
 const std::map<Bug, std::string>& bug_names() {
@@ -66,6 +67,7 @@ const std::map<Bug, std::string>& bug_names() {
       {Bug::workspace_overflow, "workspace_overflow"},
       {Bug::refuses, "refuses"},
       {Bug::run_fails, "run_fails"},
+      {Bug::window_overflow, "window_overflow"},
   };
   return names;
 }
@@ -124,9 +126,16 @@ class MutantBackend final : public AttentionBackend {
         const std::int64_t pos = bug_ == Bug::top_left_causal ? i : i + skv - sq;
         std::int64_t first = 0, last = skv - 1;
         if (p.causal) last = std::min(last, pos + (bug_ == Bug::causal_off_by_one ? 1 : 0));
-        if (p.window_right >= 0) last = std::min(last, pos + p.window_right);
-        if (p.window_left >= 0) {
-          first = std::max(first, pos - p.window_left - (bug_ == Bug::window_off_by_one ? 1 : 0));
+        // The saturated bounds (attention.h); window_overflow takes the raw ones and wraps as
+        // two's complement hardware does (written with unsigned arithmetic: no UB here).
+        const bool raw = bug_ == Bug::window_overflow;
+        const std::int64_t wl = raw ? p.window_left : vp.window_left();
+        const std::int64_t wr = raw ? p.window_right : vp.window_right();
+        const auto wrap = [](std::uint64_t x) { return static_cast<std::int64_t>(x); };
+        if (wr >= 0) last = std::min(last, wrap(static_cast<std::uint64_t>(pos) + static_cast<std::uint64_t>(wr)));
+        if (wl >= 0) {
+          first = std::max(first, wrap(static_cast<std::uint64_t>(pos) - static_cast<std::uint64_t>(wl)) -
+                                      (bug_ == Bug::window_off_by_one ? 1 : 0));
         }
         const std::int64_t lo = bug_ == Bug::reads_masked_keys ? 0 : first;
         const std::int64_t hi = bug_ == Bug::reads_masked_keys ? skv - 1 : last;
@@ -245,12 +254,18 @@ const std::vector<Expectation>& expectations() {
       {Bug::write_before_output, nullptr, "guard before the view"},
       {Bug::scales_q_in_place, nullptr, "modified its input q"},
       {Bug::workspace_overflow, nullptr, "past the end of the workspace"},
+      {Bug::window_overflow,
+       [](const CaseSpec& s) {
+         constexpr std::int64_t near_limit = std::numeric_limits<std::int64_t>::max() - 64;
+         return s.window_left >= near_limit || s.window_right >= near_limit;
+       },
+       ""},
   };
   return list;
 }
 
 const std::vector<Case>& quick_cases() {
-  static const std::vector<Case> cases = generate_cases(true);
+  static const std::vector<Case> cases = generate_cases(Tier::quick);
   return cases;
 }
 

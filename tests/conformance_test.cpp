@@ -18,12 +18,12 @@ namespace kallpa::conformance {
 namespace {
 
 const std::vector<Case>& full_cases() {
-  static const std::vector<Case> cases = generate_cases(false);
+  static const std::vector<Case> cases = generate_cases(Tier::normal);
   return cases;
 }
 
 const std::vector<Case>& quick_cases() {
-  static const std::vector<Case> cases = generate_cases(true);
+  static const std::vector<Case> cases = generate_cases(Tier::quick);
   return cases;
 }
 
@@ -138,7 +138,7 @@ TEST(ConformanceCases, FullMatrixIsLargeWithUniqueNames) {
 }
 
 TEST(ConformanceCases, AreDeterministic) {
-  const std::vector<Case> again = generate_cases(false);
+  const std::vector<Case> again = generate_cases(Tier::normal);
   ASSERT_EQ(again.size(), full_cases().size());
   for (std::size_t n = 0; n < again.size(); ++n) {
     EXPECT_EQ(again[n].name, full_cases()[n].name);

@@ -977,7 +977,7 @@ namespace {
 // matrix too, since it is the fallback for shapes the fast path declines.
 TEST(CpuFlash, GenericPathPassesQuickConformance) {
   cpu_flash::CpuFlashBackend generic(cpu_flash::Options{0, cpu_flash::Path::generic});
-  const auto report = conformance::run_suite(generic, conformance::generate_cases(true));
+  const auto report = conformance::run_suite(generic, conformance::generate_cases(conformance::Tier::quick));
   for (const auto& r : report.results) EXPECT_TRUE(r.passed || r.skipped) << r.case_name << ": " << r.failure;
   EXPECT_GT(report.passed(), 100u);
 }

@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <utility>
 
 #include "kallpa/attention.h"
 #include "test_problem.h"
@@ -74,6 +76,53 @@ TEST(Validate, WindowBounds) {
   EXPECT_EQ(r->visible_keys(0, 5).last, 6);
   EXPECT_EQ(r->visible_keys(0, 0).first, 0);
   EXPECT_EQ(r->visible_keys(0, 9).last, 9);
+}
+
+// Windows anywhere in [-1, INT64_MAX] are problems (attention.h); a bound past Sq + Skv hides no
+// more than that and must not overflow p_i +/- window: the visible range is that of -1 (unbounded).
+TEST(Validate, WindowsAtTheIntegerLimitsSaturate) {
+  constexpr std::int64_t i64 = std::numeric_limits<std::int64_t>::max();
+  constexpr std::int64_t i32 = std::numeric_limits<std::int32_t>::max();
+  // Sq > Skv puts the first query positions below 0, Sq < Skv the last ones above 0.
+  for (const auto& [sq, skv] : {std::pair{9, 4}, std::pair{4, 9}, std::pair{1, 7}}) {
+    for (const bool causal : {false, true}) {
+      DenseF32Problem unbounded(1, sq, skv, 1, 1, 4);
+      unbounded.problem.causal = causal;
+      auto want = validate(unbounded.problem);
+      ASSERT_TRUE(want.is_ok());
+      for (const std::int64_t w : {std::int64_t{sq + skv}, i32 - 1, i32, i32 + 1, i64 - 1, i64}) {
+        for (const int side : {0, 1, 2}) {  // left, right, both
+          DenseF32Problem t(1, sq, skv, 1, 1, 4);
+          t.problem.causal = causal;
+          if (side != 1) t.problem.window_left = w;
+          if (side != 0) t.problem.window_right = w;
+          auto r = validate(t.problem);
+          ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+          EXPECT_LE(r->window_left(), sq + skv);
+          EXPECT_LE(r->window_right(), sq + skv);
+          EXPECT_EQ(r->window_left() >= 0, side != 1);
+          for (std::int64_t i = 0; i < sq; ++i) {
+            const auto got = r->visible_keys(0, i), expect = want->visible_keys(0, i);
+            EXPECT_EQ(got.first, expect.first) << "sq " << sq << " skv " << skv << " w " << w << " i " << i;
+            EXPECT_EQ(got.last, expect.last) << "sq " << sq << " skv " << skv << " w " << w << " i " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Validate, RejectsWindowsBelowMinusOne) {
+  DenseF32Problem t(1, 2, 2, 1, 1, 4);
+  for (const std::int64_t w : {std::numeric_limits<std::int64_t>::min(),
+                               std::int64_t{std::numeric_limits<std::int32_t>::min()}, std::int64_t{-2}}) {
+    AttentionProblem p = t.problem;
+    p.window_left = w;
+    expect_invalid(p, "window_left", ">= -1");
+    p = t.problem;
+    p.window_right = w;
+    expect_invalid(p, "window_right", ">= -1");
+  }
 }
 
 TEST(Validate, RejectsNullAndWrongRank) {

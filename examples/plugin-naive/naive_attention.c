@@ -151,8 +151,10 @@ int32_t naive_attention(const kallpa_problem* p, void* workspace, size_t workspa
       const int64_t pos = i + skv - sq; /* bottom-right alignment */
       int64_t first = 0, last = skv - 1;
       if (p->causal && pos < last) last = pos;
-      if (p->window_left >= 0 && pos - p->window_left > first) first = pos - p->window_left;
-      if (p->window_right >= 0 && pos + p->window_right < last) last = pos + p->window_right;
+      /* Windows go up to INT64_MAX (attention.h): compare the window with the distance instead of
+         computing pos +/- window, which would overflow; a bound that cuts keeps the sum in range. */
+      if (p->window_left >= 0 && p->window_left < pos - first) first = pos - p->window_left;
+      if (p->window_right >= 0 && p->window_right < last - pos) last = pos + p->window_right;
       for (int64_t h = 0; h < hq; ++h) {
         const int64_t kvh = h / group;
         const int64_t q_base = q_like_row(p, &p->q, b, i) + h * q_hs;

@@ -25,6 +25,22 @@
 //  * NaN in a visible q, k score or v propagates (IEEE arithmetic); no backend hides it.
 //  * lse_i = log(sum_j exp(s_ij)) over visible keys (natural log, after softcap and ALiBi).
 //  * Index arrays (cu_seqlens_*, block_table, seqlens_k) live in host memory in v1.
+//
+// Degenerate shapes are ordinary problems with one answer, the same from every backend:
+//  * Empty batch (B = 0; dense q with shape[0] = 0, or batch = 0 with packed q / packed or paged
+//    kv): nothing is read and nothing is written; run() succeeds. Index arrays may be null.
+//  * A sequence with Sq = 0 has no output rows: nothing of it is written. A packed batch may hold
+//    any number of them, anywhere (cu_seqlens_q[b + 1] == cu_seqlens_q[b]).
+//  * A sequence with Skv = 0 (any layout) has no visible key for any row: its rows are o = 0 and
+//    lse = -inf. Its keys, values and block-table row are never read.
+//  * Zero blocks (paged k/v with shape[0] = 0, or max_blocks_per_seq = 0): valid when every
+//    seqlens_k[b] is 0; then every row is o = 0, lse = -inf, and block_table may be null.
+//  * Zero heads or a zero head dimension are not problems: validate() rejects them, naming the field.
+//  * Windows: any value in [-1, INT64_MAX]; below -1 is rejected. A bound >= Sq + Skv hides nothing
+//    more than Sq + Skv does, so window_left = window_right = INT64_MAX is the same problem as
+//    -1/-1, and window 0:0 leaves each row at most its own position. Backends must not overflow
+//    on p_i - window_left or p_i + window_right: ValidatedProblem::window_left()/window_right()
+//    give the bounds saturated to a width that cannot.
 #pragma once
 
 #include <cstdint>
@@ -159,6 +175,14 @@ class ValidatedProblem {
   };
   KeyRange visible_keys(std::int32_t b, std::int64_t i) const noexcept;
 
+  // The window bounds as a backend should compute with them: -1 (unbounded) stays -1, any other
+  // bound is saturated at max_seqlen_q() + max_seqlen_k(), beyond which a window hides nothing
+  // more. p_i - window_left() and p_i + window_right() therefore never overflow, even for
+  // windows at INT64_MAX; a backend that does its own key-range arithmetic (a device kernel, a
+  // generated program) takes these instead of problem().window_left/right.
+  std::int64_t window_left() const noexcept { return window_left_; }
+  std::int64_t window_right() const noexcept { return window_right_; }
+
  private:
   friend Result<ValidatedProblem> validate(const AttentionProblem& problem);
   ValidatedProblem() = default;
@@ -174,6 +198,8 @@ class ValidatedProblem {
   std::int64_t max_skv_ = 0;
   std::int64_t dense_sq_ = 0;   // dense q: Sq
   std::int64_t dense_skv_ = 0;  // dense kv: Skv
+  std::int64_t window_left_ = -1;
+  std::int64_t window_right_ = -1;
   double pairs_ = 0.0;
 };
 

@@ -90,15 +90,17 @@ class Builder {
   }
 
   void check_spec() const {
-    if (s_.seqlens_q.empty() || s_.seqlens_q.size() != s_.seqlens_k.size()) fail("seqlens_q/seqlens_k sizes");
+    if (s_.seqlens_q.size() != s_.seqlens_k.size()) fail("seqlens_q/seqlens_k sizes");
     if (s_.hq < 1 || s_.hkv < 1 || s_.hq % s_.hkv != 0) fail("heads");
     if (s_.head_dim < 1 || s_.head_dim_v < 1) fail("head dims");
     const auto equal = [](const std::vector<std::int32_t>& v) {
-      return std::all_of(v.begin(), v.end(), [&](std::int32_t x) { return x == v.front(); });
+      return v.empty() || std::all_of(v.begin(), v.end(), [&](std::int32_t x) { return x == v.front(); });
     };
     if (s_.q_layout == QLayout::dense && !equal(s_.seqlens_q)) fail("dense q needs equal seqlens_q");
     if (s_.kv_layout == KvLayout::dense && !equal(s_.seqlens_k)) fail("dense kv needs equal seqlens_k");
     if (s_.kv_layout == KvLayout::paged && s_.page_size < 1) fail("paged kv needs page_size >= 1");
+    if (s_.spare_blocks < 0) fail("spare_blocks < 0");
+    if (s_.sampled_rows < 0) fail("sampled_rows < 0");
   }
 
   void lengths() {
@@ -117,7 +119,6 @@ class Builder {
     }
     d_.total_q = d_.cu_q.back();
     d_.total_k = d_.cu_k.back();
-    if (d_.total_q < 1) fail("no query rows");
   }
 
   float draw(Rng& rng, float lo, float hi) const {
@@ -230,7 +231,8 @@ class Builder {
     Rng rng(Rng::mix(s_.seed, 3));
     const bool q_packed = s_.q_layout == QLayout::packed;
     const std::int64_t b = d_.batch;
-    const std::int64_t sq0 = s_.seqlens_q.front(), skv0 = s_.seqlens_k.front();
+    // An empty batch (attention.h, degenerate shapes) has dense extents of 0 too.
+    const std::int64_t sq0 = b > 0 ? s_.seqlens_q.front() : 0, skv0 = b > 0 ? s_.seqlens_k.front() : 0;
 
     Dims qshape{}, oshape{}, kshape{}, vshape{};
     int q_rank = 4, kv_rank = 4;
@@ -291,12 +293,14 @@ class Builder {
       total += need.back();
       most = std::max(most, need.back());
     }
-    constexpr std::int64_t kSpare = 2;
+    const std::int64_t kSpare = s_.spare_blocks;
     pool_blocks_ = static_cast<std::size_t>(total + kSpare);
     std::vector<std::int32_t> order(pool_blocks_);
     for (std::size_t n = 0; n < order.size(); ++n) order[n] = static_cast<std::int32_t>(n);
     if (s_.permute_blocks) rng.shuffle(order);
-    d_.max_blocks = static_cast<std::int32_t>(std::max<std::int64_t>(most + rng.range(0, 1), 1));
+    // Without spare blocks a table row may be as short as the longest sequence needs: 0 for a
+    // batch of empty sequences over an empty pool (zero blocks).
+    d_.max_blocks = static_cast<std::int32_t>(kSpare > 0 ? std::max<std::int64_t>(most + rng.range(0, 1), 1) : most);
     d_.table_stride = d_.max_blocks + s_.table_stride_pad;
     d_.block_table.assign(static_cast<std::size_t>(d_.table_stride * d_.batch), 0);
     std::size_t next = 0;
@@ -305,8 +309,10 @@ class Builder {
         std::int32_t id;
         if (n < need[static_cast<std::size_t>(b)]) {
           id = order[next++];
+        } else if (kSpare == 0) {
+          id = 0;  // past the sequence's keys: never read, and there is no spare block to name
         } else {
-          id = order[pool_blocks_ - 1 - static_cast<std::size_t>(rng.below(kSpare))];
+          id = order[pool_blocks_ - 1 - static_cast<std::size_t>(rng.below(static_cast<std::uint64_t>(kSpare)))];
         }
         d_.block_table[static_cast<std::size_t>(b * d_.table_stride + n)] = id;
       }
@@ -447,11 +453,13 @@ class Builder {
 }  // namespace
 
 KeyRange contract_visible_keys(const CaseSpec& spec, std::int64_t sq, std::int64_t skv, std::int64_t i) noexcept {
+  // Written so that no window, up to INT64_MAX, can overflow: a bound is applied only when it
+  // cuts inside [0, Skv), and then p_i +/- window lies inside that range too (-Sq <= p_i < Skv).
   const std::int64_t pos = i + skv - sq;
   KeyRange r{0, skv - 1};
   if (spec.causal && pos < r.last) r.last = pos;
-  if (spec.window_right >= 0 && pos + spec.window_right < r.last) r.last = pos + spec.window_right;
-  if (spec.window_left >= 0 && pos - spec.window_left > r.first) r.first = pos - spec.window_left;
+  if (spec.window_right >= 0 && spec.window_right < r.last - pos) r.last = pos + spec.window_right;
+  if (spec.window_left >= 0 && spec.window_left < pos - r.first) r.first = pos - spec.window_left;
   return r;
 }
 

@@ -9,6 +9,7 @@
 // decisions), so names are stable: a failing case can be named in a bug report and rerun.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -496,6 +497,216 @@ std::vector<CaseSpec> long_specs(bool quick) {
   return out;
 }
 
+// ---- generated from the contract's field ranges ------------------------------------------
+//
+// attention.h defines every degenerate shape and the windows up to INT64_MAX. These cases are not
+// picked by hand: they cross the values at and around each integer field's limits with causal
+// on/off and the three KV layouts (dense, varlen, paged).
+
+// The layouts every generated edge is crossed with: dense, varlen (packed q and kv), paged.
+const std::vector<Layout> kEdgeLayouts = {{QLayout::dense, KvLayout::dense, 0},
+                                          {QLayout::packed, KvLayout::packed, 0},
+                                          {QLayout::packed, KvLayout::paged, 4}};
+
+// A window bound's range is [-1, INT64_MAX] (attention.h). The values at and around each point
+// where its meaning changes: unbounded (-1), the narrowest windows (0, 1), the width past which
+// it hides nothing (Sq + Skv of the widest sequence, `span`), and the int32 and int64 limits
+// where arithmetic on p_i +/- window overflows if not saturated.
+std::vector<std::int64_t> window_values(std::int64_t span, bool quick) {
+  constexpr std::int64_t i32 = std::numeric_limits<std::int32_t>::max();
+  constexpr std::int64_t i64 = std::numeric_limits<std::int64_t>::max();
+  if (quick) return {-1, 0, span, i32, i64};
+  return {-1, 0, 1, span - 1, span, span + 1, i32 - 1, i32, i32 + 1, i64 - 1, i64};
+}
+
+CaseSpec edge_shape(const Layout& layout, std::vector<std::int32_t> sq, std::vector<std::int32_t> skv, DType dtype) {
+  CaseSpec s;
+  s.dtype = dtype;
+  s.q_layout = layout.q;
+  s.kv_layout = layout.kv;
+  s.page_size = layout.page;
+  s.seqlens_q = std::move(sq);
+  s.seqlens_k = std::move(skv);
+  s.hq = 2;
+  s.hkv = 1;
+  s.head_dim = s.head_dim_v = 16;
+  s.lse = true;
+  return s;
+}
+
+// Every window pair crossed with causal on/off and the layouts (the quick tier: the pair with one
+// layout and causal setting in rotation). The sequences put query positions p_i on both sides of
+// 0 (Sq > Skv and Sq < Skv, decode), where p_i - window_left and p_i + window_right overflow
+// first.
+std::vector<CaseSpec> window_limit_specs(bool quick) {
+  std::vector<CaseSpec> out;
+  const std::vector<std::int32_t> ragged_q = {5, 9, 1}, ragged_k = {9, 5, 12};
+  const std::int64_t span = 9 + 12;  // the widest Sq + Skv of any layout below
+  const std::vector<std::int64_t> values = window_values(span, quick);
+  std::size_t pair = 0, n = 0;
+  for (std::int64_t wl : values) {
+    for (std::int64_t wr : values) {
+      for (std::size_t li = 0; li < kEdgeLayouts.size(); ++li) {
+        for (int causal = 0; causal < 2; ++causal) {
+          // The quick tier: each pair once, its layout and causal setting in rotation.
+          if (quick && li * 2 + static_cast<std::size_t>(causal) != pair % (2 * kEdgeLayouts.size())) continue;
+          const Layout& layout = kEdgeLayouts[li];
+          const bool dense = layout.q == QLayout::dense;
+          // f32 only: the edge is in the index arithmetic, not the dtype, and fewer distinct
+          // problems keep backends that compile per shape (pjrt) fast. Dense sequences have
+          // Sq > Skv, so that query positions p_i run from Skv - Sq < 0 to Skv - 1 > 0.
+          CaseSpec s = edge_shape(layout, ragged_q, ragged_k, DType::f32);
+          if (dense) {
+            s.seqlens_q = std::vector<std::int32_t>(2, 12);
+            s.seqlens_k = std::vector<std::int32_t>(2, 9);
+          }
+          s.causal = causal != 0;
+          s.window_left = wl;
+          s.window_right = wr;
+          s.seed = Rng::mix(0x3d9e, n++);
+          out.push_back(std::move(s));
+        }
+      }
+      ++pair;
+    }
+  }
+  return out;
+}
+
+// Degenerate shapes (attention.h): the per-sequence lengths 0, 1 and an ordinary one for Sq and
+// Skv, each alone and among ordinary sequences, crossed with causal and the layouts; the empty
+// batch per layout; and zero blocks (a paged pool with no block at all, max_blocks_per_seq 0).
+std::vector<CaseSpec> degenerate_specs(bool quick) {
+  std::vector<CaseSpec> out;
+  const std::vector<std::int32_t> lengths = {0, 1, 5};
+  auto add = [&](CaseSpec s) {
+    s.seed = Rng::mix(0xde9e, out.size());
+    out.push_back(std::move(s));
+  };
+  std::size_t n = 0;
+  for (const Layout& layout : kEdgeLayouts) {
+    const bool dense = layout.q == QLayout::dense;
+    for (int causal = 0; causal < 2; ++causal) {
+      for (std::int32_t sq : lengths) {
+        for (std::int32_t skv : lengths) {
+          for (int among = 0; among < 2; ++among, ++n) {
+            if (quick && n % 3 != 0) continue;
+            std::vector<std::int32_t> q = {sq}, k = {skv};
+            if (among && dense) q = {sq, sq}, k = {skv, skv};
+            if (among && !dense) q = {4, sq, 3}, k = {6, skv, 9};
+            CaseSpec s = edge_shape(layout, q, k, kDTypes[n % 3]);
+            s.causal = causal != 0;
+            add(std::move(s));
+          }
+        }
+      }
+      CaseSpec empty = edge_shape(layout, {}, {}, kDTypes[(n++) % 3]);
+      empty.causal = causal != 0;
+      add(std::move(empty));
+      if (layout.kv == KvLayout::paged) {
+        // Zero blocks: every sequence empty, a pool of no blocks, table rows of length 0.
+        for (const std::vector<std::int32_t>& q : {std::vector<std::int32_t>{3}, std::vector<std::int32_t>{2, 0, 1}}) {
+          CaseSpec s = edge_shape(layout, q, std::vector<std::int32_t>(q.size(), 0), kDTypes[(n++) % 3]);
+          s.causal = causal != 0;
+          s.spare_blocks = 0;
+          add(std::move(s));
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// The size buckets the backends and the dispatcher switch at, each crossed on both sides:
+//  * the power of two of the largest key count (the dispatcher's first-use buckets, pjrt's
+//    executable buckets): 1024, 2048, 4096, 8192 and one past each;
+//  * pjrt's key chunk (KALLPA_PJRT_CHUNK, 512 by default) and cpu-flash's split-KV minimum
+//    (4 key tiles = 512): 512 and 513;
+//  * cpu-flash's decode chunking (16 chunks of at least 256 keys: the chunk grows past 4096);
+//  * decode vs prefill: Sq x group = 16 rows (cpu-flash's decode path limit) and 17, one query,
+//    and a prefill block of 65 queries (past cpu-gemm's and opencl-flash's 64-row tiles and
+//    cpu-flash's 32-query tasks).
+// Prefill cases are judged on sampled rows; decode ones whole.
+std::vector<CaseSpec> bucket_specs() {
+  std::vector<CaseSpec> out;
+  const std::vector<std::int32_t> keys = {512, 513, 1024, 1025, 2048, 2049, 4096, 4097, 8192, 8193};
+  std::size_t n = 0;
+  for (std::int32_t skv : keys) {
+    struct Rows {
+      std::int32_t sq, hq, hkv;
+    };
+    // One decode row per KV head; 16 and 17 rows per KV head (Sq x group); prefill.
+    for (const Rows& r : {Rows{1, 8, 2}, Rows{2, 8, 1}, Rows{1, 17, 1}, Rows{65, 4, 1}}) {
+      const Layout& layout = kEdgeLayouts[n % kEdgeLayouts.size()];
+      CaseSpec s;
+      s.dtype = kDTypes[n % 3];
+      s.q_layout = layout.q;
+      s.kv_layout = layout.kv;
+      s.page_size = layout.kv == KvLayout::paged ? 16 : 0;
+      s.seqlens_q = {r.sq};
+      s.seqlens_k = {skv};
+      if (layout.kv != KvLayout::dense) s.seqlens_q = {r.sq, 1}, s.seqlens_k = {skv, 7};
+      s.hq = r.hq;
+      s.hkv = r.hkv;
+      s.head_dim = s.head_dim_v = 64;
+      s.lse = n % 2 == 0;
+      s.causal = r.sq > 1 || n % 4 == 1;
+      if (n % 5 == 2) s.window_left = skv / 2;
+      if (r.sq > 16) s.sampled_rows = 48;
+      s.seed = Rng::mix(0xb0c4, n++);
+      out.push_back(std::move(s));
+    }
+  }
+  return out;
+}
+
+// The sizes that serve: 32k- and 128k-key decode and paged decode with GQA and windows, and long
+// prefill over 32k keys, judged on sampled rows (the full tier).
+std::vector<CaseSpec> serving_specs() {
+  std::vector<CaseSpec> out;
+  auto add = [&](DType dtype, const Shape& sh, auto&& tweak) {
+    CaseSpec s = make(dtype, sh);
+    s.lse = false;
+    s.sampled_rows = 64;
+    tweak(s);
+    s.seed = Rng::mix(0x5e4f, out.size());
+    out.push_back(std::move(s));
+  };
+  // Decode.
+  add(DType::f16, dense(1, 1, 32768, 8, 2, 64), [](CaseSpec& s) { s.lse = true; });
+  add(DType::f32, packed({1, 1}, {32769, 4095}, 8, 1, 64), [](CaseSpec& s) { s.window_left = 4096; });
+  add(DType::bf16, dense(1, 1, 131072, 8, 2, 64), [](CaseSpec& s) { s.lse = true; });
+  add(DType::f16, {QLayout::dense, KvLayout::paged, 16, {1, 1}, {131072, 100003}, 8, 1, 64, 64}, [](CaseSpec& s) {
+    s.lse = true;
+    s.table_stride_pad = 3;
+  });
+  add(DType::bf16, paged(256, {1, 1}, {131071, 65537}, 16, 2, 64), [](CaseSpec& s) {
+    s.causal = true;
+    s.window_left = 32768;
+  });
+  add(DType::f32, paged(16, {4}, {131072}, 8, 2, 64), [](CaseSpec& s) {  // speculative decode: 4 rows
+    s.causal = true;
+    s.window_left = 8191;
+  });
+  // Long prefill over 32k keys (chunked prefill: Sq < Skv).
+  add(DType::f16, dense(1, 4096, 32768, 2, 1, 64), [](CaseSpec& s) {
+    s.causal = true;
+    s.lse = true;
+    s.sampled_rows = 96;
+  });
+  add(DType::bf16, {QLayout::packed, KvLayout::paged, 16, {8192}, {32768}, 4, 1, 64, 64}, [](CaseSpec& s) {
+    s.causal = true;
+    s.window_left = 2048;
+    s.sampled_rows = 96;
+  });
+  add(DType::f32, dense(1, 8192, 8192, 2, 1, 64), [](CaseSpec& s) {
+    s.causal = true;
+    s.window_left = 1024;
+    s.sampled_rows = 96;
+  });
+  return out;
+}
+
 // ---- names --------------------------------------------------------------------------------
 
 std::string join_lengths(const std::vector<std::int32_t>& v) {
@@ -527,9 +738,12 @@ std::string name_of(const CaseSpec& s) {
   parts.emplace_back(dtype_name(s.dtype));
   parts.push_back(s.head_dim == s.head_dim_v ? fmt::format("d{}", s.head_dim)
                                              : fmt::format("d{}v{}", s.head_dim, s.head_dim_v));
-  const bool same = std::all_of(s.seqlens_q.begin(), s.seqlens_q.end(), [&](auto x) { return x == s.seqlens_q[0]; }) &&
+  const bool same = !s.seqlens_q.empty() &&
+                    std::all_of(s.seqlens_q.begin(), s.seqlens_q.end(), [&](auto x) { return x == s.seqlens_q[0]; }) &&
                     std::all_of(s.seqlens_k.begin(), s.seqlens_k.end(), [&](auto x) { return x == s.seqlens_k[0]; });
-  if (same) {
+  if (s.seqlens_q.empty()) {
+    parts.emplace_back("b0");
+  } else if (same) {
     parts.push_back(fmt::format("{}sq{}_skv{}", s.seqlens_q.size() > 1 ? fmt::format("b{}_", s.seqlens_q.size()) : "",
                                 s.seqlens_q[0], s.seqlens_k[0]));
   } else {
@@ -547,6 +761,7 @@ std::string name_of(const CaseSpec& s) {
     std::string p = fmt::format("paged{}", s.page_size);
     if (!s.permute_blocks) p += "_inorder";
     if (s.table_stride_pad) p += fmt::format("_stride+{}", s.table_stride_pad);
+    if (s.spare_blocks != 2) p += fmt::format("_spare{}", s.spare_blocks);
     parts.push_back(std::move(p));
   }
   if (s.softcap > 0.0f) parts.push_back(fmt::format("softcap{:g}", s.softcap));
@@ -555,6 +770,7 @@ std::string name_of(const CaseSpec& s) {
   if (s.padded_strides) parts.emplace_back("padded");
   if (s.lse) parts.emplace_back("lse");
   if (s.edge != Edge::none) parts.push_back(fmt::format("edge={}", edge_name(s.edge)));
+  if (s.sampled_rows > 0) parts.push_back(fmt::format("sampled{}", s.sampled_rows));
   std::string out;
   for (const std::string& p : parts) {
     if (!out.empty()) out += '/';
@@ -565,7 +781,17 @@ std::string name_of(const CaseSpec& s) {
 
 }  // namespace
 
-std::vector<Case> generate_cases(bool quick) {
+std::string_view tier_name(Tier tier) noexcept {
+  switch (tier) {
+    case Tier::quick: return "quick";
+    case Tier::normal: return "normal";
+    case Tier::full: return "full";
+  }
+  return "?";
+}
+
+std::vector<Case> generate_cases(Tier tier) {
+  const bool quick = tier == Tier::quick;
   std::vector<CaseSpec> specs;
   const int rounds = quick ? 1 : 6;
   for (int round = 0; round < rounds; ++round) {
@@ -575,6 +801,14 @@ std::vector<Case> generate_cases(bool quick) {
   }
   for (CaseSpec& s : edge_specs(quick)) specs.push_back(std::move(s));
   for (CaseSpec& s : long_specs(quick)) specs.push_back(std::move(s));
+  for (CaseSpec& s : degenerate_specs(quick)) specs.push_back(std::move(s));
+  for (CaseSpec& s : window_limit_specs(quick)) specs.push_back(std::move(s));
+  if (tier != Tier::quick) {
+    for (CaseSpec& s : bucket_specs()) specs.push_back(std::move(s));
+  }
+  if (tier == Tier::full) {
+    for (CaseSpec& s : serving_specs()) specs.push_back(std::move(s));
+  }
 
   std::vector<Case> cases;
   std::map<std::string, int> seen;

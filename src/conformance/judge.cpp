@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "conformance/sampling.h"
+
 namespace kallpa::conformance::detail {
 namespace {
 
@@ -37,6 +39,13 @@ std::string explain(Miss miss, double want, double err, double atol, double rtol
   return {};
 }
 
+std::string describe_o(const CaseData& data, const OutputRow& r, std::int64_t c) {
+  return data.describe_o(logical_row(data, r), r.head, c);
+}
+std::string describe_lse(const CaseData& data, const OutputRow& r) {
+  return data.describe_lse(logical_row(data, r), r.head);
+}
+
 std::string values(double got, double want) { return fmt::format("got {:.9g}, want {:.9g}", got, want); }
 
 // Self-check limits: how far naive same-dtype attention may stray from the reference before we
@@ -49,7 +58,8 @@ double self_check_limit(DType dtype) noexcept {
 
 }  // namespace
 
-Bounds bounds_for(const CaseData& data, const ExactOutput& ref, const NaiveOutput& naive) {
+Bounds bounds_for(const CaseData& data, std::span<const OutputRow> rows, const ExactRows& ref,
+                  const NaiveOutput& naive) {
   Bounds b;
   const Tolerance tol = tolerance_for(data.spec.dtype);
   b.rtol = tol.rtol;
@@ -57,7 +67,7 @@ Bounds bounds_for(const CaseData& data, const ExactOutput& ref, const NaiveOutpu
     b.self_check_failure = fmt::format("reference has {} outputs, the suite expects {}", ref.o.size(), naive.o.size());
     return b;
   }
-  const std::int64_t hq = data.hq, dv = data.dv;
+  const std::int64_t dv = data.dv;
   const double limit = self_check_limit(data.spec.dtype);
   double err = 0.0;
   for (std::size_t n = 0; n < ref.o.size() && b.self_check_failure.empty(); ++n) {
@@ -68,8 +78,8 @@ Bounds bounds_for(const CaseData& data, const ExactOutput& ref, const NaiveOutpu
       b.self_check_failure = fmt::format(
           "self-check: naive {}-precision attention and the reference disagree at {}: naive {:.9g}, "
           "reference {:.9g} ({})",
-          dtype_name(data.spec.dtype), data.describe_o(e / (hq * dv), (e / dv) % hq, e % dv), naive.o[n], ref.o[n],
-          why);
+          dtype_name(data.spec.dtype), describe_o(data, rows[static_cast<std::size_t>(e / dv)], e % dv), naive.o[n],
+          ref.o[n], why);
     }
     b.naive_error_o = std::max(b.naive_error_o, err);
   }
@@ -77,11 +87,10 @@ Bounds bounds_for(const CaseData& data, const ExactOutput& ref, const NaiveOutpu
     const Miss miss = classify(naive.lse[n], ref.lse[n], limit, tol.rtol, &err);
     if (miss != Miss::none) {
       const std::string why = explain(miss, ref.lse[n], err, limit, tol.rtol);
-      const auto e = static_cast<std::int64_t>(n);
       b.self_check_failure = fmt::format(
           "self-check: naive attention and the reference disagree at {}: naive {:.9g}, reference "
           "{:.9g} ({})",
-          data.describe_lse(e / hq, e % hq), naive.lse[n], ref.lse[n], why);
+          describe_lse(data, rows[n]), naive.lse[n], ref.lse[n], why);
     }
     b.naive_error_lse = std::max(b.naive_error_lse, err);
   }
@@ -90,59 +99,80 @@ Bounds bounds_for(const CaseData& data, const ExactOutput& ref, const NaiveOutpu
   return b;
 }
 
-Verdict judge_outputs(const CaseData& data, const ExactOutput& ref, const Bounds& bounds) {
+Verdict judge_outputs(const CaseData& data, std::span<const OutputRow> rows, const ExactRows& ref,
+                      const Bounds& bounds) {
   Verdict v;
   const DType dt = data.spec.dtype;
   const std::uint32_t poison = poison_bits(dt);
   const std::uint32_t lse_poison = poison_bits(DType::f32);
   const void* o = data.ob->data();
   const void* lse = data.lseb ? data.lseb->data() : nullptr;
-  const std::int64_t hq = data.hq, dv = data.dv;
+  const std::int64_t dv = data.dv;
   auto fail = [&](std::string message) {
     if (v.passed) v.failure = std::move(message);
     v.passed = false;
   };
 
-  for (std::int32_t b = 0; b < data.batch; ++b) {
-    for (std::int64_t i = 0; i < data.seqlen_q(b); ++i) {
-      const std::int64_t row = data.cu_q[b] + i;
-      for (std::int64_t h = 0; h < hq; ++h) {
-        for (std::int64_t c = 0; c < dv; ++c) {
-          const std::int64_t off = data.o_offset(b, i, h, c);
-          const double want = ref.o[static_cast<std::size_t>((row * hq + h) * dv + c)];
-          if (element_bits(o, dt, off) == poison) {
-            if (v.passed)
-              fail(fmt::format("{} was never written (still holds the poison value); want {:.9g}",
-                               data.describe_o(row, h, c), want));
+  for (std::size_t n = 0; n < rows.size(); ++n) {
+    const OutputRow& r = rows[n];
+    const std::int32_t b = r.sequence;
+    const std::int64_t i = r.query, h = r.head;
+    for (std::int64_t c = 0; c < dv; ++c) {
+      const std::int64_t off = data.o_offset(b, i, h, c);
+      const double want = ref.o[n * static_cast<std::size_t>(dv) + static_cast<std::size_t>(c)];
+      if (element_bits(o, dt, off) == poison) {
+        if (v.passed)
+          fail(fmt::format("{} was never written (still holds the poison value); want {:.9g}", describe_o(data, r, c),
+                           want));
+        v.max_abs_error = kInf;
+        continue;
+      }
+      const double got = load_element(o, dt, off);
+      double err = 0.0;
+      const Miss miss = classify(got, want, bounds.atol_o, bounds.rtol, &err);
+      v.max_abs_error = std::max(v.max_abs_error, miss == Miss::none || miss == Miss::too_far ? err : kInf);
+      if (miss != Miss::none && v.passed) {
+        fail(fmt::format("{}: {} ({})", describe_o(data, r, c), values(got, want),
+                         explain(miss, want, err, bounds.atol_o, bounds.rtol)));
+      }
+    }
+    if (!lse) continue;
+    const std::int64_t off = data.lse_offset(b, h, i);
+    const double want = ref.lse[n];
+    if (element_bits(lse, DType::f32, off) == lse_poison) {
+      if (v.passed)
+        fail(fmt::format("{} was never written (still holds the poison value); want {:.9g}", describe_lse(data, r),
+                         want));
+      v.max_abs_error = kInf;
+      continue;
+    }
+    const double got = load_element(lse, DType::f32, off);
+    double err = 0.0;
+    const Miss miss = classify(got, want, bounds.atol_lse, bounds.rtol, &err);
+    v.max_abs_error = std::max(v.max_abs_error, miss == Miss::none || miss == Miss::too_far ? err : kInf);
+    if (miss != Miss::none && v.passed) {
+      fail(fmt::format("{}: {} ({})", describe_lse(data, r), values(got, want),
+                       explain(miss, want, err, bounds.atol_lse, bounds.rtol)));
+    }
+  }
+  // On a sampled case the rows not judged must still have been written: an element left holding
+  // the poison is a missed row whatever its value should have been.
+  if (static_cast<std::int64_t>(rows.size()) < data.total_q * data.hq) {
+    for (std::int32_t b = 0; b < data.batch && v.passed; ++b) {
+      for (std::int64_t i = 0; i < data.seqlen_q(b) && v.passed; ++i) {
+        for (std::int32_t h = 0; h < data.hq && v.passed; ++h) {
+          const OutputRow r{b, i, h};
+          for (std::int64_t c = 0; c < dv; ++c) {
+            if (element_bits(o, dt, data.o_offset(b, i, h, c)) == poison) {
+              fail(fmt::format("{} was never written (still holds the poison value)", describe_o(data, r, c)));
+              v.max_abs_error = kInf;
+              break;
+            }
+          }
+          if (v.passed && lse && element_bits(lse, DType::f32, data.lse_offset(b, h, i)) == lse_poison) {
+            fail(fmt::format("{} was never written (still holds the poison value)", describe_lse(data, r)));
             v.max_abs_error = kInf;
-            continue;
           }
-          const double got = load_element(o, dt, off);
-          double err = 0.0;
-          const Miss miss = classify(got, want, bounds.atol_o, bounds.rtol, &err);
-          v.max_abs_error = std::max(v.max_abs_error, miss == Miss::none || miss == Miss::too_far ? err : kInf);
-          if (miss != Miss::none && v.passed) {
-            fail(fmt::format("{}: {} ({})", data.describe_o(row, h, c), values(got, want),
-                             explain(miss, want, err, bounds.atol_o, bounds.rtol)));
-          }
-        }
-        if (!lse) continue;
-        const std::int64_t off = data.lse_offset(b, h, i);
-        const double want = ref.lse[static_cast<std::size_t>(row * hq + h)];
-        if (element_bits(lse, DType::f32, off) == lse_poison) {
-          if (v.passed)
-            fail(fmt::format("{} was never written (still holds the poison value); want {:.9g}",
-                             data.describe_lse(row, h), want));
-          v.max_abs_error = kInf;
-          continue;
-        }
-        const double got = load_element(lse, DType::f32, off);
-        double err = 0.0;
-        const Miss miss = classify(got, want, bounds.atol_lse, bounds.rtol, &err);
-        v.max_abs_error = std::max(v.max_abs_error, miss == Miss::none || miss == Miss::too_far ? err : kInf);
-        if (miss != Miss::none && v.passed) {
-          fail(fmt::format("{}: {} ({})", data.describe_lse(row, h), values(got, want),
-                           explain(miss, want, err, bounds.atol_lse, bounds.rtol)));
         }
       }
     }

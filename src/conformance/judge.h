@@ -3,6 +3,7 @@
 // error of same-dtype naive attention), NaN exactly where the reference has NaN, infinities equal.
 #pragma once
 
+#include <span>
 #include <string>
 
 #include "conformance/case_data.h"
@@ -24,7 +25,9 @@ struct Bounds {
   std::string self_check_failure;
 };
 
-Bounds bounds_for(const CaseData& data, const ExactOutput& ref, const NaiveOutput& naive);
+// `ref` and `naive` hold the rows `rows` (sampling.h), in that order.
+Bounds bounds_for(const CaseData& data, std::span<const OutputRow> rows, const ExactRows& ref,
+                  const NaiveOutput& naive);
 
 struct Verdict {
   bool passed = true;
@@ -32,8 +35,10 @@ struct Verdict {
   std::string failure;
 };
 
-// Reads o (and lse) from the case's output buffers and judges them. Also checks that no output
-// element was left unwritten and that packed rows beyond the last sequence were left alone.
-Verdict judge_outputs(const CaseData& data, const ExactOutput& ref, const Bounds& bounds);
+// Reads the rows `rows` of o (and lse) from the case's output buffers and judges them against
+// `ref` (same rows, same order). Also checks that no output element of any row, judged or not,
+// was left unwritten and that packed rows beyond the last sequence were left alone.
+Verdict judge_outputs(const CaseData& data, std::span<const OutputRow> rows, const ExactRows& ref,
+                      const Bounds& bounds);
 
 }  // namespace kallpa::conformance::detail

@@ -3,20 +3,23 @@
 // rule). A backend may be worse than the double-precision reference by a small multiple of this.
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "conformance/case_data.h"
+#include "kallpa/backend.h"
 
 namespace kallpa::conformance::detail {
 
-// Same layout as ExactOutput (kallpa/backend.h): o [total_q, hq, dv], lse [total_q, hq].
+// Same layout as ExactRows (kallpa/backend.h): o [rows, dv], lse [rows].
 struct NaiveOutput {
   std::vector<double> o;
   std::vector<double> lse;
 };
 
 // Works from the logical inputs and the suite's own mask, not from the backend-facing buffers or
-// ValidatedProblem, so it is an independent second opinion on the reference as well.
-NaiveOutput naive_attention(const CaseData& data);
+// ValidatedProblem, so it is an independent second opinion on the reference as well. Computes the
+// rows asked for only (sampling.h), at their cost.
+NaiveOutput naive_attention(const CaseData& data, std::span<const OutputRow> rows);
 
 }  // namespace kallpa::conformance::detail

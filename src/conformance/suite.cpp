@@ -15,6 +15,7 @@
 #include "conformance/case_data.h"
 #include "conformance/judge.h"
 #include "conformance/naive.h"
+#include "conformance/sampling.h"
 #include "kallpa/conformance.h"
 #include "kallpa/device.h"
 #include "kallpa/registry.h"
@@ -52,7 +53,8 @@ struct Prepared {
   const Case* c = nullptr;
   std::unique_ptr<CaseData> data;
   std::optional<ValidatedProblem> problem;
-  ExactOutput ref;
+  std::vector<OutputRow> rows;  // the rows judged (sampling.h): all of them, or a sample
+  ExactRows ref;
   Bounds bounds;
   std::string setup_failure;  // a suite (or core) bug: every backend fails the case with it
 };
@@ -72,8 +74,16 @@ Prepared prepare(const Case& c, const AttentionOracle* oracle) {
       return p;
     }
     p.problem.emplace(std::move(v).value());
-    p.ref = oracle->compute_exact(*p.problem);
-    p.bounds = detail::bounds_for(*p.data, p.ref, detail::naive_attention(*p.data));
+    p.rows = detail::judged_rows(*p.data);
+    // ExactOutput's layout is ExactRows' over all rows in logical order, which all_rows() gives.
+    if (p.rows.size() == static_cast<std::size_t>(p.data->total_q * p.data->hq)) {
+      ExactOutput whole = oracle->compute_exact(*p.problem);
+      p.ref.o = std::move(whole.o);
+      p.ref.lse = std::move(whole.lse);
+    } else {
+      p.ref = oracle->compute_rows(*p.problem, p.rows);
+    }
+    p.bounds = detail::bounds_for(*p.data, p.rows, p.ref, detail::naive_attention(*p.data, p.rows));
     p.setup_failure = p.bounds.self_check_failure;
   } catch (const std::exception& e) {
     p.setup_failure = fmt::format("suite bug: could not build the case: {}", e.what());
@@ -180,7 +190,7 @@ CaseResult run_prepared(AttentionBackend& backend, Prepared& p) {
   if (data.lseb) {
     if (auto where = data.lseb->find_stray_write()) return fail("out-of-bounds write at lse: " + *where);
   }
-  const detail::Verdict verdict = detail::judge_outputs(data, p.ref, p.bounds);
+  const detail::Verdict verdict = detail::judge_outputs(data, p.rows, p.ref, p.bounds);
   r.max_abs_error = verdict.max_abs_error;
   r.passed = verdict.passed;
   r.failure = verdict.failure;

@@ -344,6 +344,11 @@ Result<ValidatedProblem> validate(const AttentionProblem& p) {
   vp.scale_ = scale;
   vp.max_sq_ = max_sq;
   vp.max_skv_ = max_skv;
+  // A window wider than max_sq + max_skv masks nothing more than that width does (attention.h), so
+  // saturating it there keeps p_i +/- window far inside int64 for every backend's key arithmetic.
+  const std::int64_t widest = max_sq + max_skv;
+  vp.window_left_ = p.window_left < 0 ? -1 : std::min(p.window_left, widest);
+  vp.window_right_ = p.window_right < 0 ? -1 : std::min(p.window_right, widest);
   for (std::int32_t b = 0; b < b32; ++b) {
     const std::int64_t sq = vp.seqlen_q(b);
     vp.total_q_ += sq;
@@ -431,8 +436,8 @@ ValidatedProblem::KeyRange ValidatedProblem::visible_keys(std::int32_t b, std::i
   const std::int64_t pos = i + skv - seqlen_q(b);  // bottom-right alignment
   KeyRange r{0, skv - 1};
   if (p_.causal) r.last = std::min(r.last, pos);
-  if (p_.window_right >= 0) r.last = std::min(r.last, pos + p_.window_right);
-  if (p_.window_left >= 0) r.first = std::max(r.first, pos - p_.window_left);
+  if (window_right_ >= 0) r.last = std::min(r.last, pos + window_right_);
+  if (window_left_ >= 0) r.first = std::max(r.first, pos - window_left_);
   return r;
 }
 

@@ -155,6 +155,24 @@ def test_conformance_json():
     check((int(m.group(1)), int(m.group(2))) == (passed, failed), "summary agrees with the JSON", r)
 
 
+def test_conformance_tiers():
+    counts = {}
+    names = {}
+    for tier, flags in (("quick", ["--quick"]), ("normal", []), ("full", ["--full"])):
+        r = run("conformance", "--backend", "reference", "--list", *flags)
+        check(r.returncode == 0, f"conformance --list {' '.join(flags)} exits 0", r)
+        names[tier] = set(r.stdout.split())
+        m = re.search(r"^(\d+) case\(s\)$", r.stderr, re.M)
+        check(m is not None and int(m.group(1)) == len(names[tier]), "--list counts the names it prints", r)
+        counts[tier] = len(names[tier])
+    check(counts["quick"] < counts["normal"] < counts["full"], f"each tier adds cases: {counts}")
+    check(names["quick"] <= names["normal"] <= names["full"], "each tier contains the one below")
+    check(any("skv4097" in n for n in names["normal"]) and not any("skv4097" in n for n in names["quick"]),
+          "the default tier crosses the 4096-key bucket, the quick one does not")
+    check(any("131072" in n and "sampled" in n for n in names["full"]), "the full tier has sampled 128k-key cases")
+    expect_usage_error(["conformance", "--quick", "--full"], ["--full"])
+
+
 def test_conformance_unknown():
     r = expect_usage_error(["conformance", "--backend", "nosuch"], ["nosuch"])
     check("not_found" in r.stderr, "typed error (not_found)", r)

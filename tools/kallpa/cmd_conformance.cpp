@@ -1,4 +1,5 @@
-// `kallpa conformance`: the conformance suite against one or more backends. The last line of the
+// `kallpa conformance`: the conformance suite against one or more backends, at one of three tiers
+// (default: every size bucket the backends switch at; --quick; --full). The last line of the
 // output is always "N passed, M failed" (", K skipped" when any were), and the exit status is
 // non-zero when any case failed.
 #include <algorithm>
@@ -19,6 +20,7 @@ struct ConformanceOptions {
   std::vector<std::string> backends;  // empty: every registered backend
   std::vector<std::string> filters;   // keep cases whose name contains any of these
   bool quick = false;
+  bool full = false;
   bool json = false;
   bool verbose = false;
   bool list = false;
@@ -67,7 +69,9 @@ int run_conformance(const ConformanceOptions& options) {
     return kExitUsage;
   }
 
-  std::vector<conformance::Case> cases = conformance::generate_cases(options.quick);
+  const conformance::Tier tier =
+      options.quick ? conformance::Tier::quick : (options.full ? conformance::Tier::full : conformance::Tier::normal);
+  std::vector<conformance::Case> cases = conformance::generate_cases(tier);
   if (!options.filters.empty()) {
     std::erase_if(cases, [&](const conformance::Case& c) {
       return std::none_of(options.filters.begin(), options.filters.end(),
@@ -126,7 +130,14 @@ Command add_conformance_command(CLI::App& app) {
   CLI::App* sub =
       app.add_subcommand("conformance", "Run the conformance suite against backends (default: every registered one)");
   sub->add_option("--backend,-b", options->backends, "Backend to test (repeatable)")->type_name("NAME");
-  sub->add_flag("--quick", options->quick, "The quick subset of cases instead of the full matrix");
+  CLI::Option* quick =
+      sub->add_flag("--quick", options->quick,
+                    "The quick tier: the pairwise matrix once, edge rules, degenerate shapes, window limits "
+                    "(CI under sanitizers)");
+  sub->add_flag("--full", options->full,
+                "The full tier: the default tier plus 32k/128k-key decode and long prefill, judged on "
+                "sampled rows (minutes per backend)")
+      ->excludes(quick);
   sub->add_option("--filter", options->filters, "Only cases whose name contains TEXT (repeatable: any of them)")
       ->type_name("TEXT");
   sub->add_flag("--json", options->json, "Results as a JSON array on stdout (summary and table go to stderr)");

@@ -96,7 +96,8 @@ class CudaFlash final : public AttentionBackend {
     const std::pair<const TensorView*, const char*> views[] = {
         {&p.q, "q.data"}, {&p.k, "k.data"}, {&p.v, "v.data"}, {&p.o, "o.data"}, {&p.lse, "lse.data"}};
     for (const auto& [view, what] : views) {
-      if (!view->present()) continue;
+      // A view with no elements (k/v of a pool with zero blocks) is never read (attention.h).
+      if (!view->present() || view->numel() == 0) continue;
       const auto [low, high] = view_byte_extent(*view);
       if (Status s = memory.check(view->data, low, high, what); !s) return s;
     }
@@ -141,8 +142,8 @@ class CudaFlash final : public AttentionBackend {
       fp.lse_is = packed_lse ? p.lse.stride[1] : p.lse.stride[2];
     }
     fp.causal = p.causal;
-    fp.window_left = p.window_left;
-    fp.window_right = p.window_right;
+    fp.window_left = vp.window_left();
+    fp.window_right = vp.window_right();
     fp.scale = vp.scale();
     fp.softcap = p.softcap;
 

@@ -154,6 +154,9 @@ class OpenClFlash final : public AttentionBackend {
       std::int64_t elem = 0;
     };
     auto bind = [&](const TensorView& t, const char* what) -> Result<Bound> {
+      // A view with no elements (k/v of a pool with zero blocks) is never read: it needs no buffer,
+      // and its pointer need not be device memory at all (attention.h, degenerate shapes).
+      if (t.numel() == 0) return Bound{};
       const auto [low, high] = view_byte_extent(t);
       Result<OpenClMemory::Resolved> r = memory->resolve(t.data, low, high, what);
       if (!r) return r.status();
@@ -218,9 +221,12 @@ class OpenClFlash final : public AttentionBackend {
     if (!meta_buf) return meta_buf.status();
     MemPtr table_buf, alibi_buf;
     std::int64_t table_stride = 0;
-    if (paged) {
-      table_stride = p.block_table_stride > 0 ? p.block_table_stride : p.max_blocks_per_seq;
-      const std::size_t entries = static_cast<std::size_t>((batch - 1) * table_stride + p.max_blocks_per_seq);
+    // A table with no entries (zero blocks per sequence: every seqlens_k is 0) is never read; an
+    // OpenCL buffer cannot be empty, so the kernel gets none.
+    const std::int64_t max_blocks = paged ? p.max_blocks_per_seq : 0;
+    if (paged && max_blocks > 0) {
+      table_stride = p.block_table_stride > 0 ? p.block_table_stride : max_blocks;
+      const std::size_t entries = static_cast<std::size_t>((batch - 1) * table_stride + max_blocks);
       Result<MemPtr> t = make_input(p.block_table, entries * sizeof(std::int32_t), "block_table");
       if (!t) return t.status();
       table_buf = std::move(*t);
@@ -260,7 +266,7 @@ class OpenClFlash final : public AttentionBackend {
       a.i64(stride_at(tv, 3)).i64(stride_at(tv, 2)).i64(stride_at(tv, 1)).i64(paged ? tv.stride[0] : 0);
       a.i64(stride_at(to, 3)).i64(stride_at(to, 2)).i64(stride_at(to, 1));
       a.i64(lse_hs).i64(lse_is).i32(paged ? tk.shape[1] : 0).i64(table_stride);
-      a.i32(p.causal ? 1 : 0).i64(p.window_left).i64(p.window_right).f32(vp.scale()).f32(p.softcap);
+      a.i32(p.causal ? 1 : 0).i64(vp.window_left()).i64(vp.window_right()).f32(vp.scale()).f32(p.softcap);
       a.i32(p.lse.present() ? 1 : 0).i32(p.alibi_slopes != nullptr ? 1 : 0);
       a.local(static_cast<std::size_t>(bq * d * 4))
           .local(static_cast<std::size_t>(bk * d * 4))

@@ -575,8 +575,8 @@ class PjrtBackend final : public PjrtAttention {
     const auto bound = [](std::int64_t w) {
       return static_cast<std::int32_t>(w < 0 ? kUnbounded : std::min(w, kUnbounded));
     };
-    out.window_left = bound(p.window_left);
-    out.window_right = bound(p.window_right);
+    out.window_left = bound(vp.window_left());
+    out.window_right = bound(vp.window_right());
     return out;
   }
 
