@@ -367,7 +367,8 @@ void BackendRegistry::ensure_checked(std::optional<DeviceKind> device) {
   if (checking == this) return;
   std::lock_guard serial(check_mu_);
   std::vector<AttentionBackend*> todo;
-  std::vector<std::string> held;  // per todo: the open journal quarantine holding it, or empty
+  std::vector<std::string> held;           // per todo: the open journal quarantine holding it, or empty
+  std::vector<std::string> held_identity;  // per todo: its identity when held
   std::function<std::vector<HealthReport>(const std::vector<AttentionBackend*>&)> check, recheck;
   {
     std::lock_guard lock(mu_);
@@ -379,17 +380,19 @@ void BackendRegistry::ensure_checked(std::optional<DeviceKind> device) {
       any_pending = true;
       if (!device || e.backend->device_kind() == *device) {
         todo.push_back(e.backend.get());
-        std::string why;
+        std::string why, identity;
         if (!journal_open_.empty()) {
           try {
-            auto it = journal_open_.find(e.backend->identity());
+            identity = e.backend->identity();
+            auto it = journal_open_.find(identity);
             if (it != journal_open_.end()) why = it->second;
           } catch (const std::exception&) {
-            why = "identity unavailable";
+            // Without its identity the journal cannot tell; the canaries decide as usual.
           }
         }
         any_held = any_held || !why.empty();
         held.push_back(std::move(why));
+        held_identity.push_back(std::move(identity));
       }
     }
     if ((!check && !any_held) || !any_pending) {
@@ -433,9 +436,7 @@ void BackendRegistry::ensure_checked(std::optional<DeviceKind> device) {
       if (!held[n].empty()) {
         if (reports[n].health == Health::healthy) {
           ++counters_.journal_cleared;
-          for (auto o = journal_open_.begin(); o != journal_open_.end();) {
-            o = o->second == held[n] ? journal_open_.erase(o) : std::next(o);
-          }
+          journal_open_.erase(held_identity[n]);
           journal.push_back({it->backend.get(), "cleared", "recheck", "passed the fuller check"});
         } else {
           ++counters_.journal_held;
