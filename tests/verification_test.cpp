@@ -38,7 +38,7 @@ class Oracle final : public AttentionBackend {
   const AttentionOracle* oracle() const noexcept override { return global_reference().oracle(); }
 };
 
-// The reference's answer, made wrong (every o element + 0.5) when `wrong(problem, call)` says so.
+// The reference's answer, made wrong (every f32 o element + 0.5) when `wrong(problem, call)` says so.
 class Rogue final : public AttentionBackend {
  public:
   using Rule = bool (*)(const ValidatedProblem&, int call);
@@ -51,9 +51,18 @@ class Rogue final : public AttentionBackend {
   Status run(const ValidatedProblem& vp, Workspace ws) noexcept override {
     const int call = ++calls;
     Status s = global_reference().run(vp, ws);
-    if (s && wrong_(vp, call)) {
-      auto* o = static_cast<float*>(vp.problem().o.data);
-      for (std::int64_t n = 0; n < vp.problem().o.numel(); ++n) o[n] += 0.5f;
+    const TensorView& o = vp.problem().o;
+    if (!s || o.dtype != DType::f32 || !wrong_(vp, call)) return s;
+    const std::int64_t hs = o.stride[static_cast<std::size_t>(o.rank - 2)];
+    const std::int64_t ds = o.stride[static_cast<std::size_t>(o.rank - 1)];
+    for (std::int32_t b = 0; b < vp.batch(); ++b) {
+      for (std::int64_t i = 0; i < vp.seqlen_q(b); ++i) {
+        for (std::int64_t h = 0; h < vp.hq(); ++h) {
+          for (std::int64_t c = 0; c < vp.head_dim_v(); ++c) {
+            static_cast<float*>(o.data)[vp.o_row_offset(b, i) + h * hs + c * ds] += 0.5f;
+          }
+        }
+      }
     }
     return s;
   }

@@ -280,11 +280,11 @@ Status Dispatcher::run(const ValidatedProblem& problem) {
 
   // Scratch memory is reused per thread, so a warm call allocates nothing.
   thread_local ScratchBuffer scratch;
-  // Shadow verification draws once per call; the bucket is only needed for first-use checks.
+  // Shadow verification draws once per call.
   const std::uint64_t draw =
       verify_threshold_ != 0 ? mix(verify_seed_ ^ draws_.fetch_add(1, std::memory_order_relaxed)) : 0;
   const bool shadow = verify_threshold_ != 0 && (verify_threshold_ == ~std::uint64_t{0} || draw < verify_threshold_);
-  const SizeBucket bucket = options_.first_use_check ? size_bucket(problem) : SizeBucket{};
+  const SizeBucket bucket = size_bucket(problem);
   Status last;
   std::size_t tried = 0;
   for (std::size_t i = 0; i < candidates.size(); ++i) {
