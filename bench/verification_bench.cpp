@@ -89,6 +89,36 @@ BENCHMARK(BM_DecodeVerify)
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(2.0);
 
+// What the checks add to every call when none runs: the draw for shadow verification and the size
+// bucket's lookup, on a no-op backend (no kernel), verification off (arg 0) and at its defaults
+// (arg 1, first-use on, 1 in 1,000). The registry has no oracle, so a drawn check is counted
+// unverifiable and costs nothing more.
+class Noop final : public AttentionBackend {
+ public:
+  std::string_view name() const noexcept override { return "noop"; }
+  std::string_view version() const noexcept override { return "0"; }
+  kallpa::DeviceKind device_kind() const noexcept override { return kallpa::DeviceKind::cpu; }
+  int priority() const noexcept override { return 1; }
+  kallpa::Support supports(const kallpa::ProblemSignature&) const noexcept override { return {}; }
+  kallpa::Status run(const kallpa::ValidatedProblem&, kallpa::Workspace) noexcept override { return {}; }
+};
+
+void BM_PerCallOverhead(benchmark::State& state) {
+  BackendRegistry registry;
+  (void)registry.add(std::make_unique<Noop>());
+  kallpa::DispatchOptions options;
+  if (state.range(0) == 0) {
+    options.first_use_check = false;
+    options.verify_rate = 0.0;
+  }
+  kallpa::Dispatcher d(options, &registry);
+  Problem p(8, 1, 64);
+  auto vp = kallpa::validate(p.problem);
+  (void)d.run(*vp);
+  for (auto _ : state) benchmark::DoNotOptimize(d.run(*vp));
+}
+BENCHMARK(BM_PerCallOverhead)->Arg(0)->Arg(1)->ArgNames({"checks"});
+
 // Arg 0: keys; arg 1: queries per sequence (1 = decode). One first call per iteration on a fresh
 // registry: its time, and the check's share of it.
 void BM_FirstUseCheck(benchmark::State& state) {
