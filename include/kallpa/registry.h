@@ -192,12 +192,13 @@ class BackendRegistry {
   // Appends a quarantine (or "cleared") record for `backend` when a journal is set; never fails.
   void journal_event(const AttentionBackend& backend, std::string_view event, std::string_view scope,
                      std::string_view source, std::string_view reason) const;
-  // Reports for `todo` from the canary check, or for backends held by the journal, the recheck.
+  // Reports for `todo` from the canary check, or for backends held by the journal, the recheck
+  // (*fuller_failures: per todo, the recheck's own failure, empty when none).
   std::vector<HealthReport> run_checks(
       const std::vector<AttentionBackend*>& todo,
       const std::function<std::vector<HealthReport>(const std::vector<AttentionBackend*>&)>& check,
       const std::function<std::vector<HealthReport>(const std::vector<AttentionBackend*>&)>& recheck,
-      const std::vector<std::string>& held);
+      const std::vector<std::string>& held, std::vector<std::string>* fuller_failures);
 
   mutable std::mutex mu_;
   std::vector<Entry> entries_;  // kept in selection order

@@ -338,9 +338,10 @@ Status Dispatcher::run(const ValidatedProblem& problem) {
         registry_->record_verification(backend, kind, outcome, seconds);
         if (outcome == VerifyOutcome::unverifiable) {
           if (first_use) registry_->set_bucket_trust(backend, bucket, BucketTrust::unverifiable, check.detail);
-          warn_once(fmt::format("{}/unverifiable", backend.name()),
-                    fmt::format("backend '{}' cannot be verified on [{}]: {}", backend.name(),
-                                problem.signature().to_string(), check.detail));
+          // Counted (VerificationCounters::unverifiable, /metrics); a device backend is
+          // unverifiable in every bucket and at every shadow draw, which is no news worth a warning.
+          spdlog::debug("kallpa: backend '{}' cannot be verified on [{}]: {}", backend.name(),
+                        problem.signature().to_string(), check.detail);
         } else if (outcome == VerifyOutcome::passed) {
           if (first_use) registry_->set_bucket_trust(backend, bucket, BucketTrust::verified);
         } else {

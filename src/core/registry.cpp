@@ -305,7 +305,7 @@ std::vector<HealthReport> BackendRegistry::run_checks(
     const std::vector<AttentionBackend*>& todo,
     const std::function<std::vector<HealthReport>(const std::vector<AttentionBackend*>&)>& check,
     const std::function<std::vector<HealthReport>(const std::vector<AttentionBackend*>&)>& recheck,
-    const std::vector<std::string>& held) {
+    const std::vector<std::string>& held, std::vector<std::string>* fuller_failures) {
   std::vector<AttentionBackend*> plain, fuller;
   for (std::size_t n = 0; n < todo.size(); ++n) (held[n].empty() ? plain : fuller).push_back(todo[n]);
   std::vector<HealthReport> plain_reports, fuller_reports;
@@ -330,6 +330,7 @@ std::vector<HealthReport> BackendRegistry::run_checks(
   plain_reports.resize(plain.size(), HealthReport{Health::unchecked, {}});
   fuller_reports = guarded(recheck, fuller);
   std::vector<HealthReport> out(todo.size());
+  fuller_failures->assign(todo.size(), std::string());
   std::size_t p = 0, f = 0;
   for (std::size_t n = 0; n < todo.size(); ++n) {
     if (held[n].empty()) {
@@ -337,6 +338,7 @@ std::vector<HealthReport> BackendRegistry::run_checks(
       continue;
     }
     HealthReport r = std::move(fuller_reports[f++]);
+    (*fuller_failures)[n] = r.health == Health::quarantined ? r.reason : std::string();
     // Only a pass of the fuller check releases a journaled build; anything else keeps it held.
     if (r.health != Health::healthy) {
       r.reason = fmt::format("held by the quarantine journal ({}) until a fuller check passes; {}", held[n],
@@ -408,7 +410,8 @@ void BackendRegistry::ensure_checked(std::optional<DeviceKind> device) {
   checking = this;
 
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<HealthReport> reports = run_checks(todo, check, recheck, held);
+  std::vector<std::string> fuller_failures;  // what the fuller check found, journaled as it is
+  const std::vector<HealthReport> reports = run_checks(todo, check, recheck, held, &fuller_failures);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
   std::vector<std::string> quarantined;
@@ -444,7 +447,9 @@ void BackendRegistry::ensure_checked(std::optional<DeviceKind> device) {
               fmt::format("kallpa: backend '{}' stays quarantined: {}", it->backend->name(), reports[n].reason));
           // Journaled again only when the fuller check found something; a held build that was
           // not rechecked keeps its earlier record.
-          if (recheck) journal.push_back({it->backend.get(), "quarantined", "recheck", reports[n].reason});
+          if (!fuller_failures[n].empty()) {
+            journal.push_back({it->backend.get(), "quarantined", "recheck", fuller_failures[n]});
+          }
         }
         continue;
       }

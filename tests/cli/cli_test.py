@@ -258,7 +258,7 @@ def test_quarantine_journal():
             f.write("garbage line\n")
         r = run("backends", "--quarantine-journal", path)
         check(r.returncode == 0, "backends with a journal exits 0", r)
-        check("cpu-gemm journal: 2025-01-01T00:00:00Z quarantined cpu-gemm@0-old" in r.stdout,
+        check("journal of cpu-gemm: 2025-01-01T00:00:00Z quarantined cpu-gemm@0-old" in r.stdout,
               "backends lists the journal history", r)
         check("line 2" in r.stderr, "a corrupt journal line is skipped with a warning naming it", r)
         r = run("backends", "--json", env_extra={"KALLPA_QUARANTINE_JOURNAL": path})

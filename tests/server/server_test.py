@@ -69,7 +69,7 @@ class Server:
         self.log = open(self.log_path, "w")
         cmd = [ARGS.kallpa, "serve", "-m", str(model), "--port", "0", "--context", "4096", "--max-tokens", "4000",
                "--max-prompt-tokens", "1000", "--max-body-bytes", "65536", *extra]
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("KALLPA_")}
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("KALLPA_") or k == "KALLPA_QUARANTINE_JOURNAL"}
         full_env.update(env or {})
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=full_env)
         line = self._read_line(timeout=120)

@@ -93,17 +93,17 @@ int list_backends(const BackendsOptions& options) {
     const VerificationCounters& v = info.verification;
     if (v.first_use_checks + v.shadow_checks + v.unverifiable > 0) {
       fmt::print(
-          "{} verification: first-use {} checks, {} mismatches, {:.3f} s; shadow {} checks, {} mismatches, "
+          "verification of {}: first-use {} checks, {} mismatches, {:.3f} s; shadow {} checks, {} mismatches, "
           "{:.3f} s; {} unverifiable\n",
           info.backend->name(), v.first_use_checks, v.first_use_mismatches, v.first_use_seconds, v.shadow_checks,
           v.shadow_mismatches, v.shadow_seconds, v.unverifiable);
     }
     for (const std::string& bucket : info.quarantined_buckets) {
-      fmt::print("{} quarantined for size bucket {}\n", info.backend->name(), bucket);
+      fmt::print("quarantined bucket of {}: {}\n", info.backend->name(), bucket);
     }
     for (const JournalRecord* r : history_of(*info.backend)) {
-      fmt::print("{} journal: {} {} {} ({}, {}): {}\n", info.backend->name(), r->time, r->event, r->identity, r->source,
-                 r->scope, r->reason);
+      fmt::print("journal of {}: {} {} {} ({}, {}): {}\n", info.backend->name(), r->time, r->event, r->identity,
+                 r->source, r->scope, r->reason);
     }
   }
   if (const auto journal = registry.journal()) {
