@@ -100,6 +100,10 @@ class AttentionBackend {
   virtual int priority() const noexcept = 0;
   // One line on what the backend is, for `kallpa backends`.
   virtual std::string_view description() const noexcept { return {}; }
+  // The build this backend is, for the quarantine journal (registry.h): a journaled quarantine
+  // holds at the next start only for the same identity. Default "name@version"; a plugin adds a
+  // hash of its library file, so that a rebuilt plugin is a new identity. May throw std::bad_alloc.
+  virtual std::string identity() const;
 
   // Cheap and side-effect free. Takes the signature, not the tensors, so that verdicts can be
   // cached per signature and explained for a problem that was never allocated.

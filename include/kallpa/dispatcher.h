@@ -5,6 +5,7 @@
 //   auto verdicts = dispatcher.explain(problem);   // why each backend was or was not chosen
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -34,11 +35,26 @@ struct DispatchOptions {
   // A backend whose run fails (error, exception at a plugin boundary, paranoid check) this many
   // times in the process is quarantined in the registry; 0 never quarantines.
   int quarantine_after = 3;
+  // First-use checks: the first call of a backend in each size bucket (registry.h, SizeBucket) is
+  // checked on sampled rows against the oracle before its answer is returned. A mismatch
+  // quarantines the backend for that bucket only (it keeps serving the buckets it passed) and the
+  // call runs again on the next candidate. Concurrent first calls in a bucket each check; none
+  // waits for another. The oracle itself is never checked.
+  bool first_use_check = true;
+  // Shadow verification: the fraction of calls (0..1) whose answer is checked on a few random
+  // rows before it is returned. A mismatch quarantines the backend entirely and the call runs
+  // again on the next candidate. The default, 1 in 1,000, costs well under 1% of decode throughput
+  // (bench/results/verification.md).
+  double verify_rate = 0.001;
+  // Seeds which calls and rows are checked; 0 draws a seed from the system.
+  std::uint64_t verify_seed = 0;
 
-  // Reads KALLPA_ATTENTION ("name[,name...]"), KALLPA_ATTENTION_STRICT and KALLPA_PARANOID
-  // ("1"/"true"/"0"/"false") and KALLPA_QUARANTINE_AFTER (an integer >= 0); a malformed value is
-  // an error naming the variable.
+  // Reads KALLPA_ATTENTION ("name[,name...]"), KALLPA_ATTENTION_STRICT, KALLPA_PARANOID and
+  // KALLPA_FIRST_USE_CHECK ("1"/"true"/"0"/"false"), KALLPA_QUARANTINE_AFTER (an integer >= 0) and
+  // KALLPA_VERIFY_RATE (parse_rate); a malformed value is an error naming the variable.
   static Result<DispatchOptions> from_env();
+  // A verification rate: a fraction in [0, 1] ("0.001") or one in N ("1/1000"; "0" is off).
+  static Result<double> parse_rate(std::string_view text);
   // Parses a comma-separated list; rejects empty items.
   static Result<std::vector<std::string>> parse_backend_list(std::string_view text);
 };
@@ -96,6 +112,11 @@ class Dispatcher {
 
   std::mutex warned_mu_;
   std::vector<std::string> warned_;
+
+  // Draws for shadow verification and row sampling: call n uses splitmix64(seed ^ n).
+  std::uint64_t verify_seed_ = 0;
+  std::uint64_t verify_threshold_ = 0;  // a call is checked when its draw is below this
+  std::atomic<std::uint64_t> draws_{0};
 };
 
 }  // namespace kallpa

@@ -25,6 +25,10 @@ using HealthCheck = std::function<std::vector<HealthReport>(const std::vector<At
 // when its supports() refuses its device.
 std::vector<HealthReport> run_canaries(const std::vector<AttentionBackend*>& backends);
 
+// The fuller check a build held by the quarantine journal must pass before it is trusted again
+// (registry.h, set_recheck): the conformance suite's default matrix, judged like run_canaries.
+std::vector<HealthReport> run_fuller_check(const std::vector<AttentionBackend*>& backends);
+
 // A check that runs nothing: every backend stays unchecked with reason "health check skipped by
 // WHY"; used for --no-health-check and KALLPA_SKIP_HEALTH_CHECK=1.
 HealthCheck skipped_health_check(std::string why);

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <random>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "core/output_check.h"
+#include "core/row_check.h"
 #include "kallpa/device.h"
 #include "kallpa/plugin.h"
 
@@ -96,7 +99,34 @@ Result<DispatchOptions> DispatchOptions::from_env() {
     }
     options.quarantine_after = static_cast<int>(n);
   }
+  if (Status s = env_flag("KALLPA_FIRST_USE_CHECK", &options.first_use_check); !s) return s;
+  if (const char* text = std::getenv("KALLPA_VERIFY_RATE"); text != nullptr && *text != '\0') {
+    auto rate = parse_rate(text);
+    if (!rate) return Status(ErrorCode::parse_error, "KALLPA_VERIFY_RATE", rate.status().message());
+    options.verify_rate = *rate;
+  }
   return options;
+}
+
+Result<double> DispatchOptions::parse_rate(std::string_view text) {
+  const std::string s(text);
+  auto number = [](const std::string& t, double* out) {
+    char* end = nullptr;
+    *out = std::strtod(t.c_str(), &end);
+    return !t.empty() && end != nullptr && *end == '\0' && std::isfinite(*out);
+  };
+  double rate = 0.0;
+  if (const std::size_t slash = s.find('/'); slash != std::string::npos) {
+    double num = 0.0, den = 0.0;
+    if (!number(s.substr(0, slash), &num) || !number(s.substr(slash + 1), &den) || num != 1.0 || den < 1.0) {
+      return Status(ErrorCode::parse_error, "verify_rate", fmt::format("'{}' is not 1/N with N >= 1", s));
+    }
+    rate = 1.0 / den;
+  } else if (!number(s, &rate) || rate < 0.0 || rate > 1.0) {
+    return Status(ErrorCode::parse_error, "verify_rate",
+                  fmt::format("'{}' is not a fraction of calls in [0, 1] or 1/N", s));
+  }
+  return rate;
 }
 
 Dispatcher::Dispatcher(DispatchOptions options, BackendRegistry* registry)
@@ -104,6 +134,11 @@ Dispatcher::Dispatcher(DispatchOptions options, BackendRegistry* registry)
       registry_(registry),
       observers_(std::make_shared<const std::vector<std::shared_ptr<DispatchObserver>>>()) {
   if (registry_ == &BackendRegistry::global()) load_env_plugins();
+  verify_seed_ = options_.verify_seed != 0 ? options_.verify_seed
+                                           : (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  const double rate = std::clamp(options_.verify_rate, 0.0, 1.0);
+  // rate 1 must check every call: the largest draw is 2^64 - 1.
+  verify_threshold_ = rate >= 1.0 ? ~std::uint64_t{0} : static_cast<std::uint64_t>(std::ldexp(rate, 64));
 }
 
 void Dispatcher::add_observer(std::shared_ptr<DispatchObserver> observer) {
@@ -222,6 +257,22 @@ Status Dispatcher::run(const AttentionProblem& problem) {
   return run(*validated);
 }
 
+namespace {
+
+std::uint64_t mix(std::uint64_t z) noexcept {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Rows a first-use check compares: enough to see a bug that hits a part of the output, few enough
+// that a check costs about one call of a fast backend. A shadow check samples fewer, more often.
+constexpr std::size_t kFirstUseRows = 8;
+constexpr std::size_t kShadowRows = 4;
+
+}  // namespace
+
 Status Dispatcher::run(const ValidatedProblem& problem) {
   auto found = lookup(problem.signature());
   if (!found) return found.status();
@@ -229,9 +280,25 @@ Status Dispatcher::run(const ValidatedProblem& problem) {
 
   // Scratch memory is reused per thread, so a warm call allocates nothing.
   thread_local ScratchBuffer scratch;
+  // Shadow verification draws once per call.
+  const std::uint64_t draw =
+      verify_threshold_ != 0 ? mix(verify_seed_ ^ draws_.fetch_add(1, std::memory_order_relaxed)) : 0;
+  const bool shadow = verify_threshold_ != 0 && (verify_threshold_ == ~std::uint64_t{0} || draw < verify_threshold_);
+  const SizeBucket bucket = size_bucket(problem);
   Status last;
+  std::size_t tried = 0;
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     AttentionBackend& backend = *candidates[i];
+    const bool oracle = backend.oracle() != nullptr;
+    const BucketTrust trust =
+        options_.first_use_check && !oracle ? registry_->bucket_trust(backend, bucket) : BucketTrust::verified;
+    if (trust == BucketTrust::quarantined) {
+      // Its first call in this bucket was wrong: the next candidate serves the bucket.
+      last = Status(ErrorCode::backend_failure, std::string(backend.name()),
+                    fmt::format("quarantined for size bucket {}", bucket.to_string()));
+      if (options_.strict) return last;
+      continue;
+    }
     const std::size_t bytes = backend.workspace_size(problem);
     Status status;
     bool backend_at_fault = true;
@@ -250,12 +317,56 @@ Status Dispatcher::run(const ValidatedProblem& problem) {
     event.signature = &problem.signature();
     event.duration = std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed);
     event.outcome = status ? Outcome::ok : Outcome::failed;
-    event.fallback = i > 0;
+    event.fallback = tried++ > 0;
     event.error = status ? nullptr : &status;
     notify(event);
+
+    bool quarantined_now = false;
+    if (status && !oracle) {
+      const bool first_use = trust == BucketTrust::unverified;
+      if (first_use || shadow) {
+        const VerifyKind kind = first_use ? VerifyKind::first_use : VerifyKind::shadow;
+        const auto check_start = std::chrono::steady_clock::now();
+        const detail::RowCheck check = detail::check_rows(
+            problem, registry_->oracle(),
+            detail::sample_rows(problem, first_use ? kFirstUseRows : kShadowRows, first_use, mix(draw ^ i)));
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - check_start).count();
+        const VerifyOutcome outcome = check.verdict == detail::RowCheck::Verdict::passed ? VerifyOutcome::passed
+                                      : check.verdict == detail::RowCheck::Verdict::mismatch
+                                          ? VerifyOutcome::mismatch
+                                          : VerifyOutcome::unverifiable;
+        registry_->record_verification(backend, kind, outcome, seconds);
+        if (outcome == VerifyOutcome::unverifiable) {
+          if (first_use) registry_->set_bucket_trust(backend, bucket, BucketTrust::unverifiable, check.detail);
+          // Counted (VerificationCounters::unverifiable, /metrics); a device backend is
+          // unverifiable in every bucket and at every shadow draw, which is no news worth a warning.
+          spdlog::debug("kallpa: backend '{}' cannot be verified on [{}]: {}", backend.name(),
+                        problem.signature().to_string(), check.detail);
+        } else if (outcome == VerifyOutcome::passed) {
+          if (first_use) registry_->set_bucket_trust(backend, bucket, BucketTrust::verified);
+        } else {
+          std::string rows;
+          for (const OutputRow& r : check.rows)
+            rows += fmt::format("{}({},{},{})", rows.empty() ? "" : " ", r.sequence, r.query, r.head);
+          const std::string reason =
+              fmt::format("{} check in size bucket {} on [{}], rows (sequence,query,head) {}: {}",
+                          first_use ? "first-use" : "shadow", bucket.to_string(), problem.signature().to_string(), rows,
+                          check.detail);
+          if (first_use) {
+            registry_->set_bucket_trust(backend, bucket, BucketTrust::quarantined, reason);
+          } else {
+            registry_->quarantine(backend.name(), "shadow_check", reason);
+          }
+          status = Status(ErrorCode::backend_failure, "verification", reason);
+          quarantined_now = true;
+        }
+      }
+    }
     if (status) return status;
 
-    if (backend_at_fault) registry_->record_failure(backend.name(), status, options_.quarantine_after);
+    if (backend_at_fault && !quarantined_now) {
+      registry_->record_failure(backend.name(), status, options_.quarantine_after);
+    }
     warn_once(fmt::format("{}/{}", backend.name(), error_code_name(status.code())),
               fmt::format("backend '{}' failed on [{}]: {}{}", backend.name(), problem.signature().to_string(),
                           status.to_string(),

@@ -11,7 +11,10 @@
 
 namespace kallpa {
 
-std::vector<HealthReport> run_canaries(const std::vector<AttentionBackend*>& backends) {
+namespace {
+
+std::vector<HealthReport> run_cases(const std::vector<AttentionBackend*>& backends,
+                                    const std::vector<conformance::Case>& cases, std::string_view what) {
   std::vector<HealthReport> reports(backends.size());
   // The oracle is whichever registered backend says it is one; the core names no backend.
   const AttentionOracle* oracle = BackendRegistry::global().oracle();
@@ -40,7 +43,6 @@ std::vector<HealthReport> run_canaries(const std::vector<AttentionBackend*>& bac
   }
   if (runnable.empty()) return reports;
 
-  const std::vector<conformance::Case> cases = conformance::canary_cases();
   const std::vector<conformance::Report> results = conformance::run_suites(runnable, cases, {}, oracle);
   for (std::size_t n = 0; n < runnable.size(); ++n) {
     HealthReport& r = reports[slot[n]];
@@ -52,18 +54,28 @@ std::vector<HealthReport> run_canaries(const std::vector<AttentionBackend*>& bac
       ++r.cases_run;
       if (!c.passed && r.health != Health::quarantined) {
         r.health = Health::quarantined;
-        r.reason = fmt::format("canary '{}': {}", c.case_name, c.failure);
+        r.reason = fmt::format("{} '{}': {}", what, c.case_name, c.failure);
       }
     }
     if (r.health == Health::quarantined) continue;
     if (r.cases_run == 0) {
-      r.reason = fmt::format("none of the {} canary cases is supported", cases.size());
+      r.reason = fmt::format("none of the {} {} cases is supported", cases.size(), what);
       if (!results[n].results.empty()) r.reason += fmt::format(" ({})", results[n].results.front().skip_reason);
     } else {
       r.health = Health::healthy;
     }
   }
   return reports;
+}
+
+}  // namespace
+
+std::vector<HealthReport> run_canaries(const std::vector<AttentionBackend*>& backends) {
+  return run_cases(backends, conformance::canary_cases(), "canary");
+}
+
+std::vector<HealthReport> run_fuller_check(const std::vector<AttentionBackend*>& backends) {
+  return run_cases(backends, conformance::generate_cases(/*quick=*/false), "conformance");
 }
 
 HealthCheck skipped_health_check(std::string why) {

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <exception>
+#include <fstream>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -98,6 +99,28 @@ kallpa_problem to_c(const ValidatedProblem& vp, const kallpa_signature& signatur
   return c;
 }
 
+namespace {
+
+// 64-bit FNV-1a of the library file's bytes, in hex: a rebuilt plugin is a new build identity
+// (no hashing library is in the tree, and telling builds apart needs no cryptographic strength).
+// "unreadable" when the file cannot be read back.
+std::string file_fnv1a64(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "unreadable";
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  char buffer[1 << 16];
+  while (in) {
+    in.read(buffer, sizeof buffer);
+    for (std::streamsize n = 0; n < in.gcount(); ++n) {
+      h ^= static_cast<unsigned char>(buffer[n]);
+      h *= 0x100000001b3ull;
+    }
+  }
+  return fmt::format("{:016x}", h);
+}
+
+}  // namespace
+
 PluginBackend::PluginBackend(std::shared_ptr<LibraryHandle> library, const kallpa_plugin_table& table, std::string path)
     : library_(std::move(library)),
       table_(table),
@@ -107,6 +130,7 @@ PluginBackend::PluginBackend(std::shared_ptr<LibraryHandle> library, const kallp
       description_(table.description != nullptr ? table.description : ""),
       device_(static_cast<DeviceKind>(table.device_kind)) {
   if (description_.empty()) description_ = fmt::format("plugin {}", path_);
+  identity_ = fmt::format("{}@{}#fnv1a64:{}", name_, version_, file_fnv1a64(path_));
 }
 
 PluginBackend::~PluginBackend() {

@@ -30,6 +30,8 @@ class PluginBackend final : public AttentionBackend {
   DeviceKind device_kind() const noexcept override { return device_; }
   int priority() const noexcept override { return table_.priority; }
   std::string_view description() const noexcept override { return description_; }
+  // name@version#fnv1a64:HASH of the library file.
+  std::string identity() const override { return identity_; }
   Support supports(const ProblemSignature& signature) const noexcept override;
   std::size_t workspace_size(const ValidatedProblem& problem) const noexcept override;
   Status run(const ValidatedProblem& problem, Workspace workspace) noexcept override;
@@ -37,7 +39,7 @@ class PluginBackend final : public AttentionBackend {
  private:
   std::shared_ptr<LibraryHandle> library_;
   kallpa_plugin_table table_;
-  std::string path_, name_, version_, description_;
+  std::string path_, name_, version_, description_, identity_;
   DeviceKind device_;
 };
 

@@ -53,6 +53,24 @@ ServerMetrics::ServerMetrics() {
              "Attention calls a backend ran because an earlier choice failed, by backend.", T::counter, {"backend"});
   att_seconds_ = &r.add("kallpa_attention_duration_seconds", "Attention call latency, by backend.", T::histogram,
                         {"backend"}, attention_bounds());
+  verify_checks_ = &r.add("kallpa_attention_verify_checks_total",
+                          "Attention calls checked on sampled rows against the reference, by backend and kind "
+                          "(first_use: a backend's first call in a size bucket; shadow: the --verify-rate sample).",
+                          T::counter, {"backend", "kind"});
+  verify_mismatches_ = &r.add("kallpa_attention_verify_mismatches_total",
+                              "Sampled-row checks that found a wrong answer (the backend was quarantined and the "
+                              "call fell back), by backend and kind.",
+                              T::counter, {"backend", "kind"});
+  verify_seconds_ = &r.add("kallpa_attention_verify_seconds_total",
+                           "Time spent in sampled-row checks (reference rows and comparison), by backend and kind.",
+                           T::counter, {"backend", "kind"});
+  verify_unverifiable_ = &r.add("kallpa_attention_verify_unverifiable_total",
+                                "Sampled-row checks that could not run (outputs not in host memory, no reference), "
+                                "by backend.",
+                                T::counter, {"backend"});
+  quarantined_buckets_ =
+      &r.add("kallpa_attention_quarantined_buckets",
+             "Size buckets a backend is quarantined for after a failed first-use check.", T::gauge, {"backend"});
   op_fallbacks_ =
       &r.add("kallpa_op_fallbacks_total",
              "Engine ops the device lacked that ran on the CPU with copies, by op (0 on the CPU).", T::counter, {"op"});
@@ -78,6 +96,15 @@ void ServerMetrics::publish(const BackendRegistry& backends) {
   std::lock_guard lock(backend_mu_);
   for (const BackendInfo& info : backends.list()) {
     const std::string backend(info.backend->name());
+    const VerificationCounters& v = info.verification;
+    verify_checks_->set({backend, "first_use"}, static_cast<double>(v.first_use_checks));
+    verify_checks_->set({backend, "shadow"}, static_cast<double>(v.shadow_checks));
+    verify_mismatches_->set({backend, "first_use"}, static_cast<double>(v.first_use_mismatches));
+    verify_mismatches_->set({backend, "shadow"}, static_cast<double>(v.shadow_mismatches));
+    verify_seconds_->set({backend, "first_use"}, v.first_use_seconds);
+    verify_seconds_->set({backend, "shadow"}, v.shadow_seconds);
+    verify_unverifiable_->set({backend}, static_cast<double>(v.unverifiable));
+    quarantined_buckets_->set({backend}, static_cast<double>(info.quarantined_buckets.size()));
     for (const BackendCounter& c : info.backend->counters()) {
       // A backend's mistake costs its own series, never the scrape: names that would break the
       // exposition format, and a name another backend publishes as the other kind, are dropped.

@@ -28,7 +28,8 @@ class ServerMetrics {
   // Refreshes the gauges and mirrored counters, then renders everything.
   // `op_fallbacks`: device ops run on the CPU, by op (runtime::Engine::op_fallbacks()).
   // `backends`: every registered backend's own counters (AttentionBackend::counters()) render as
-  // `kallpa_backend_<name>[_total]{backend="..."}`, one family per name across backends.
+  // `kallpa_backend_<name>[_total]{backend="..."}`, one family per name across backends; their
+  // sampled-row checks as kallpa_attention_verify_*{backend,kind} (registry.h, VerificationCounters).
   std::string render(const runtime::SchedulerStats& scheduler, const StatsObserver& attention,
                      const std::map<std::string, std::uint64_t>& op_fallbacks, const BackendRegistry& backends);
 
@@ -38,6 +39,7 @@ class ServerMetrics {
   MetricFamily *queued_, *running_, *inflight_, *kv_used_, *kv_free_, *kv_committed_, *kv_cached_, *prompt_cached_;
   MetricFamily *steps_, *batch_tokens_, *batch_sequences_;
   MetricFamily *att_calls_, *att_failures_, *att_fallbacks_, *att_seconds_;
+  MetricFamily *verify_checks_, *verify_mismatches_, *verify_seconds_, *verify_unverifiable_, *quarantined_buckets_;
   MetricFamily* op_fallbacks_;
   // Families of backend counters, by counter name, created on the first scrape that sees them.
   struct BackendFamily {

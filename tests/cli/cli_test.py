@@ -262,6 +262,36 @@ def test_tokenize_json():
     check([t["piece"] for t in data] == ["Hello", " world", " ", "1", "2", "3"], f"pieces: {data}", r)
 
 
+def test_quarantine_journal():
+    import json
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "state", "quarantine.jsonl")
+        os.makedirs(os.path.dirname(path))
+        # An earlier build of cpu-gemm was quarantined: its history shows, the current build is not held.
+        with open(path, "w") as f:
+            f.write(json.dumps({"event": "quarantined", "backend": "cpu-gemm", "identity": "cpu-gemm@0-old",
+                                "scope": "backend", "source": "shadow_check", "reason": "wrong at 8k keys",
+                                "time": "2025-01-01T00:00:00Z"}) + "\n")
+            f.write("garbage line\n")
+        r = run("backends", "--quarantine-journal", path)
+        check(r.returncode == 0, "backends with a journal exits 0", r)
+        check("journal of cpu-gemm: 2025-01-01T00:00:00Z quarantined cpu-gemm@0-old" in r.stdout,
+              "backends lists the journal history", r)
+        check("line 2" in r.stderr, "a corrupt journal line is skipped with a warning naming it", r)
+        r = run("backends", "--json", env_extra={"KALLPA_QUARANTINE_JOURNAL": path})
+        check(r.returncode == 0, "backends --json exits 0", r)
+        gemm = [b for b in json.loads(r.stdout) if b["name"] == "cpu-gemm"][0]
+        check(gemm["health"] != "quarantined", "another build's quarantine does not hold this one", r)
+        check(gemm["journal"][0]["identity"] == "cpu-gemm@0-old" and "verification" in gemm, "journal in --json", r)
+        check(gemm["identity"].startswith("cpu-gemm@"), "identity in --json", r)
+    r = run("demo", "--verify-rate", "1/1", "--spec", "b=1,sq=1,skv=64,hq=2,hkv=1,d=16",
+            env_extra={"KALLPA_QUARANTINE_JOURNAL": "off"})
+    check(r.returncode == 0, "demo with every call verified exits 0", r)
+    expect_usage_error(["demo", "--verify-rate", "often"], ["--verify-rate"])
+    expect_usage_error(["demo"], ["KALLPA_VERIFY_RATE"], env_extra={"KALLPA_VERIFY_RATE": "2"})
+
+
 TESTS = {name[5:]: fn for name, fn in globals().items() if name.startswith("test_")}
 
 if __name__ == "__main__":

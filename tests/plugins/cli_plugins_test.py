@@ -26,7 +26,7 @@ def check(cond, message, result=None):
 
 
 def run(*args, env_extra=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KALLPA_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KALLPA_") or k == "KALLPA_QUARANTINE_JOURNAL"}
     env.update(env_extra or {})
     r = subprocess.run([KALLPA, *args], capture_output=True, text=True, env=env, timeout=300)
     check(r.returncode >= 0, f"killed by signal {-r.returncode}", r)

@@ -69,7 +69,7 @@ class Server:
         self.log = open(self.log_path, "w")
         cmd = [ARGS.kallpa, "serve", "-m", str(model), "--port", "0", "--context", "4096", "--max-tokens", "4000",
                "--max-prompt-tokens", "1000", "--max-body-bytes", "65536", *extra]
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("KALLPA_")}
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("KALLPA_") or k == "KALLPA_QUARANTINE_JOURNAL"}
         full_env.update(env or {})
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=full_env)
         line = self._read_line(timeout=120)
@@ -479,6 +479,9 @@ def test_metrics_parse():
             "kallpa_attention_calls": "counter", "kallpa_attention_failures": "counter",
             "kallpa_attention_fallbacks": "counter", "kallpa_attention_duration_seconds": "histogram",
             "kallpa_op_fallbacks": "counter",
+            "kallpa_attention_verify_checks": "counter", "kallpa_attention_verify_mismatches": "counter",
+            "kallpa_attention_verify_seconds": "counter", "kallpa_attention_verify_unverifiable": "counter",
+            "kallpa_attention_quarantined_buckets": "gauge",
         }
         for name, kind in expected.items():
             check(name in families, f"metric family {name} missing")
@@ -492,6 +495,12 @@ def test_metrics_parse():
         check(metric(m, "kallpa_inter_token_latency_seconds_count") == tokens - 4, "one ITL per later token")
         calls = {dict(k)["backend"]: v for k, v in m["kallpa_attention_calls_total"].items()}
         check(sum(calls.values()) > 0, f"no attention calls recorded: {calls}")
+        # First-use checks are on by default: the backend that served was checked in its buckets.
+        first_use = {dict(k)["backend"]: v for k, v in m["kallpa_attention_verify_checks_total"].items()
+                     if dict(k)["kind"] == "first_use"}
+        served = [b for b, v in calls.items() if v > 0 and b != "reference"]
+        check(all(first_use.get(b, 0) > 0 for b in served), f"first-use checks {first_use} for {served}")
+        check(sum(v for v in m["kallpa_attention_verify_mismatches_total"].values()) == 0, "no mismatch")
         check(metric(m, "kallpa_kv_cache_free_blocks") > 0, "free blocks")
         check(metric(m, "kallpa_prompt_tokens_cached_total") == sum(cached), "cached prompt tokens == sum of usage")
         check(metric(m, "kallpa_kv_cache_cached_blocks") > 0, "the prompt's blocks stay cached")

@@ -28,6 +28,9 @@ struct GlobalOptions {
   std::vector<std::string> plugins;  // --plugin PATH (repeatable), on top of KALLPA_PLUGIN_PATH
   bool no_health_check = false;      // --no-health-check (also KALLPA_SKIP_HEALTH_CHECK=1)
   std::string pjrt_plugin;           // --pjrt-plugin PATH (sets KALLPA_PJRT_PLUGIN)
+  std::string verify_rate;           // --verify-rate RATE; empty: KALLPA_VERIFY_RATE or the default
+  bool no_first_use_check = false;   // --no-first-use-check (also KALLPA_FIRST_USE_CHECK=0)
+  std::string quarantine_journal;    // --quarantine-journal PATH|off; empty: the default path
 };
 
 void add_global_options(CLI::App& app, GlobalOptions& options);
@@ -37,7 +40,8 @@ void configure_logging(const GlobalOptions& options);
 
 // Loads KALLPA_PLUGIN_PATH and --plugin libraries into the global registry (a library that fails
 // is reported on stderr by path and reason, and the program carries on) and applies
-// --no-health-check and --pjrt-plugin. Call once, after configure_logging.
+// --no-health-check, --pjrt-plugin and the quarantine journal (--quarantine-journal,
+// KALLPA_QUARANTINE_JOURNAL, or the default path). Call once, after configure_logging.
 void setup_backends(const GlobalOptions& options);
 
 // DispatchOptions::from_env(), then --attention / --strict on top. Every named backend must be

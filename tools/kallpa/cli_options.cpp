@@ -34,6 +34,19 @@ void add_global_options(CLI::App& app, GlobalOptions& options) {
   app.add_flag("--no-health-check", options.no_health_check,
                "Select backends without running their canary health check first (faster start-up; "
                "also KALLPA_SKIP_HEALTH_CHECK=1)");
+  app.add_option("--verify-rate", options.verify_rate,
+                 "Shadow verification: the fraction of attention calls (0..1, or 1/N) whose answer is "
+                 "checked on a few random rows against the reference; a mismatch quarantines the "
+                 "backend and the call falls back (also KALLPA_VERIFY_RATE; default 1/1000, 0 turns it off)")
+      ->type_name("RATE");
+  app.add_flag("--no-first-use-check", options.no_first_use_check,
+               "Trust a backend's first call in a new size bucket without checking sampled rows "
+               "against the reference first (also KALLPA_FIRST_USE_CHECK=0)");
+  app.add_option("--quarantine-journal", options.quarantine_journal,
+                 "Where quarantines are journaled, so that a restart does not trust a quarantined "
+                 "build without a fuller check; 'off' disables it (also KALLPA_QUARANTINE_JOURNAL; "
+                 "default $XDG_STATE_HOME/kallpa/quarantine.jsonl or ~/.local/state/kallpa/quarantine.jsonl)")
+      ->type_name("PATH");
   app.add_option("--pjrt-plugin", options.pjrt_plugin,
                  "The PJRT plugin the pjrt backend drives (libtpu.so, XLA's CPU or GPU plugin; also "
                  "KALLPA_PJRT_PLUGIN)")
@@ -45,6 +58,9 @@ void setup_backends(const GlobalOptions& options) {
   if (!options.pjrt_plugin.empty()) setenv(pjrt::kPluginEnv, options.pjrt_plugin.c_str(), 1);
   BackendRegistry& registry = BackendRegistry::global();
   if (options.no_health_check) registry.set_health_check(skipped_health_check("--no-health-check"));
+  const std::string journal =
+      !options.quarantine_journal.empty() ? options.quarantine_journal : QuarantineJournal::default_path();
+  if (!journal.empty() && journal != "off") registry.set_journal(std::make_shared<QuarantineJournal>(journal));
   std::vector<PluginLoadReport> reports = load_env_plugins();
   for (const std::string& path : options.plugins) {
     std::vector<PluginLoadReport> more = load_plugins(path, registry);
@@ -91,6 +107,12 @@ Result<DispatchOptions> dispatch_options(const GlobalOptions& options, const Bac
     field = "--attention";
   }
   if (options.strict) result.strict = true;
+  if (options.no_first_use_check) result.first_use_check = false;
+  if (!options.verify_rate.empty()) {
+    Result<double> rate = DispatchOptions::parse_rate(options.verify_rate);
+    if (!rate) return Status(ErrorCode::parse_error, "--verify-rate", rate.status().message());
+    result.verify_rate = *rate;
+  }
   for (const std::string& name : result.backends) {
     if (Status s = require_backend(name, field, registry); !s) return s;
   }

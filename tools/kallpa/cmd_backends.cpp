@@ -23,13 +23,34 @@ int list_backends(const BackendsOptions& options) {
   registry.ensure_checked();
   const std::vector<BackendInfo> backends = registry.list();
   const HealthCounters counters = registry.health_counters();
+  // The quarantine journal's records of each backend (this build and earlier ones), oldest first.
+  std::vector<JournalRecord> history;
+  if (const auto journal = registry.journal()) history = journal->read();
+  auto history_of = [&](const AttentionBackend& b) {
+    std::vector<const JournalRecord*> out;
+    for (const JournalRecord& r : history) {
+      if (r.backend == b.name()) out.push_back(&r);
+    }
+    return out;
+  };
   if (options.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const BackendInfo& info : backends) {
       const AttentionBackend& b = *info.backend;
       nlohmann::json published = nlohmann::json::object();
       for (const BackendCounter& c : b.counters()) published[c.name] = c.value;
+      const VerificationCounters& v = info.verification;
+      nlohmann::json journal = nlohmann::json::array();
+      for (const JournalRecord* r : history_of(b)) {
+        journal.push_back({{"event", r->event},
+                           {"identity", r->identity},
+                           {"scope", r->scope},
+                           {"source", r->source},
+                           {"reason", r->reason},
+                           {"time", r->time}});
+      }
       out.push_back({{"name", b.name()},
+                     {"identity", b.identity()},
                      {"device", device_kind_name(b.device_kind())},
                      {"version", b.version()},
                      {"priority", b.priority()},
@@ -37,7 +58,17 @@ int list_backends(const BackendsOptions& options) {
                      {"health_reason", info.health_reason},
                      {"run_failures", info.run_failures},
                      {"description", b.description()},
-                     {"counters", published}});
+                     {"counters", published},
+                     {"verification",
+                      {{"first_use_checks", v.first_use_checks},
+                       {"first_use_mismatches", v.first_use_mismatches},
+                       {"first_use_seconds", v.first_use_seconds},
+                       {"shadow_checks", v.shadow_checks},
+                       {"shadow_mismatches", v.shadow_mismatches},
+                       {"shadow_seconds", v.shadow_seconds},
+                       {"unverifiable", v.unverifiable}}},
+                     {"quarantined_buckets", info.quarantined_buckets},
+                     {"journal", journal}});
     }
     fmt::print("{}\n", out.dump(2));
     return kExitOk;
@@ -56,6 +87,27 @@ int list_backends(const BackendsOptions& options) {
     std::string line;
     for (const BackendCounter& c : info.backend->counters()) line += fmt::format(" {}={}", c.name, c.value);
     if (!line.empty()) fmt::print("{} counters:{}\n", info.backend->name(), line);
+  }
+  // Sampled-row checks (first use in a size bucket, shadow) and the journal's history.
+  for (const BackendInfo& info : backends) {
+    const VerificationCounters& v = info.verification;
+    if (v.first_use_checks + v.shadow_checks + v.unverifiable > 0) {
+      fmt::print(
+          "verification of {}: first-use {} checks, {} mismatches, {:.3f} s; shadow {} checks, {} mismatches, "
+          "{:.3f} s; {} unverifiable\n",
+          info.backend->name(), v.first_use_checks, v.first_use_mismatches, v.first_use_seconds, v.shadow_checks,
+          v.shadow_mismatches, v.shadow_seconds, v.unverifiable);
+    }
+    for (const std::string& bucket : info.quarantined_buckets) {
+      fmt::print("quarantined bucket of {}: {}\n", info.backend->name(), bucket);
+    }
+    for (const JournalRecord* r : history_of(*info.backend)) {
+      fmt::print("journal of {}: {} {} {} ({}, {}): {}\n", info.backend->name(), r->time, r->event, r->identity,
+                 r->source, r->scope, r->reason);
+    }
+  }
+  if (const auto journal = registry.journal()) {
+    fmt::print("quarantine journal: {} ({} record(s))\n", journal->path(), history.size());
   }
   fmt::print("{} backend(s); health check: {} checked, {} quarantined, {:.1f} ms\n", backends.size(), counters.checked,
              counters.quarantined_at_check, counters.check_milliseconds);
