@@ -75,7 +75,7 @@ std::vector<HealthReport> run_canaries(const std::vector<AttentionBackend*>& bac
 }
 
 std::vector<HealthReport> run_fuller_check(const std::vector<AttentionBackend*>& backends) {
-  return run_cases(backends, conformance::generate_cases(/*quick=*/false), "conformance");
+  return run_cases(backends, conformance::generate_cases(conformance::Tier::normal), "conformance");
 }
 
 HealthCheck skipped_health_check(std::string why) {
