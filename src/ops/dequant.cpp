@@ -97,8 +97,10 @@ Status check_block_scales(GgmlType type, const void* data, std::uint64_t bytes) 
 }
 
 Status quantize_row(GgmlType type, const float* src, void* dst, std::int64_t n) {
-  if (!is_compute_supported(type)) {
-    return {ErrorCode::unsupported, "type", fmt::format("cannot quantise to {}", ggml_type_name(type))};
+  if (!is_compute_supported(type) || kernels::is_block_dequant(type)) {
+    return {ErrorCode::unsupported, "type",
+            fmt::format("cannot quantise to {} (kallpa quantises to F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+                        ggml_type_name(type))};
   }
   const auto traits = ggml_type_traits(static_cast<std::uint32_t>(type));
   if (n < 0 || n % traits->block_size != 0) {

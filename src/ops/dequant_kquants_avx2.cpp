@@ -79,7 +79,7 @@ void dequant_q5_k_avx2(const std::byte* src, float* dst, std::int64_t nb) { dequ
 // bits 2t, 2t + 1; a product d * scale * q per element (rounded once, as the reference).
 void dequant_q6_k_avx2(const std::byte* src, float* dst, std::int64_t nb) {
   const __m256i low = _mm256_set1_epi32(0x0f);
-  const __m256i two = _mm256_set1_epi32(3);
+  const __m256i low2 = _mm256_set1_epi32(3);
   const __m256i bias = _mm256_set1_epi32(32);
   for (std::int64_t b = 0; b < nb; ++b, src += kQ6KBytes, dst += kQK_K) {
     const auto* scales = reinterpret_cast<const std::int8_t*>(src + 192);
@@ -91,7 +91,7 @@ void dequant_q6_k_avx2(const std::byte* src, float* dst, std::int64_t nb) {
         for (int g = 0; g < 4; ++g) {
           const __m256i lo =
               _mm256_and_si256(_mm256_srl_epi32(load8_u8(src + 64 * h + 32 * (t % 2) + 8 * g), lo_shift), low);
-          const __m256i hi = _mm256_and_si256(_mm256_srl_epi32(load8_u8(src + 128 + 32 * h + 8 * g), hi_shift), two);
+          const __m256i hi = _mm256_and_si256(_mm256_srl_epi32(load8_u8(src + 128 + 32 * h + 8 * g), hi_shift), low2);
           const __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), bias);
           const float dl = d * static_cast<float>(scales[8 * h + 2 * t + g / 2]);
           _mm256_storeu_ps(dst + 128 * h + 32 * t + 8 * g, _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(dl)));

@@ -74,7 +74,8 @@ Status dequantize_row(GgmlType type, const void* src, float* dst, std::int64_t n
 Status check_block_scales(GgmlType type, const void* data, std::uint64_t bytes);
 // Quantises n floats (a multiple of the block size) to `type` with ggml's reference rounding
 // (bit-identical to ggml-quants.c and gguf-py's gguf.quants for Q8_0, Q4_0, Q4_1; F16/BF16 round to
-// nearest even). dst receives row_size(type, n) bytes.
+// nearest even). dst receives row_size(type, n) bytes. unsupported for the other types (their
+// data comes from files quantised elsewhere).
 Status quantize_row(GgmlType type, const float* src, void* dst, std::int64_t n);
 // Dequantises rows [first, first + count) of a matrix into dst (count x cols floats), e.g. an
 // embedding lookup. invalid_argument when the rows are out of range.
