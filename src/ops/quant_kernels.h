@@ -51,8 +51,8 @@ inline bool is_block_dequant(GgmlType t) noexcept {
 
 // Dequantises nblocks whole blocks at src (ggml's layout, quant_types.h) into dst. The scalar
 // ones (dequant_blocks.cpp) are the reference, bit for bit gguf-py's gguf.quants; the AVX2 ones
-// (dequant_kquants_avx2.cpp: Q4_K, Q5_K, Q6_K; the scalar one for the other types) give the same
-// bits. Both are nullptr for types is_block_dequant rejects.
+// (dequant_blocks_avx2.cpp: every type but Q8_K, which keeps the scalar one) give the same bits.
+// Both are nullptr for types is_block_dequant rejects.
 using DequantBlocksFn = void (*)(const std::byte* src, float* dst, std::int64_t nblocks);
 DequantBlocksFn dequant_blocks_scalar(GgmlType type) noexcept;
 DequantBlocksFn dequant_blocks_avx2(GgmlType type) noexcept;
