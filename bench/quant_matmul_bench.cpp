@@ -18,11 +18,24 @@
 // avx2:1 caps the kernels at AVX2, beside the default (the widest ISA): batched Q16 products have
 // an AVX-512 VNNI kernel (16 weight rows per vector), bit-identical too. The AVX2 batched Q16
 // tiles (4-row fold against rows as lanes) are compared in bench/lab/quant.
+//
+// BM_BlockTypeGemv: every block type on decode GEMV shapes (4096x4096, a 7B model's q/o, and
+// 576x1536, SmolLM2's down), batch 1 and 16, next to Q8_0 and Q4_0 (f32 and q16 activations,
+// the engine's decode choice) in the same run. The K-quants and Q5_0/Q5_1/IQ4_NL always take
+// exact f32 activations (their blocks dequantised to f32); isa:1 runs the scalar reference
+// kernel. Weights are random blocks with sane scales (no quantiser exists for these types here).
+// Figures: bench/results/k-quants.md.
+//
+//   build/bench/quant_matmul_bench --benchmark_filter=BM_BlockTypeGemv
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <cstring>
+#include <random>
 #include <tuple>
 #include <vector>
+
+#include "kallpa/half.h"
 
 #include "kallpa/ops/quant.h"
 #include "ops/repack.h"
@@ -106,6 +119,96 @@ void shapes(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_QuantMatmul)->Apply(shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+// rows x cols of a block type as random bytes whose scales are finite f16 values in [1e-3, 5e-2]
+// (Q8_0 and Q4_0 from quantize_row on smooth values instead).
+std::vector<std::byte> block_weights(GgmlType t, std::int64_t rows, std::int64_t cols) {
+  std::vector<std::byte> w(static_cast<std::size_t>(row_size(t, cols) * static_cast<std::uint64_t>(rows)));
+  if (t == GgmlType::q8_0 || t == GgmlType::q4_0) {
+    const auto wf = synthetic_values(1, static_cast<std::size_t>(rows * cols), 0.05f);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      (void)quantize_row(t, wf.data() + r * cols, w.data() + static_cast<std::size_t>(r) * row_size(t, cols), cols);
+    }
+    return w;
+  }
+  std::mt19937 rng(3);
+  for (auto& b : w) b = static_cast<std::byte>(rng());
+  const auto traits = *ggml_type_traits(static_cast<std::uint32_t>(t));
+  std::vector<std::size_t> scales;
+  switch (t) {
+    case GgmlType::q5_1:
+    case GgmlType::q4_k:
+    case GgmlType::q5_k: scales = {0, 2}; break;
+    case GgmlType::q2_k: scales = {80, 82}; break;
+    case GgmlType::q3_k: scales = {108}; break;
+    case GgmlType::q6_k: scales = {208}; break;
+    case GgmlType::q8_k: break;
+    default: scales = {0}; break;
+  }
+  std::uniform_real_distribution<float> mag(1e-3f, 5e-2f);
+  for (std::size_t at = 0; at < w.size(); at += static_cast<std::size_t>(traits.type_size)) {
+    for (std::size_t off : scales) {
+      const std::uint16_t h = kallpa::f32_to_f16(mag(rng));
+      std::memcpy(w.data() + at + off, &h, 2);
+    }
+    if (t == GgmlType::q8_k) {
+      const float d = mag(rng);
+      std::memcpy(w.data() + at, &d, 4);
+    }
+  }
+  return w;
+}
+
+void BM_BlockTypeGemv(benchmark::State& state) {
+  const std::int64_t rows = state.range(0), cols = state.range(1), batch = state.range(2);
+  const auto t = static_cast<GgmlType>(state.range(3));
+  const auto act = static_cast<MatmulOptions::Activations>(state.range(4));
+  const auto w = block_weights(t, rows, cols);
+  const WeightMatrix wm{t, w.data(), rows, cols, row_size(t, cols)};
+  const auto x = synthetic_values(2, static_cast<std::size_t>(batch * cols), 1.0f);
+  std::vector<float> y(static_cast<std::size_t>(batch * rows));
+  MatmulOptions o;
+  o.max_threads = static_cast<int>(state.range(5));
+  o.activations = act;
+  if (state.range(6) == 1) o.max_isa = MatmulOptions::Isa::scalar;
+  for (auto _ : state) {
+    if (!matmul(wm, x.data(), batch, cols, y.data(), rows, o)) {
+      state.SkipWithError("matmul failed");
+      return;
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(rows * cols * batch) * iters,
+                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["wGB/s"] = benchmark::Counter(static_cast<double>(w.size()) * iters, benchmark::Counter::kIsRate,
+                                               benchmark::Counter::kIs1000);
+  state.SetLabel(std::string(ggml_type_name(t)) + (act == MatmulOptions::Activations::q16 ? " q16" : " f32") +
+                 (state.range(6) == 1 ? " scalar" : ""));
+}
+
+void block_type_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"rows", "cols", "b", "type", "act", "threads", "isa"});
+  const GgmlType kTypes[] = {GgmlType::q8_0, GgmlType::q4_0,   GgmlType::q4_k, GgmlType::q5_k,
+                             GgmlType::q6_k, GgmlType::q2_k,   GgmlType::q3_k, GgmlType::q5_0,
+                             GgmlType::q5_1, GgmlType::iq4_nl, GgmlType::q8_k};
+  for (std::int64_t threads : {0, 1}) {
+    for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{4096, 4096}, {576, 1536}}) {
+      for (std::int64_t batch : {1, 16}) {
+        for (GgmlType t : kTypes) {
+          const auto id = static_cast<std::int64_t>(t);
+          b->Args({rows, cols, batch, id, 0, threads, 0});
+          if (t == GgmlType::q8_0 || t == GgmlType::q4_0) b->Args({rows, cols, batch, id, 2, threads, 0});
+          const bool km = t == GgmlType::q4_k || t == GgmlType::q6_k;
+          if (km && threads == 1 && batch == 1 && rows == 576) b->Args({rows, cols, batch, id, 0, threads, 1});
+        }
+      }
+    }
+  }
+}
+
+BENCHMARK(BM_BlockTypeGemv)->Apply(block_type_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

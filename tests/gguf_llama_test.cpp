@@ -214,8 +214,19 @@ TEST(GgufLlama, MissingTensorsBadShapesAndTypes) {
   expect_tensor_error("blk.0.ffn_down.weight", 3, {64, 128},
                       static_cast<std::size_t>(row_size(GgmlType::q4_1, 64) * 128), ErrorCode::invalid_argument,
                       "expected [128, 64]");
-  // Q5_0: a type ggml knows (so the file parses) but kallpa has no kernels for.
-  expect_tensor_error("blk.1.ffn_up.weight", 6, {64, 128}, 2 * 22 * 128, ErrorCode::unsupported, "has type Q5_0");
+  // MXFP4: a type ggml knows (so the file parses) but kallpa has no kernels for.
+  expect_tensor_error("blk.1.ffn_up.weight", 39, {64, 128}, 2 * 17 * 128, ErrorCode::unsupported, "has type MXFP4");
+  {  // Q5_0 is computed with, but not with an infinite scale: the error names the tensor and block
+    GgufWriter w = synthetic_llama_writer();
+    std::vector<std::byte> data(2 * 22 * 128, std::byte{0});
+    data[5 * 22 + 1] = std::byte{0x7c};  // block 5's f16 d: 0x7c00, +inf
+    ASSERT_TRUE(w.replace_tensor("blk.1.ffn_up.weight", 6, {64, 128}, data));
+    expect_error(w, ErrorCode::invalid_argument, "blk.1.ffn_up.weight",
+                 "Q5_0 block 5 (byte 110) has a non-finite scale d");
+    data[5 * 22 + 1] = std::byte{0};
+    ASSERT_TRUE(w.replace_tensor("blk.1.ffn_up.weight", 6, {64, 128}, data));
+    EXPECT_TRUE(load_status(w).is_ok()) << load_status(w).to_string();
+  }
   // Norms must be F32.
   expect_tensor_error("blk.0.attn_norm.weight", 1, {64}, 64 * 2, ErrorCode::unsupported, "has type F16");
   // Vocab rows differ from the tokenizer's vocabulary.

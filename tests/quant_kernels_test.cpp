@@ -78,7 +78,7 @@ TEST(QuantDequant, HandWorkedBlocks) {
     ASSERT_TRUE(dequantize_row(GgmlType::f32, f, out, 2).is_ok());
     EXPECT_EQ(out[1], -7.5f);
   }
-  EXPECT_EQ(dequantize_row(GgmlType::q6_k, out, out, 256).code(), ErrorCode::unsupported);
+  EXPECT_EQ(dequantize_row(GgmlType::iq2_xxs, out, out, 256).code(), ErrorCode::unsupported);
   EXPECT_EQ(dequantize_row(GgmlType::q4_1, out, out, 31).code(), ErrorCode::invalid_argument);
 }
 
@@ -564,7 +564,7 @@ TEST(QuantKernels, MatmulRejectsBadArguments) {
   EXPECT_EQ(matmul(p.wm, p.x.data(), 1, 32, y.data(), 4).code(), ErrorCode::invalid_argument);  // ldx < cols
   EXPECT_EQ(matmul(p.wm, p.x.data(), 1, 64, y.data(), 3).code(), ErrorCode::invalid_argument);  // ldy < rows
   WeightMatrix bad = p.wm;
-  bad.type = GgmlType::q6_k;
+  bad.type = GgmlType::iq2_xxs;
   EXPECT_EQ(matmul(bad, p.x.data(), 1, 64, y.data(), 4).code(), ErrorCode::unsupported);
   bad = p.wm;
   bad.row_bytes = 41;

@@ -713,9 +713,8 @@ Result<ops::WeightMatrix> as_weight_matrix(const TensorView& t) {
   }
   if (!is_compute_supported(t.type)) {
     return Status(ErrorCode::unsupported, std::string(t.name),
-                  fmt::format("tensor '{}' has type {}, which has no kernels (supported: F32, F16, BF16, Q8_0, "
-                              "Q4_0, Q4_1)",
-                              t.name, ggml_type_name(t.type)));
+                  fmt::format("tensor '{}' has type {}, which has no kernels (supported: {})", t.name,
+                              ggml_type_name(t.type), ops::compute_supported_type_names()));
   }
   ops::WeightMatrix w;
   w.type = t.type;

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "kallpa/model/llama.h"
+#include "kallpa/ops/quant.h"
 
 namespace kallpa::model {
 
@@ -149,7 +150,12 @@ Status check_tensor(const GgufFile& f, const std::string& name, Kind kind, std::
   if (kind == Kind::norm ? tv.type != ops::GgmlType::f32 : !is_compute_supported(tv.type)) {
     return {ErrorCode::unsupported, name,
             fmt::format("tensor '{}' has type {}, which kallpa does not support here (supported: {})", name,
-                        ggml_type_name(tv.type), kind == Kind::norm ? "F32" : "F32, F16, BF16, Q8_0, Q4_0, Q4_1")};
+                        ggml_type_name(tv.type),
+                        kind == Kind::norm ? std::string_view("F32") : ops::compute_supported_type_names())};
+  }
+  // A non-finite block scale would turn every product with that block into inf/NaN.
+  if (Status scales = ops::check_block_scales(tv.type, tv.data, tv.nbytes); !scales) {
+    return {ErrorCode::invalid_argument, name, fmt::format("tensor '{}': {}", name, scales.message())};
   }
   *out = &tv;
   return {};

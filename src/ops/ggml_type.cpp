@@ -54,9 +54,22 @@ bool is_compute_supported(GgmlType type) noexcept {
     case GgmlType::bf16:
     case GgmlType::q8_0:
     case GgmlType::q4_0:
-    case GgmlType::q4_1: return true;
+    case GgmlType::q4_1:
+    case GgmlType::q5_0:
+    case GgmlType::q5_1:
+    case GgmlType::iq4_nl:
+    case GgmlType::q2_k:
+    case GgmlType::q3_k:
+    case GgmlType::q4_k:
+    case GgmlType::q5_k:
+    case GgmlType::q6_k:
+    case GgmlType::q8_k: return true;
     default: return false;
   }
+}
+
+std::string_view compute_supported_type_names() noexcept {
+  return "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K";
 }
 
 }  // namespace kallpa::ops

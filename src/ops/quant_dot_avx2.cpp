@@ -804,6 +804,18 @@ void tile_ff_cols(const float* w, std::int64_t k, const float* x, std::int64_t l
   }
 }
 
+}  // namespace
+
+void gemm_f32_tile_avx2(const float* w, std::int64_t nr, std::int64_t k, const float* x, std::int64_t ldx,
+                        std::int64_t nx, float* y, std::int64_t ldy) {
+  std::int64_t r = 0;
+  for (; r + 3 <= nr; r += 3) tile_ff_cols<3>(w + r * k, k, x, ldx, nx, y + r, ldy);
+  if (nr - r == 2) tile_ff_cols<2>(w + r * k, k, x, ldx, nx, y + r, ldy);
+  if (nr - r == 1) tile_ff_cols<1>(w + r * k, k, x, ldx, nx, y + r, ldy);
+}
+
+namespace {
+
 template <GgmlType T, WeightLayout L>
 void gemm_qf_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x, std::int64_t ldx,
                    std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
@@ -849,10 +861,7 @@ void gemm_qf_typed(const std::byte* w, std::size_t row_bytes, std::int64_t nw, c
         for (int i = 0; i < 4; ++i) _mm256_storeu_ps(dst + b * kQK + 8 * i, wv[i]);
       }
     }
-    std::int64_t r = 0;
-    for (; r + 3 <= nr; r += 3) tile_ff_cols<3>(wbuf.data() + r * k, k, x, ldx, nx, y + r0 + r, ldy);
-    if (nr - r == 2) tile_ff_cols<2>(wbuf.data() + r * k, k, x, ldx, nx, y + r0 + r, ldy);
-    if (nr - r == 1) tile_ff_cols<1>(wbuf.data() + r * k, k, x, ldx, nx, y + r0 + r, ldy);
+    gemm_f32_tile_avx2(wbuf.data(), nr, k, x, ldx, nx, y + r0, ldy);
   }
 }
 

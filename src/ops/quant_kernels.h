@@ -31,6 +31,32 @@ inline bool is_quantized(GgmlType t) noexcept {
   return t == GgmlType::q8_0 || t == GgmlType::q4_0 || t == GgmlType::q4_1;
 }
 
+// Block types without integer kernels or the rows4 layout (Q5_0, Q5_1, IQ4_NL, the K-quants):
+// their products (gemm_dq_*) dequantise weight blocks to f32 with the reference dequantisers'
+// exact values and run the f32 path's canonical FMA order, whatever the activations option says.
+inline bool is_block_dequant(GgmlType t) noexcept {
+  switch (t) {
+    case GgmlType::q5_0:
+    case GgmlType::q5_1:
+    case GgmlType::iq4_nl:
+    case GgmlType::q2_k:
+    case GgmlType::q3_k:
+    case GgmlType::q4_k:
+    case GgmlType::q5_k:
+    case GgmlType::q6_k:
+    case GgmlType::q8_k: return true;
+    default: return false;
+  }
+}
+
+// Dequantises nblocks whole blocks at src (ggml's layout, quant_types.h) into dst. The scalar
+// ones (dequant_blocks.cpp) are the reference, bit for bit gguf-py's gguf.quants; the AVX2 ones
+// (dequant_blocks_avx2.cpp: every type but Q8_K, which keeps the scalar one) give the same bits.
+// Both are nullptr for types is_block_dequant rejects.
+using DequantBlocksFn = void (*)(const std::byte* src, float* dst, std::int64_t nblocks);
+DequantBlocksFn dequant_blocks_scalar(GgmlType type) noexcept;
+DequantBlocksFn dequant_blocks_avx2(GgmlType type) noexcept;
+
 // Sizes of one block of a quantised type: all of it, its quants, and whether it has a min (Q4_1).
 struct BlockGeom {
   std::size_t bytes;
@@ -102,6 +128,10 @@ void gemm_f_scalar(GgmlType type, const std::byte* w, std::size_t row_bytes, std
                    std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 void gemm_qf_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                     const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
+// is_block_dequant types (rows layout), float X: the canonical f32 sum of gemm_qf over the
+// dequantised row.
+void gemm_dq_scalar(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
+                    std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 
 // --- AVX2 + FMA + F16C (quant_dot_avx2.cpp); only call when avx2_available() ---
 bool avx2_available() noexcept;
@@ -123,6 +153,14 @@ void gemm_f_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::
                  std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 void gemm_qf_avx2(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                   const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
+// y[c * ldy + r] = the canonical f32 sum of row r of a dequantised tile (nr rows of k floats, k a
+// multiple of 8) with X row c, for r < nr, c < nx: the 3 x 4 micro-kernel of gemm_qf's batches.
+void gemm_f32_tile_avx2(const float* w, std::int64_t nr, std::int64_t k, const float* x, std::int64_t ldx,
+                        std::int64_t nx, float* y, std::int64_t ldy);
+// gemm_dq_scalar's bits (gemm_dq_avx2.cpp): blocks dequantised into a per-thread f32 buffer (a
+// 4-row tile for one or two X rows, a ~96 KiB tile of rows for larger batches), then f32 FMAs.
+void gemm_dq_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
+                  std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 
 // --- AVX-512 (F, BW, VL, VNNI, VBMI) (quant_dot_avx512.cpp); only call when avx512_vnni_available() ---
 // gemm_q16 for batches of activation rows: 16 weight rows per vector (vpdpwssd), bit for bit the

@@ -60,6 +60,10 @@ void dequantize_row_scalar(GgmlType type, const void* src, float* dst, std::int6
       }
       return;
     default:
+      if (const DequantBlocksFn dequant = dequant_blocks_scalar(type); dequant != nullptr) {
+        dequant(p, dst, n / ggml_type_traits(static_cast<std::uint32_t>(type))->block_size);
+        return;
+      }
       std::fill(dst, dst + n, 0.0f);  // callers check support first
       return;
   }
@@ -282,6 +286,19 @@ void gemm_f_scalar(GgmlType type, const std::byte* w, std::size_t row_bytes, std
   }
 }
 
+namespace {
+
+// The canonical f32 sum of quant.h: 8 lanes, lane l takes j = l mod 8 in increasing j.
+float canonical_dot(const float* w, const float* x, std::int64_t k) {
+  float a[8] = {};
+  for (std::int64_t i = 0; i < k; i += 8) {
+    for (int l = 0; l < 8; ++l) a[l] = std::fma(w[i + l], x[i + l], a[l]);
+  }
+  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+}  // namespace
+
 void gemm_qf_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                     const float* x, std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
   std::vector<float> wrow(static_cast<std::size_t>(k));
@@ -289,14 +306,16 @@ void gemm_qf_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std:
   for (std::int64_t r = 0; r < nw; ++r) {
     load_row_ggml(type, layout, w, row_bytes, r, k, row.data());
     dequantize_row_scalar(type, row.data(), wrow.data(), k);
-    for (std::int64_t xi = 0; xi < nx; ++xi) {
-      const float* xr = x + xi * ldx;
-      float a[8] = {};
-      for (std::int64_t i = 0; i < k; i += 8) {
-        for (int l = 0; l < 8; ++l) a[l] = std::fma(wrow[static_cast<std::size_t>(i + l)], xr[i + l], a[l]);
-      }
-      y[xi * ldy + r] = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-    }
+    for (std::int64_t xi = 0; xi < nx; ++xi) y[xi * ldy + r] = canonical_dot(wrow.data(), x + xi * ldx, k);
+  }
+}
+
+void gemm_dq_scalar(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
+                    std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  std::vector<float> wrow(static_cast<std::size_t>(k));
+  for (std::int64_t r = 0; r < nw; ++r) {
+    dequantize_row_scalar(type, w + static_cast<std::size_t>(r) * row_bytes, wrow.data(), k);
+    for (std::int64_t xi = 0; xi < nx; ++xi) y[xi * ldy + r] = canonical_dot(wrow.data(), x + xi * ldx, k);
   }
 }
 

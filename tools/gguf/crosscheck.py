@@ -8,8 +8,9 @@ gguf.quants (PyPI: gguf, numpy).
 2. For every good fixture (and the real SmolLM2 model when present): kallpa's metadata (keys in
    order, value types, values), tensor infos (name, type, shape, absolute data offset, byte size),
    version and alignment must equal what gguf.GGUFReader reads; the Llama config must load.
-3. Dequantisation of every tensor of types.gguf (F32 F16 BF16 Q8_0 Q4_0 Q4_1), and of rows of the
-   real model, must equal gguf.quants.dequantize bit for bit.
+3. Dequantisation of every tensor of types.gguf (F32 F16 BF16 Q8_0 Q4_0 Q4_1 from gguf.quants'
+   quantiser; Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K as random blocks with sane scales), and of
+   rows of the real model, must equal gguf.quants.dequantize bit for bit.
 4. Matrix products: kallpa's y = W x must match (a) NumPy emulating the same Q8 activation scheme
    within 1e-5 relative and (b) the exact float64 product within the bound the activation
    quantisation allows.

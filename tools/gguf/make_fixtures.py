@@ -12,8 +12,11 @@ Writes into DIR:
   tiny_llama_q4_0.gguf     matrices Q4_0, token_embd F16, untied output.weight Q4_0
   tiny_llama_mixed.gguf    matrices BF16 (q, k, v, o) / F16 (ffn), token_embd F32, output Q8_0
   tiny_llama_f32.gguf      everything F32 (a forward-pass reference can use the values as stored)
-  types.gguf               one [96 x 5] tensor per type (F32 F16 BF16 Q8_0 Q4_0 Q4_1), a 3-d F32
-                           and a 1-d F16 tensor, and metadata of every value type incl. nested arrays
+  types.gguf               one [96 x 5] tensor per type (F32 F16 BF16 Q8_0 Q4_0 Q4_1), one [512 x 5]
+                           tensor per block type gguf-py cannot quantise to (Q5_0 Q5_1 IQ4_NL Q2_K
+                           Q3_K Q4_K Q5_K Q6_K: random bytes with sane f16 scales, incl. a zero, a
+                           negative and a subnormal one), a 3-d F32 and a 1-d F16 tensor, and metadata
+                           of every value type incl. nested arrays
   expected.json            what types.gguf's metadata holds (the nested arrays gguf-py cannot read back)
   corrupt/*.gguf           byte-level corruptions of tiny_llama_q4_1.gguf and bad models
   corrupt/manifest.json    for each: the stage that must fail ("load" or "llama"), code and field
@@ -78,6 +81,29 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n
 
 
 # --- tensors ---
+
+# Byte offsets of the f16 scales (d, and dmin/m) in one block of each type written as random bytes
+# (ggml's block layouts; src/ops/quant_types.h lists them).
+SCALE_OFFSETS = {
+    QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.IQ4_NL: (0,), QT.Q2_K: (80, 82), QT.Q3_K: (108,),
+    QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,),
+}
+
+
+def random_blocks(rng: np.random.Generator, qtype: QT, rows: int, cols: int) -> np.ndarray:
+    """rows x cols elements of qtype as random bytes ([rows, bytes per row]) whose scales are finite
+    f16 values of either sign in [1e-3, 5e-2]; block 0 of row 0 has zero scales, block 0 of row 1
+    subnormal ones, so the edge cases are part of every comparison."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    n = rows * cols // block
+    raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
+    per_row = cols // block
+    for at in SCALE_OFFSETS[qtype]:
+        scale = (rng.uniform(1e-3, 5e-2, n) * rng.choice([-1.0, 1.0], n)).astype(np.float16)
+        scale[0] = 0.0
+        scale[per_row] = np.float16(3e-6)  # subnormal in f16
+        raw[:, at:at + 2] = scale.view(np.uint8).reshape(n, 2)
+    return raw.reshape(rows, per_row * size)
 
 def encode(values: np.ndarray, qtype: QT) -> tuple[np.ndarray, QT]:
     """values: float32 [rows, cols] (numpy order); returns the array gguf-py writes (raw bytes for
@@ -217,6 +243,10 @@ def write_types(path: Path, expected_path: Path) -> None:
         else:
             add(w, name, v, qt)
         values[name] = qt.name
+    for qt in SCALE_OFFSETS:
+        name = f"w.{qt.name.lower()}"
+        w.add_tensor(name, random_blocks(rng, qt, 5, 512), raw_dtype=qt)
+        values[name] = qt.name
     add(w, "x.f32_3d", rng.uniform(-1, 1, size=(2, 3, 4)).astype(np.float32), QT.F32)
     add(w, "x.f16_1d", rng.uniform(-1, 1, size=(7,)).astype(np.float32), QT.F16)
     w.write_header_to_file()
@@ -292,10 +322,30 @@ def write_corrupt(base: Path, out: Path) -> dict:
                 overrides={"blk.0.attn_k.weight": (rng.uniform(-1, 1, (48, 64)).astype(np.float32), QT.Q4_1)})
     manifest["bad_shape.gguf"] = {"stage": "llama", "code": "invalid_argument", "field": "blk.0.attn_k.weight"}
     write_llama(out / "unsupported_type.gguf", QT.Q4_1, QT.Q8_0, None, 3,
-                overrides={"blk.1.ffn_up.weight": (rng.uniform(-1, 1, (128, 64)).astype(np.float32), QT.Q5_0)})
+                overrides={"blk.1.ffn_up.weight": (rng.uniform(-1, 1, (128, 64)).astype(np.float32), QT.MXFP4)})
     manifest["unsupported_type.gguf"] = {"stage": "llama", "code": "unsupported", "field": "blk.1.ffn_up.weight"}
+    # A block type kallpa computes with, one block's f16 scale d an infinity (0x7c00): the model
+    # must refuse it naming the tensor, not compute inf/NaN.
+    write_llama(out / "nonfinite_scale.gguf", QT.Q4_1, QT.Q8_0, None, 3,
+                overrides={"blk.0.ffn_gate.weight": (rng.uniform(-1, 1, (128, 64)).astype(np.float32), QT.Q5_1)})
+    rb = gguf.GGUFReader(str(out / "nonfinite_scale.gguf"))
+    gate = next(t for t in rb.tensors if t.name == "blk.0.ffn_gate.weight")
+    b = bytearray((out / "nonfinite_scale.gguf").read_bytes())
+    struct.pack_into("<H", b, int(gate.data_offset) + 3 * 24, 0x7C00)  # block 3's d
+    (out / "nonfinite_scale.gguf").write_bytes(bytes(b))
+    manifest["nonfinite_scale.gguf"] = {"stage": "llama", "code": "invalid_argument", "field": "blk.0.ffn_gate.weight"}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return manifest
+
+
+def write_truncated_kquant(types: Path, out: Path) -> None:
+    """types.gguf cut in the middle of its Q4_K tensor: the loader must name that tensor's offset."""
+    pos = tensor_field_positions(types)
+    i = next(j for j, p in enumerate(pos) if p["name"] == "w.q4_k")
+    (out / "truncated_q4_k.gguf").write_bytes(types.read_bytes()[: pos[i]["data_offset"] + pos[i]["nbytes"] // 2])
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["truncated_q4_k.gguf"] = {"stage": "load", "code": "parse_error", "field": f"tensor_infos[{i}].offset"}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 
 def main() -> int:
@@ -309,6 +359,7 @@ def main() -> int:
     write_llama(args.out / "tiny_llama_f32.gguf", QT.F32, QT.F32, QT.F32, 6)
     write_types(args.out / "types.gguf", args.out / "expected.json")
     write_corrupt(args.out / "tiny_llama_q4_1.gguf", args.out / "corrupt")
+    write_truncated_kquant(args.out / "types.gguf", args.out / "corrupt")
     print(args.out)
     return 0
 

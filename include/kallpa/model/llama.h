@@ -62,8 +62,9 @@ struct LlamaWeights {
 };
 
 // Checks that every expected tensor is present with the shape the config implies and a type the
-// kernels support (norm weights must be F32; matrices F32/F16/BF16/Q8_0/Q4_0/Q4_1), and returns
-// views of them. The views live as long as `file`.
+// kernels support (norm weights must be F32; matrices any type ops::is_compute_supported accepts)
+// with finite block scales (ops::check_block_scales), and returns views of them. The views live as
+// long as `file`.
 Result<LlamaWeights> bind_llama_weights(const GgufFile& file, const ModelConfig& config);
 
 // Both of the above; the usual entry point.

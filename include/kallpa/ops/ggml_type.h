@@ -1,7 +1,8 @@
 // ggml tensor types as GGUF files number them, with their block layout (elements per block, bytes
 // per block). The table knows every type ggml defines, so that a file's sizes and offsets can be
 // validated even for types kallpa cannot compute with; `is_compute_supported` says which ones the
-// engine's kernels handle (F32, F16, BF16, Q8_0, Q4_0, Q4_1).
+// engine's kernels handle (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
+// Q6_K, Q8_K, IQ4_NL).
 #pragma once
 
 #include <cstdint>
@@ -57,5 +58,8 @@ std::optional<GgmlTypeTraits> ggml_type_traits(std::uint32_t type) noexcept;
 std::string_view ggml_type_name(GgmlType type) noexcept;
 // Whether the engine's dequantisation and matmul kernels handle this type.
 bool is_compute_supported(GgmlType type) noexcept;
+// The names of the types is_compute_supported accepts, comma-separated ("F32, F16, ..."), for
+// error messages that list what a tensor could have been.
+std::string_view compute_supported_type_names() noexcept;
 
 }  // namespace kallpa::ops

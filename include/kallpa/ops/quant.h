@@ -1,5 +1,7 @@
 // Tensor-type kernels: dequantisation to f32 and (quantised) matrix products for the tensor types
-// the engine computes with: F32, F16, BF16, Q8_0, Q4_0, Q4_1 (ggml block layouts).
+// the engine computes with: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and the K-quants
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K (ggml block layouts; dequantize_row gives gguf-py's
+// gguf.quants values bit for bit, tests/gguf checks it).
 //
 // matmul computes y[b][i] = sum_j W[i][j] * x[b][j] for a GGUF matrix W (ne = {k, n}: n rows of k).
 // For Q8_0/Q4_0/Q4_1 weights MatmulOptions::activations picks how x enters the product:
@@ -19,7 +21,10 @@
 //     below q8's, and the products are exact int32 sums (two halves per block). About as fast as
 //     q8 for decode GEMVs, where the f32 path is bound by expanding weights to floats; the engine
 //     uses it for decode rows (see ops/ops.h), f32 for prompt rows.
-// F32/F16/BF16 weights always use f32 x directly (the option is ignored for them).
+// F32/F16/BF16 weights always use f32 x directly (the option is ignored for them), and so do the
+// block types without an integer kernel (Q5_0, Q5_1, IQ4_NL and the K-quants): their weights are
+// dequantised block by block (into registers or a per-thread f32 tile) to exactly the values
+// dequantize_row gives, then take the f32 path above with its bound and summation order.
 //
 // Every output element is computed by the same sequence of operations whatever batch size, batch
 // position, tile or thread count it is part of (work is split over kallpa::parallel::ThreadPool::
@@ -62,16 +67,23 @@ std::uint64_t row_size(GgmlType type, std::int64_t cols) noexcept;
 
 // Dequantises n elements (a multiple of the type's block size) starting at src into dst.
 Status dequantize_row(GgmlType type, const void* src, float* dst, std::int64_t n);
+// Checks that every block of `bytes` bytes of `type` data (a whole number of blocks) has finite
+// scales (the f16 d, and dmin/m where the type has one; Q8_K's f32 d): a non-finite scale turns
+// every product with its block into inf/NaN. invalid_argument naming the first bad block and
+// field otherwise; plain types (F32/F16/BF16) always pass.
+Status check_block_scales(GgmlType type, const void* data, std::uint64_t bytes);
 // Quantises n floats (a multiple of the block size) to `type` with ggml's reference rounding
 // (bit-identical to ggml-quants.c and gguf-py's gguf.quants for Q8_0, Q4_0, Q4_1; F16/BF16 round to
-// nearest even). dst receives row_size(type, n) bytes.
+// nearest even). dst receives row_size(type, n) bytes. unsupported for the other types (their
+// data comes from files quantised elsewhere).
 Status quantize_row(GgmlType type, const float* src, void* dst, std::int64_t n);
 // Dequantises rows [first, first + count) of a matrix into dst (count x cols floats), e.g. an
 // embedding lookup. invalid_argument when the rows are out of range.
 Status dequantize_rows(const WeightMatrix& w, std::int64_t first, std::int64_t count, float* dst);
 
 struct MatmulOptions {
-  // How activations enter products with quantised (Q8_0/Q4_0/Q4_1) weights; see the top of this file.
+  // How activations enter products with Q8_0/Q4_0/Q4_1 weights (other types always use f32); see the
+  // top of this file.
   enum class Activations {
     f32,  // exact activations: f32 FMAs with in-register dequantised weights (f32 rounding only)
     q8,   // activations quantised to Q8 blocks, integer dot products (llama.cpp style)
