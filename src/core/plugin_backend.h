@@ -41,6 +41,10 @@ class PluginBackend final : public AttentionBackend {
   DeviceKind device_;
 };
 
+// dlopens a plugin library in this process, checks its table and wraps it (field of an error: the
+// path). Used by in-process loading and by the plugin host.
+Result<std::unique_ptr<PluginBackend>> open_plugin(const std::string& path);
+
 kallpa_signature to_c(const ProblemSignature& signature) noexcept;
 // `signature` must outlive the result (the problem points at it).
 kallpa_problem to_c(const ValidatedProblem& problem, const kallpa_signature& signature) noexcept;

@@ -72,13 +72,22 @@ def test_backends_show_health_and_quarantine_reasons():
 
 
 def test_plugin_path_environment():
-    r = run("backends", "--json", env_extra={"KALLPA_PLUGIN_PATH": f"/nonexistent:{PLUGINS}"})
+    # Every plugin of the directory, the rogues' gallery included, each in its own host process:
+    # the ones that crash, abort, hang (a 2 s watchdog here) or write past o (caught by the guard
+    # pages of paranoid mode) are quarantined by their canaries; `kallpa backends` carries on.
+    env = {"KALLPA_PLUGIN_PATH": f"/nonexistent:{PLUGINS}", "KALLPA_PLUGIN_TIMEOUT_MS": "2000", "KALLPA_PARANOID": "1"}
+    r = run("backends", "--json", env_extra=env)
     check(r.returncode == 0, "backends exits 0", r)
     b = by_name(r)
     for name, health in (("fault-good", "healthy"), ("fault-old-minor", "healthy"), ("fault-offby", "quarantined"),
                          ("fault-decode", "quarantined"), ("fault-error", "quarantined"),
-                         ("fault-nan", "quarantined"), ("fault-throw", "quarantined")):
+                         ("fault-nan", "quarantined"), ("fault-throw", "quarantined"), ("fault-segv", "quarantined"),
+                         ("fault-abort", "quarantined"), ("fault-hang", "quarantined"), ("fault-oob", "quarantined"),
+                         ("fault-liar", "quarantined")):
         check(b.get(name, {}).get("health") == health, f"{name} is {health}", r)
+    for name, words in (("fault-segv", "SIGSEGV"), ("fault-abort", "SIGABRT"), ("fault-hang", "watchdog"),
+                        ("fault-oob", "past the end of o")):
+        check(words in b[name]["health_reason"], f"{name}'s reason says {words}", r)
     check("/nonexistent" in r.stderr, "the missing directory is reported", r)
 
 
