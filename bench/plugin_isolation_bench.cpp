@@ -85,13 +85,18 @@ void run(benchmark::State& state, Mode mode, std::int64_t b, std::int64_t sq, st
   state.counters["bytes_in"] = static_cast<double>((t.q.size() + t.k.size() + t.v.size()) * sizeof(float));
 }
 
-// Decode: 4 sequences x 1 query x 1024 keys; prefill: 1 x 128 x 128. Hq 8, Hkv 2, D 64.
+// Decode: 4 sequences x 1 query x 1024 keys; a tiny decode (1 x 1 x 64: the fixed cost of a round
+// trip); prefill: 1 x 128 x 128. Hq 8, Hkv 2, D 64.
 void decode(benchmark::State& s, Mode m) { run(s, m, 4, 1, 1024); }
+void tiny_decode(benchmark::State& s, Mode m) { run(s, m, 1, 1, 64); }
 void prefill(benchmark::State& s, Mode m) { run(s, m, 1, 128, 128); }
 
 BENCHMARK_CAPTURE(decode, in_process, in_process)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(decode, isolated, isolated)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(decode, isolated_guarded, isolated_guarded)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(tiny_decode, in_process, in_process)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(tiny_decode, isolated, isolated)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(tiny_decode, isolated_guarded, isolated_guarded)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(prefill, in_process, in_process)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(prefill, isolated, isolated)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(prefill, isolated_guarded, isolated_guarded)->Unit(benchmark::kMicrosecond);

@@ -194,7 +194,7 @@ TEST_P(RogueAtRunTime, CostsOneFallbackAndAQuarantineNeverThisProcess) {
 INSTANTIATE_TEST_SUITE_P(Gallery, RogueAtRunTime,
                          ::testing::Values(Rogue{"segv", "killed by signal 11 (SIGSEGV)"},
                                            Rogue{"abort", "killed by signal 6 (SIGABRT)"},
-                                           Rogue{"hang", "did not return within 1500 ms (watchdog)"},
+                                           Rogue{"hang", "within 1500 ms (watchdog)"},
                                            Rogue{"oob", "wrote 1 byte(s) past the end of o"},
                                            Rogue{"leak", "past the limit of 256 MiB"}),
                          [](const auto& param_info) { return param_info.param.fault; });

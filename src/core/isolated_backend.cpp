@@ -264,7 +264,7 @@ class IsolatedPluginBackend final : public AttentionBackend {
     const pid_t pid = pid_;
     const std::string how = stop_locked(kill_now);
     hosts_lost_.fetch_add(1, std::memory_order_relaxed);
-    std::string message = fmt::format("{}; the plugin host (pid {}) {}", what, pid, how);
+    std::string message = pid < 0 ? what : fmt::format("{}; its plugin host (pid {}) {}", what, pid, how);
     spdlog::error("kallpa: backend '{}' {}", name_, message);
     backoff_ = std::min<std::chrono::milliseconds>(backoff_.count() == 0 ? kFirstBackoff : 2 * backoff_, kMaxBackoff);
     retry_after_ = Clock::now() + backoff_;
@@ -315,7 +315,7 @@ class IsolatedPluginBackend final : public AttentionBackend {
     } in{};
     const ssize_t n = receive_locked(&in, sizeof in, Clock::now() + options_.timeout);
     if (n == -1) {
-      return lose_locked(fmt::format("{} did not return within {} ms (watchdog)", what, options_.timeout.count()),
+      return lose_locked(fmt::format("did not return from {} within {} ms (watchdog)", what, options_.timeout.count()),
                          true);
     }
     if (n == static_cast<ssize_t>(sizeof(wire::GuardFault)) && in.fault.kind == wire::ReplyKind::guard_fault) {
@@ -327,7 +327,7 @@ class IsolatedPluginBackend final : public AttentionBackend {
       return lose_locked(fmt::format("{} in {} (caught by a guard page)", where, what), false);
     }
     if (n != static_cast<ssize_t>(sizeof(wire::Reply)) || in.reply.kind != wire::ReplyKind::result) {
-      return lose_locked(fmt::format("the plugin host died during {}", what), false);
+      return lose_locked(fmt::format("died during {}", what), false);
     }
     *reply = in.reply;
     return {};
