@@ -433,6 +433,16 @@ class IsolatedPluginBackend final : public AttentionBackend {
     for (const Staged& s : inputs) {
       if (s.bytes > 0) std::memcpy(arena_ + s.offset, s.from, static_cast<std::size_t>(s.bytes));
     }
+    // o and lse start as the caller's, so an element the plugin never writes comes back unchanged
+    // (what the conformance suite's check for unwritten outputs looks for), never as a stale value
+    // of an earlier call.
+    TensorView o_arena = p.o, lse_arena = p.lse;
+    o_arena.data = arena_ + request.o_region.begin;
+    wire::copy_elements(p.o, o_arena);
+    if (p.lse.present()) {
+      lse_arena.data = arena_ + request.lse_region.begin;
+      wire::copy_elements(p.lse, lse_arena);
+    }
 
     request.scale = vp.scale();
     request.softcap = p.softcap;
@@ -454,15 +464,13 @@ class IsolatedPluginBackend final : public AttentionBackend {
     }
     // Packed rows after the last sequence belong to the caller, not to the problem: never written.
     const bool packed = p.q_layout == QLayout::packed;
-    TensorView o_from = p.o, o_to = p.o;
-    o_from.data = arena_ + request.o_region.begin;
-    if (packed) o_from.shape[0] = o_to.shape[0] = vp.total_q();
-    wire::copy_elements(o_from, o_to);
+    TensorView o_to = p.o;
+    if (packed) o_arena.shape[0] = o_to.shape[0] = vp.total_q();
+    wire::copy_elements(o_arena, o_to);
     if (p.lse.present()) {
-      TensorView lse_from = p.lse, lse_to = p.lse;
-      lse_from.data = arena_ + request.lse_region.begin;
-      if (packed) lse_from.shape[1] = lse_to.shape[1] = vp.total_q();
-      wire::copy_elements(lse_from, lse_to);
+      TensorView lse_to = p.lse;
+      if (packed) lse_arena.shape[1] = lse_to.shape[1] = vp.total_q();
+      wire::copy_elements(lse_arena, lse_to);
     }
     return {};
   }
