@@ -170,7 +170,8 @@ class BackendRegistry {
   void ensure_checked(std::optional<DeviceKind> device = std::nullopt);
 
   // Counts a run-time failure of `name`. When `limit` > 0 and the backend has now failed `limit`
-  // times, it is quarantined (logged once) and true is returned.
+  // times, or the error is ErrorCode::backend_lost (its process died, hung or wrote out of
+  // bounds), it is quarantined (logged once) and true is returned.
   bool record_failure(std::string_view name, const Status& error, int limit);
 
   HealthCounters health_counters() const;

@@ -18,6 +18,11 @@ enum class ErrorCode {
   parse_error,       // malformed text input (a spec, JSON, ...)
   out_of_memory,
   internal,
+  // The backend's process died (signal, abort), overran its watchdog deadline, wrote outside its
+  // outputs (a guard page) or outgrew its memory limit. Only an isolated plugin's proxy returns it;
+  // the registry quarantines such a backend at its first occurrence, as a second call could not
+  // be trusted either.
+  backend_lost,
 };
 
 std::string_view error_code_name(ErrorCode code) noexcept;

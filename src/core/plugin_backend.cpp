@@ -93,20 +93,18 @@ kallpa_problem to_c(const ValidatedProblem& vp, const kallpa_signature& signatur
   c.scale = vp.scale();
   c.softcap = p.softcap;
   c.causal = p.causal;
-  c.window_left = p.window_left;
-  c.window_right = p.window_right;
+  // The validated bounds: capped where a window hides nothing more, so that a plugin's own
+  // p_i +- window arithmetic cannot overflow.
+  c.window_left = vp.window_left();
+  c.window_right = vp.window_right();
   c.alibi_slopes = p.alibi_slopes;
   return c;
 }
 
-namespace {
-
-// 64-bit FNV-1a of the library file's bytes, in hex: a rebuilt plugin is a new build identity
-// (no hashing library is in the tree, and telling builds apart needs no cryptographic strength).
-// "unreadable" when the file cannot be read back.
-std::string file_fnv1a64(const std::string& path) {
+// No hashing library is in the tree, and telling builds apart needs no cryptographic strength.
+std::string plugin_identity(std::string_view name, std::string_view version, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return "unreadable";
+  if (!in) return fmt::format("{}@{}#fnv1a64:unreadable", name, version);
   std::uint64_t h = 0xcbf29ce484222325ull;
   char buffer[1 << 16];
   while (in) {
@@ -116,10 +114,8 @@ std::string file_fnv1a64(const std::string& path) {
       h *= 0x100000001b3ull;
     }
   }
-  return fmt::format("{:016x}", h);
+  return fmt::format("{}@{}#fnv1a64:{:016x}", name, version, h);
 }
-
-}  // namespace
 
 PluginBackend::PluginBackend(std::shared_ptr<LibraryHandle> library, const kallpa_plugin_table& table, std::string path)
     : library_(std::move(library)),
@@ -130,7 +126,7 @@ PluginBackend::PluginBackend(std::shared_ptr<LibraryHandle> library, const kallp
       description_(table.description != nullptr ? table.description : ""),
       device_(static_cast<DeviceKind>(table.device_kind)) {
   if (description_.empty()) description_ = fmt::format("plugin {}", path_);
-  identity_ = fmt::format("{}@{}#fnv1a64:{}", name_, version_, file_fnv1a64(path_));
+  identity_ = plugin_identity(name_, version_, path_);
 }
 
 PluginBackend::~PluginBackend() {

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "kallpa/backend.h"
 #include "kallpa/plugin_abi.h"
@@ -43,8 +44,16 @@ class PluginBackend final : public AttentionBackend {
   DeviceKind device_;
 };
 
+// dlopens a plugin library in this process, checks its table and wraps it (field of an error: the
+// path). Used by in-process loading and by the plugin host.
+Result<std::unique_ptr<PluginBackend>> open_plugin(const std::string& path);
+
 kallpa_signature to_c(const ProblemSignature& signature) noexcept;
 // `signature` must outlive the result (the problem points at it).
 kallpa_problem to_c(const ValidatedProblem& problem, const kallpa_signature& signature) noexcept;
+
+// A plugin's build identity, in process or isolated: name@version#fnv1a64:HASH, HASH the 64-bit
+// FNV-1a of the library file's bytes ("unreadable" when it cannot be read back).
+std::string plugin_identity(std::string_view name, std::string_view version, const std::string& path);
 
 }  // namespace kallpa::detail

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "core/isolated_backend.h"
 #include "core/plugin_backend.h"
 #include "kallpa/plugin.h"
 #include "kallpa/plugin_abi.h"
@@ -60,20 +61,22 @@ PluginLoadReport fail(const std::string& path, ErrorCode code, std::string messa
 
 }  // namespace
 
-PluginLoadReport load_plugin(const std::string& path, BackendRegistry& registry) {
+namespace detail {
+
+Result<std::unique_ptr<PluginBackend>> open_plugin(const std::string& path) {
+  const auto refuse = [&](ErrorCode code, std::string message) { return Status(code, path, std::move(message)); };
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return fail(path, ErrorCode::not_found, "no such file");
-  auto library = std::make_shared<detail::LibraryHandle>();
+  if (!std::filesystem::exists(path, ec)) return refuse(ErrorCode::not_found, "no such file");
+  auto library = std::make_shared<LibraryHandle>();
   library->handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (library->handle == nullptr) {
     const char* why = dlerror();
-    return fail(path, ErrorCode::invalid_argument,
-                fmt::format("cannot be loaded: {}", why ? why : "unknown dlopen error"));
+    return refuse(ErrorCode::invalid_argument, fmt::format("cannot be loaded: {}", why ? why : "unknown dlopen error"));
   }
   void* symbol = dlsym(library->handle, KALLPA_PLUGIN_ENTRY_POINT);
   if (symbol == nullptr) {
-    return fail(path, ErrorCode::invalid_argument,
-                fmt::format("not a kallpa plugin: it does not export '{}'", KALLPA_PLUGIN_ENTRY_POINT));
+    return refuse(ErrorCode::invalid_argument,
+                  fmt::format("not a kallpa plugin: it does not export '{}'", KALLPA_PLUGIN_ENTRY_POINT));
   }
   kallpa_plugin_init_fn init = nullptr;
   static_assert(sizeof init == sizeof symbol);
@@ -86,14 +89,15 @@ PluginLoadReport load_plugin(const std::string& path, BackendRegistry& registry)
   try {
     table = init(&host, error, sizeof error);
   } catch (const std::exception& e) {
-    return fail(path, ErrorCode::backend_failure, fmt::format("initialisation threw: {}", e.what()));
+    return refuse(ErrorCode::backend_failure, fmt::format("initialisation threw: {}", e.what()));
   } catch (...) {
-    return fail(path, ErrorCode::backend_failure, "initialisation threw");
+    return refuse(ErrorCode::backend_failure, "initialisation threw");
   }
   if (table == nullptr) {
     const std::size_t n = strnlen(error, sizeof error);
-    return fail(path, ErrorCode::backend_failure,
-                fmt::format("initialisation failed: {}", n ? std::string(error, n) : std::string("(no reason given)")));
+    return refuse(
+        ErrorCode::backend_failure,
+        fmt::format("initialisation failed: {}", n ? std::string(error, n) : std::string("(no reason given)")));
   }
 
   // Read only the bytes the plugin declared: an older-minor table ends before the newer fields,
@@ -109,19 +113,35 @@ PluginLoadReport load_plugin(const std::string& path, BackendRegistry& registry)
     if (copy.abi_major == KALLPA_PLUGIN_ABI_MAJOR && declared >= KALLPA_PLUGIN_TABLE_SIZE_1_0 && copy.destroy) {
       copy.destroy(copy.state);
     }
-    return fail(path, ErrorCode::invalid_argument, std::move(why));
+    return refuse(ErrorCode::invalid_argument, std::move(why));
   }
+  spdlog::debug("kallpa: opened plugin '{}' (ABI {}.{}) from {}", copy.name, copy.abi_major, copy.abi_minor, path);
+  return std::make_unique<PluginBackend>(library, copy, path);
+}
 
-  auto backend = std::make_unique<detail::PluginBackend>(library, copy, path);
-  const std::string name(backend->name());
-  if (Status s = registry.add(std::move(backend)); !s) {
+}  // namespace detail
+
+PluginLoadReport load_plugin(const std::string& path, BackendRegistry& registry, const PluginOptions& options) {
+  Result<std::unique_ptr<AttentionBackend>> backend = Status();
+  if (options.isolation == PluginIsolation::in_process) {
+    auto opened = detail::open_plugin(path);
+    if (!opened) return {path, {}, opened.status()};
+    backend = std::unique_ptr<AttentionBackend>(std::move(*opened));
+  } else {
+    backend = detail::start_isolated_plugin(path, options);
+    if (!backend) return {path, {}, backend.status()};
+  }
+  const std::string name((*backend)->name());
+  if (Status s = registry.add(std::move(*backend)); !s) {
     return fail(path, s.code(), fmt::format("backend '{}' not registered: {}", name, s.message()));
   }
-  spdlog::debug("kallpa: loaded plugin backend '{}' (ABI {}.{}) from {}", name, copy.abi_major, copy.abi_minor, path);
+  spdlog::debug("kallpa: loaded plugin backend '{}' from {} ({})", name, path,
+                options.isolation == PluginIsolation::in_process ? "in process" : "isolated");
   return {path, name, {}};
 }
 
-std::vector<PluginLoadReport> load_plugins(std::string_view path_list, BackendRegistry& registry) {
+std::vector<PluginLoadReport> load_plugins(std::string_view path_list, BackendRegistry& registry,
+                                           const PluginOptions& options) {
   std::vector<PluginLoadReport> reports;
   std::size_t pos = 0;
   while (pos <= path_list.size()) {
@@ -140,9 +160,9 @@ std::vector<PluginLoadReport> load_plugins(std::string_view path_list, BackendRe
         continue;
       }
       std::sort(files.begin(), files.end());
-      for (const std::string& f : files) reports.push_back(load_plugin(f, registry));
+      for (const std::string& f : files) reports.push_back(load_plugin(f, registry, options));
     } else {
-      reports.push_back(load_plugin(item, registry));
+      reports.push_back(load_plugin(item, registry, options));
     }
   }
   for (const PluginLoadReport& r : reports) {
@@ -155,8 +175,21 @@ const std::vector<PluginLoadReport>& load_env_plugins() {
   static std::vector<PluginLoadReport> reports;
   static std::once_flag once;
   std::call_once(once, [] {
-    if (const char* list = std::getenv("KALLPA_PLUGIN_PATH"); list != nullptr && *list != '\0') {
-      reports = load_plugins(list, BackendRegistry::global());
+    const char* isolated = std::getenv("KALLPA_PLUGIN_PATH");
+    const char* trusted = std::getenv("KALLPA_TRUSTED_PLUGIN_PATH");
+    const bool any = (isolated != nullptr && *isolated != '\0') || (trusted != nullptr && *trusted != '\0');
+    if (!any) return;
+    Result<PluginOptions> options = PluginOptions::from_env();
+    if (!options) {
+      reports.push_back({"KALLPA_PLUGIN_PATH", {}, options.status()});
+      spdlog::warn("kallpa: plugins not loaded: {}", options.status().to_string());
+      return;
+    }
+    if (isolated != nullptr && *isolated != '\0') reports = load_plugins(isolated, BackendRegistry::global(), *options);
+    if (trusted != nullptr && *trusted != '\0') {
+      options->isolation = PluginIsolation::in_process;
+      std::vector<PluginLoadReport> more = load_plugins(trusted, BackendRegistry::global(), *options);
+      reports.insert(reports.end(), more.begin(), more.end());
     }
   });
   return reports;

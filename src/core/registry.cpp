@@ -481,7 +481,10 @@ bool BackendRegistry::record_failure(std::string_view name, const Status& error,
     auto it = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.backend->name() == name; });
     if (it == entries_.end()) return false;
     ++it->run_failures;
-    if (limit <= 0 || it->health == Health::quarantined || it->run_failures < static_cast<std::uint64_t>(limit)) {
+    // A lost backend (status.h) is quarantined at once: its process is gone or misbehaved.
+    const bool lost = error.code() == ErrorCode::backend_lost;
+    if (limit <= 0 || it->health == Health::quarantined ||
+        (!lost && it->run_failures < static_cast<std::uint64_t>(limit))) {
       return false;
     }
     it->health = Health::quarantined;

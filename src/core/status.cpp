@@ -12,6 +12,7 @@ std::string_view error_code_name(ErrorCode code) noexcept {
     case ErrorCode::parse_error: return "parse_error";
     case ErrorCode::out_of_memory: return "out_of_memory";
     case ErrorCode::internal: return "internal";
+    case ErrorCode::backend_lost: return "backend_lost";
   }
   return "unknown";
 }

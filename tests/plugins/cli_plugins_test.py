@@ -57,7 +57,10 @@ def test_load_failures_are_reported_and_kallpa_carries_on():
 def test_backends_show_health_and_quarantine_reasons():
     r = run("--plugin", plugin("offby"), "--plugin", plugin("old-minor"), "backends")
     check(r.returncode == 0, "backends exits 0", r)
-    lines = {l.split()[0]: l for l in r.stdout.splitlines() if l.strip()}
+    lines = {}
+    for l in r.stdout.splitlines():  # a backend's first line; its counters line may follow
+        if l.strip():
+            lines.setdefault(l.split()[0], l)
     check("quarantined (canary '" in lines.get("fault-offby", ""), "offby is quarantined with its canary", r)
     check(" healthy " in lines.get("fault-old-minor", ""), "the ABI 1.0 plugin loads and is healthy", r)
     for name in ("cpu-flash", "reference"):
@@ -72,13 +75,22 @@ def test_backends_show_health_and_quarantine_reasons():
 
 
 def test_plugin_path_environment():
-    r = run("backends", "--json", env_extra={"KALLPA_PLUGIN_PATH": f"/nonexistent:{PLUGINS}"})
+    # Every plugin of the directory, the rogues' gallery included, each in its own host process:
+    # the ones that crash, abort, hang (a 2 s watchdog here) or write past o (caught by the guard
+    # pages of paranoid mode) are quarantined by their canaries; `kallpa backends` carries on.
+    env = {"KALLPA_PLUGIN_PATH": f"/nonexistent:{PLUGINS}", "KALLPA_PLUGIN_TIMEOUT_MS": "2000", "KALLPA_PARANOID": "1"}
+    r = run("backends", "--json", env_extra=env)
     check(r.returncode == 0, "backends exits 0", r)
     b = by_name(r)
     for name, health in (("fault-good", "healthy"), ("fault-old-minor", "healthy"), ("fault-offby", "quarantined"),
                          ("fault-decode", "quarantined"), ("fault-error", "quarantined"),
-                         ("fault-nan", "quarantined"), ("fault-throw", "quarantined")):
+                         ("fault-nan", "quarantined"), ("fault-throw", "quarantined"), ("fault-segv", "quarantined"),
+                         ("fault-abort", "quarantined"), ("fault-hang", "quarantined"), ("fault-oob", "quarantined"),
+                         ("fault-liar", "quarantined")):
         check(b.get(name, {}).get("health") == health, f"{name} is {health}", r)
+    for name, words in (("fault-segv", "SIGSEGV"), ("fault-abort", "SIGABRT"), ("fault-hang", "watchdog"),
+                        ("fault-oob", "past the end of o")):
+        check(words in b[name]["health_reason"], f"{name}'s reason says {words}", r)
     check("/nonexistent" in r.stderr, "the missing directory is reported", r)
 
 

@@ -10,14 +10,25 @@
 //   wrong-major  declares ABI major 2
 //   init-error   the entry point fails (no device) and returns NULL with a reason
 //   good         correct, high priority (the control)
+//   slow         correct, 25 ms late per call
 //
-// The run-time faults (error, nan, throw) start after KALLPA_FAULT_AFTER successful calls (default
-// 0), so a test can let a plugin pass its health check and break afterwards.
+// The rogues' gallery: faults an isolated plugin (plugin.h) must survive, each one costing only the
+// plugin host's process:
+//   segv         writes through a wild pointer (SIGSEGV)
+//   abort        calls abort() (SIGABRT), as a failed assertion does
+//   hang         never returns from run()
+//   oob          writes the 16 bytes just past the end of o (its own output buffer)
+//   leak         keeps 32 MiB of touched heap per call, never freed
+//   liar         says yes to every signature in supports(), and ignores softcap and ALiBi in run()
+//
+// The run-time faults (error, nan, throw and the rogues but liar) start after KALLPA_FAULT_AFTER
+// successful calls (default 0), so a test can let a plugin pass its health check and break after.
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <thread>
@@ -36,6 +47,12 @@
 #define KALLPA_FAULT_INIT_ERROR 8
 #define KALLPA_FAULT_GOOD 9
 #define KALLPA_FAULT_SLOW 10
+#define KALLPA_FAULT_SEGV 11
+#define KALLPA_FAULT_ABORT 12
+#define KALLPA_FAULT_HANG 13
+#define KALLPA_FAULT_OOB 14
+#define KALLPA_FAULT_LEAK 15
+#define KALLPA_FAULT_LIAR 16
 
 #ifndef KALLPA_FAULT
 #error "define KALLPA_FAULT"
@@ -64,7 +81,15 @@ void for_each_row_head(const kallpa_problem* p, F&& f) {
   }
 }
 
+[[maybe_unused]] std::vector<void*> g_leaked;
+
 std::int32_t supports(void*, const kallpa_signature* s, char* why_not, std::size_t capacity) {
+#if KALLPA_FAULT == KALLPA_FAULT_LIAR
+  (void)s;
+  (void)why_not;
+  (void)capacity;
+  return 1;
+#endif
   if (s->device_kind != KALLPA_DEVICE_CPU) {
     std::snprintf(why_not, capacity, "host memory only");
     return 0;
@@ -92,6 +117,12 @@ std::int32_t run(void*, const kallpa_problem* p, void* ws, std::size_t ws_bytes,
     shorter.v.shape[1] -= 1;
   }
   p = &shorter;
+#elif KALLPA_FAULT == KALLPA_FAULT_LIAR
+  // Claimed every feature; quietly drops the two it never implemented.
+  kallpa_problem plain = *p;
+  plain.softcap = 0.0f;
+  plain.alibi_slopes = nullptr;
+  p = &plain;
 #endif
   const std::int32_t rc = naive_attention(p, ws, ws_bytes, error, capacity);
   if (rc != KALLPA_PLUGIN_OK) return rc;
@@ -110,6 +141,34 @@ std::int32_t run(void*, const kallpa_problem* p, void* ws, std::size_t ws_bytes,
   // Right, only late: a hung driver or a throttled device. Not a fault the dispatcher may act on
   // (slowness is no reason to serve from another backend); it must show in the latency stats.
   if (faulting()) std::this_thread::sleep_for(std::chrono::milliseconds(KALLPA_FAULT_SLOW_MS));
+#elif KALLPA_FAULT == KALLPA_FAULT_SEGV
+  if (faulting()) {
+    volatile std::uintptr_t address = 64;  // volatile: a pointer the compiler cannot see through
+    *reinterpret_cast<volatile int*>(address) = 1;
+  }
+#elif KALLPA_FAULT == KALLPA_FAULT_ABORT
+  if (faulting()) std::abort();
+#elif KALLPA_FAULT == KALLPA_FAULT_HANG
+  if (faulting()) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+#elif KALLPA_FAULT == KALLPA_FAULT_OOB
+  if (faulting()) {
+    // The byte just past o's last element, and the 15 after it.
+    std::int64_t last = 0;
+    for (int d = 0; d < p->o.rank; ++d) last += (p->o.shape[d] - 1) * p->o.stride[d];
+    const std::size_t element = p->o.dtype == KALLPA_DTYPE_F32 ? 4 : 2;
+    volatile unsigned char* past =
+        static_cast<unsigned char*>(p->o.data) + (last + 1) * static_cast<std::int64_t>(element);
+    for (int i = 0; i < 16; ++i) past[i] = 0xff;
+  }
+#elif KALLPA_FAULT == KALLPA_FAULT_LEAK
+  if (faulting()) {
+    constexpr std::size_t kLeak = std::size_t{32} << 20;
+    void* block = std::malloc(kLeak);
+    if (block != nullptr) std::memset(block, 0x5a, kLeak);
+    g_leaked.push_back(block);
+  }
 #endif
   return KALLPA_PLUGIN_OK;
 }

@@ -596,6 +596,67 @@ def test_device_opencl():
         check(not m.get("kallpa_op_fallbacks_total"), f"ops ran on the CPU: {m.get('kallpa_op_fallbacks_total')}")
 
 
+def test_crashing_plugin_under_load():
+    # An isolated plugin (docs/plugins.md) of the highest priority that passes its canaries, then
+    # segfaults on its first call while 8 clients are waiting: its host dies, those calls fall back,
+    # the plugin is quarantined, and every answer is the one the server gives without the plugin.
+    # Nothing is killed by the test; the server must not even notice beyond its metrics and log.
+    segv = str(Path(ARGS.plugin_dir) / "fault-segv.so")
+    check(Path(segv).exists(), f"no {segv}")
+
+    def req(i):
+        return dict(messages=[{"role": "user", "content": f"Question {i}: what comes next?"}], max_tokens=24,
+                    temperature=0.0, seed=1)
+
+    with Server("no-plugin") as s:
+        want = [stream_chat(s.client(), **req(i))[0] for i in range(8)]
+        check(s.stop() == 0, "the plugin-less server exits cleanly")
+
+    with Server("crashing-plugin", "--plugin", segv, env={"KALLPA_FAULT_AFTER": "8"}) as s:
+        results, errors = [None] * 8, []
+        clients = [s.client() for _ in range(8)]
+        start = threading.Barrier(8)
+
+        def run(i):
+            try:
+                start.wait()
+                for _ in range(3):
+                    results[i] = stream_chat(clients[i], **req(i))[0]
+                    check(results[i] == want[i], f"request {i}: {results[i]!r} != {want[i]!r}")
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(f"request {i}: {e!r}")
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        check(not errors, "; ".join(errors) + "\n" + s.log_tail())
+        check(s.proc.poll() is None, "the server is alive")
+        m = s.metrics()
+        lost = m.get("kallpa_backend_hosts_lost_total", {}).get(frozenset({("backend", "fault-segv")}), 0)
+        check(lost == 1, f"the plugin's host was lost once (hosts_lost {lost})\n{s.log_tail()}")
+        pid = m.get("kallpa_backend_host_pid", {}).get(frozenset({("backend", "fault-segv")}), -1)
+        check(pid == 0, f"no plugin host runs after the crash (host_pid {pid})")
+        status, _, backends = s.request("GET", "/health")
+        check(status == 200, f"/health: {status}")
+        zombies = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _is_zombie_child(p, s.proc.pid)]
+        check(not zombies, f"zombie children of the server: {zombies}")
+        s.log.flush()
+        lost = [l for l in s.log_path.read_text().splitlines() if "fault-segv" in l and "SIGSEGV" in l]
+        check(lost, f"the log names the plugin and the signal\n{s.log_tail()}")
+        check(s.stop() == 0, "the server exits cleanly")
+
+
+def _is_zombie_child(proc_dir, parent):
+    try:
+        stat = (proc_dir / "stat").read_text()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(")") + 2:].split()
+    return len(fields) > 1 and fields[0] == "Z" and int(fields[1]) == parent
+
+
 def main():
     global ARGS
     p = argparse.ArgumentParser()
@@ -603,6 +664,7 @@ def main():
     p.add_argument("--fixture-tool", required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--model-dir", required=True)
+    p.add_argument("--plugin-dir", default="")
     p.add_argument("tests", nargs="+")
     ARGS = p.parse_args()
     failed = skipped = 0

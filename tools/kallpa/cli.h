@@ -25,12 +25,15 @@ struct GlobalOptions {
   std::string attention;  // --attention LIST; empty when not given
   bool strict = false;    // --strict
   std::string log_level = "warn";
-  std::vector<std::string> plugins;  // --plugin PATH (repeatable), on top of KALLPA_PLUGIN_PATH
-  bool no_health_check = false;      // --no-health-check (also KALLPA_SKIP_HEALTH_CHECK=1)
-  std::string pjrt_plugin;           // --pjrt-plugin PATH (sets KALLPA_PJRT_PLUGIN)
-  std::string verify_rate;           // --verify-rate RATE; empty: KALLPA_VERIFY_RATE or the default
-  bool no_first_use_check = false;   // --no-first-use-check (also KALLPA_FIRST_USE_CHECK=0)
-  std::string quarantine_journal;    // --quarantine-journal PATH|off; empty: the default path
+  std::vector<std::string> plugins;          // --plugin PATH (repeatable), on top of KALLPA_PLUGIN_PATH
+  std::vector<std::string> trusted_plugins;  // --trusted-plugin PATH (in process)
+  long long plugin_timeout_ms = 0;           // --plugin-timeout MS; 0: KALLPA_PLUGIN_TIMEOUT_MS or default
+  bool paranoid = false;                     // --paranoid (also KALLPA_PARANOID=1)
+  bool no_health_check = false;              // --no-health-check (also KALLPA_SKIP_HEALTH_CHECK=1)
+  std::string pjrt_plugin;                   // --pjrt-plugin PATH (sets KALLPA_PJRT_PLUGIN)
+  std::string verify_rate;                   // --verify-rate RATE; empty: KALLPA_VERIFY_RATE or the default
+  bool no_first_use_check = false;           // --no-first-use-check (also KALLPA_FIRST_USE_CHECK=0)
+  std::string quarantine_journal;            // --quarantine-journal PATH|off; empty: the default path
 };
 
 void add_global_options(CLI::App& app, GlobalOptions& options);
@@ -38,7 +41,8 @@ void add_global_options(CLI::App& app, GlobalOptions& options);
 // Applies --log-level and sends log output to stderr, so that --json output on stdout stays valid.
 void configure_logging(const GlobalOptions& options);
 
-// Loads KALLPA_PLUGIN_PATH and --plugin libraries into the global registry (a library that fails
+// Loads KALLPA_PLUGIN_PATH and --plugin libraries (isolated), KALLPA_TRUSTED_PLUGIN_PATH and
+// --trusted-plugin libraries (in process) into the global registry (a library that fails
 // is reported on stderr by path and reason, and the program carries on) and applies
 // --no-health-check, --pjrt-plugin and the quarantine journal (--quarantine-journal,
 // KALLPA_QUARANTINE_JOURNAL, or the default path). Call once, after configure_logging.

@@ -28,9 +28,22 @@ void add_global_options(CLI::App& app, GlobalOptions& options) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
       ->capture_default_str();
   app.add_option("--plugin", options.plugins,
-                 "Load an attention backend plugin (a shared library; repeatable; also "
-                 "KALLPA_PLUGIN_PATH=LIB|DIR[:...])")
+                 "Load an attention backend plugin, isolated in its own host process (a shared "
+                 "library; repeatable; also KALLPA_PLUGIN_PATH=LIB|DIR[:...])")
       ->type_name("PATH");
+  app.add_option("--trusted-plugin", options.trusted_plugins,
+                 "Load a plugin you trust into this process: no isolation, no copies (repeatable; also "
+                 "KALLPA_TRUSTED_PLUGIN_PATH=LIB|DIR[:...])")
+      ->type_name("PATH");
+  app.add_option("--plugin-timeout", options.plugin_timeout_ms,
+                 "Watchdog of isolated plugins: a call not answered within this many milliseconds kills "
+                 "the plugin's host, falls back and quarantines it (default 30000; also "
+                 "KALLPA_PLUGIN_TIMEOUT_MS)")
+      ->type_name("MS")
+      ->check(CLI::Range(1, 24 * 3600 * 1000));
+  app.add_flag("--paranoid", options.paranoid,
+               "Check every attention output for NaN/Inf the contract forbids, and fence isolated plugins' "
+               "outputs with guard pages, so a write past them is caught at the write (also KALLPA_PARANOID=1)");
   app.add_flag("--no-health-check", options.no_health_check,
                "Select backends without running their canary health check first (faster start-up; "
                "also KALLPA_SKIP_HEALTH_CHECK=1)");
@@ -61,10 +74,24 @@ void setup_backends(const GlobalOptions& options) {
   const std::string journal =
       !options.quarantine_journal.empty() ? options.quarantine_journal : QuarantineJournal::default_path();
   if (!journal.empty() && journal != "off") registry.set_journal(std::make_shared<QuarantineJournal>(journal));
+  if (options.plugin_timeout_ms > 0) {
+    setenv("KALLPA_PLUGIN_TIMEOUT_MS", std::to_string(options.plugin_timeout_ms).c_str(), 1);
+  }
+  if (options.paranoid) setenv("KALLPA_PARANOID", "1", 1);
   std::vector<PluginLoadReport> reports = load_env_plugins();
-  for (const std::string& path : options.plugins) {
-    std::vector<PluginLoadReport> more = load_plugins(path, registry);
-    reports.insert(reports.end(), more.begin(), more.end());
+  Result<PluginOptions> plugin_options = PluginOptions::from_env();
+  if (!plugin_options) {
+    reports.push_back({"--plugin", {}, plugin_options.status()});
+  } else {
+    for (const std::string& path : options.plugins) {
+      std::vector<PluginLoadReport> more = load_plugins(path, registry, *plugin_options);
+      reports.insert(reports.end(), more.begin(), more.end());
+    }
+    plugin_options->isolation = PluginIsolation::in_process;
+    for (const std::string& path : options.trusted_plugins) {
+      std::vector<PluginLoadReport> more = load_plugins(path, registry, *plugin_options);
+      reports.insert(reports.end(), more.begin(), more.end());
+    }
   }
   for (const PluginLoadReport& r : reports) {
     // load_plugins logs at warn; say it here too when logging is quieter, so it is never silent.
@@ -113,6 +140,7 @@ Result<DispatchOptions> dispatch_options(const GlobalOptions& options, const Bac
     if (!rate) return Status(ErrorCode::parse_error, "--verify-rate", rate.status().message());
     result.verify_rate = *rate;
   }
+  if (options.paranoid) result.paranoid = true;
   for (const std::string& name : result.backends) {
     if (Status s = require_backend(name, field, registry); !s) return s;
   }

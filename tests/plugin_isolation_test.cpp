@@ -1,0 +1,316 @@
+// Isolated plugins (plugin.h) and the rogues' gallery (tests/plugins/fault_plugin.cpp): a plugin
+// that segfaults, aborts, hangs, writes past its output, leaks or lies in supports() costs its host
+// process and a fallback, never this process; the dispatcher answers what the reference answers,
+// the rogue is quarantined, and no host is left behind as a zombie or an open fd.
+#include <dirent.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kallpa/conformance.h"
+#include "kallpa/dispatcher.h"
+#include "kallpa/health.h"
+#include "kallpa/plugin.h"
+#include "kallpa/registry.h"
+#include "test_problem.h"
+
+#ifndef KALLPA_TEST_PLUGIN_DIR
+#error "tests/plugins/CMakeLists.txt defines KALLPA_TEST_PLUGIN_DIR"
+#endif
+
+namespace kallpa {
+namespace {
+
+using testing::DenseF32Problem;
+
+std::string plugin(const std::string& name) { return std::string(KALLPA_TEST_PLUGIN_DIR) + "/fault-" + name + ".so"; }
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Children of this process that have ended but were not waited for.
+int zombie_children() {
+  int zombies = 0;
+  const std::string me = std::to_string(getpid());
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = entry.path().filename();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::FILE* f = std::fopen((entry.path() / "stat").c_str(), "r");
+    if (f == nullptr) continue;
+    char line[1024] = {};
+    const bool got = std::fgets(line, sizeof line, f) != nullptr;
+    std::fclose(f);
+    if (!got) continue;
+    // "pid (comm) state ppid ...": comm may hold spaces, so read after its closing parenthesis.
+    const char* close = std::strrchr(line, ')');
+    char state = 0;
+    int ppid = 0;
+    if (close != nullptr && std::sscanf(close + 1, " %c %d", &state, &ppid) == 2 && std::to_string(ppid) == me &&
+        state == 'Z') {
+      ++zombies;
+    }
+  }
+  return zombies;
+}
+
+std::size_t open_fds() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+double counter(const AttentionBackend& backend, const std::string& name) {
+  for (const BackendCounter& c : backend.counters()) {
+    if (c.name == name) return c.value;
+  }
+  ADD_FAILURE() << "no counter " << name;
+  return -1;
+}
+
+// A registry like the global one: checked with canaries, with the reference as a fallback.
+struct Gallery {
+  BackendRegistry registry;
+  explicit Gallery(bool health_check = true) {
+    if (health_check) registry.set_health_check(run_canaries);
+    class Reference final : public AttentionBackend {
+     public:
+      std::string_view name() const noexcept override { return "ref"; }
+      std::string_view version() const noexcept override { return "0"; }
+      DeviceKind device_kind() const noexcept override { return DeviceKind::cpu; }
+      int priority() const noexcept override { return 0; }
+      Support supports(const ProblemSignature&) const noexcept override { return Support::yes(); }
+      Status run(const ValidatedProblem& vp, Workspace ws) noexcept override {
+        return BackendRegistry::global().find("reference")->run(vp, ws);
+      }
+    };
+    EXPECT_TRUE(registry.add(std::make_unique<Reference>()));
+  }
+};
+
+PluginOptions isolated() {
+  PluginOptions o;
+  o.timeout = std::chrono::milliseconds(1500);
+  o.guard_pages = true;
+  o.memory_limit_mib = 256;
+  return o;
+}
+
+// The test problem: B sequences of one query (decode) over `skv` keys, causal.
+std::unique_ptr<DenseF32Problem> decode(std::int64_t b = 2, std::int64_t skv = 37) {
+  auto t = std::make_unique<DenseF32Problem>(b, 1, skv, 4, 2, 16);
+  t->problem.causal = true;
+  return t;
+}
+
+std::vector<float> reference_output(DenseF32Problem& t) {
+  std::vector<float> keep = t.o;
+  EXPECT_TRUE(BackendRegistry::global().find("reference")->run(*validate(t.problem), {}));
+  std::vector<float> want = t.o;
+  t.o = keep;
+  return want;
+}
+
+TEST(IsolatedPlugin, AnswersLikeTheSamePluginInProcessOnTheQuickSuite) {
+  Gallery g(false);
+  PluginLoadReport rep = load_plugin(plugin("good"), g.registry, isolated());
+  ASSERT_TRUE(rep.status) << rep.status.to_string();
+  AttentionBackend* backend = g.registry.find("fault-good");
+  ASSERT_NE(backend, nullptr);
+  EXPECT_TRUE(contains(std::string(backend->description()), "(isolated)"));
+  EXPECT_EQ(backend->priority(), 1000);
+  EXPECT_EQ(backend->version(), "1.0.0");
+  // Strided, packed and paged layouts, lse, ALiBi, softcap, f16/bf16: every case of the quick tier
+  // goes through the arena and back, judged with its guard bytes around o and lse in this process.
+  const conformance::Report report = conformance::run_suite(*backend, conformance::generate_cases(true));
+  EXPECT_EQ(report.failed(), 0u);
+  for (const conformance::CaseResult& r : report.results) {
+    if (!r.passed && !r.skipped) ADD_FAILURE() << r.case_name << ": " << r.failure;
+  }
+  EXPECT_GT(report.passed(), 100u);
+  EXPECT_EQ(counter(*backend, "host_starts"), 1.0);
+  EXPECT_EQ(counter(*backend, "hosts_lost"), 0.0);
+  EXPECT_GT(counter(*backend, "host_pid"), 0.0);
+}
+
+// A rogue that passes its canaries, then misbehaves on its next call.
+struct Rogue {
+  std::string fault;
+  std::string reason;  // words of the quarantine reason
+};
+
+class RogueAtRunTime : public ::testing::TestWithParam<Rogue> {};
+
+TEST_P(RogueAtRunTime, CostsOneFallbackAndAQuarantineNeverThisProcess) {
+  const Rogue rogue = GetParam();
+  const std::size_t fds_before = open_fds();
+  {
+    const std::string after = std::to_string(conformance::canary_cases().size());
+    setenv("KALLPA_FAULT_AFTER", after.c_str(), 1);
+    Gallery g;
+    PluginLoadReport rep = load_plugin(plugin(rogue.fault), g.registry, isolated());
+    unsetenv("KALLPA_FAULT_AFTER");
+    ASSERT_TRUE(rep.status) << rep.status.to_string();
+    g.registry.ensure_checked();
+    ASSERT_EQ(g.registry.info(rep.backend)->health, Health::healthy) << g.registry.info(rep.backend)->health_reason;
+    const AttentionBackend& backend = *g.registry.find(rep.backend);
+    const auto host = static_cast<pid_t>(counter(backend, "host_pid"));
+
+    Dispatcher d({}, &g.registry);  // quarantine_after = 3: a lost host needs only one
+    const std::vector<float> want = reference_output(*decode());
+    // The leak needs a few calls to pass the memory limit; the others fail on the first.
+    for (int call = 0; call < 12 && g.registry.info(rep.backend)->health != Health::quarantined; ++call) {
+      auto t = decode();
+      ASSERT_TRUE(d.run(t->problem)) << call;
+      for (std::size_t n = 0; n < want.size(); ++n) ASSERT_NEAR(t->o[n], want[n], 1e-5) << call << " @" << n;
+    }
+    auto info = g.registry.info(rep.backend);
+    EXPECT_EQ(info->health, Health::quarantined);
+    EXPECT_EQ(info->run_failures, 1u);
+    EXPECT_TRUE(contains(info->health_reason, "backend_lost")) << info->health_reason;
+    EXPECT_TRUE(contains(info->health_reason, rogue.reason)) << info->health_reason;
+    EXPECT_EQ(counter(backend, "hosts_lost"), 1.0);
+    EXPECT_EQ(counter(backend, "host_pid"), 0.0);
+    EXPECT_NE(kill(host, 0), 0) << "the lost host still exists";
+    EXPECT_EQ(zombie_children(), 0);
+
+    // The service goes on without it.
+    auto t = decode();
+    ASSERT_TRUE(d.run(t->problem));
+    EXPECT_EQ(t->o, want);
+  }
+  EXPECT_EQ(open_fds(), fds_before) << "an fd of the host (socket, arena) leaked";
+  EXPECT_EQ(zombie_children(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Gallery, RogueAtRunTime,
+                         ::testing::Values(Rogue{"segv", "killed by signal 11 (SIGSEGV)"},
+                                           Rogue{"abort", "killed by signal 6 (SIGABRT)"},
+                                           Rogue{"hang", "within 1500 ms (watchdog)"},
+                                           Rogue{"oob", "wrote 1 byte(s) past the end of o"},
+                                           Rogue{"leak", "past the limit of 256 MiB"}),
+                         [](const auto& param_info) { return param_info.param.fault; });
+
+TEST(IsolatedPlugin, ALiarInSupportsIsCaughtByItsCanaries) {
+  Gallery g;
+  PluginLoadReport rep = load_plugin(plugin("liar"), g.registry, isolated());
+  ASSERT_TRUE(rep.status) << rep.status.to_string();
+  Dispatcher d({}, &g.registry);
+  DenseF32Problem t(1, 3, 20, 4, 2, 16);
+  t.problem.softcap = 5.0f;
+  t.problem.causal = true;
+  const std::vector<float> want = reference_output(t);
+  ASSERT_TRUE(d.run(t.problem));
+  EXPECT_EQ(t.o, want);
+  auto info = g.registry.info("fault-liar");
+  EXPECT_EQ(info->health, Health::quarantined);
+  EXPECT_TRUE(contains(info->health_reason, "canary '")) << info->health_reason;
+}
+
+TEST(IsolatedPlugin, AThrowingPluginFailsItsCallsButKeepsItsHost) {
+  // An exception is caught at the boundary inside the host: an ordinary failure, counted to the
+  // limit like any other, and the host lives on.
+  Gallery g(false);
+  PluginLoadReport rep = load_plugin(plugin("throw"), g.registry, isolated());
+  ASSERT_TRUE(rep.status) << rep.status.to_string();
+  DispatchOptions options;
+  options.quarantine_after = 2;
+  Dispatcher d(options, &g.registry);
+  DenseF32Problem t(1, 1, 9, 4, 2, 16);
+  const std::vector<float> want = reference_output(t);
+  for (int call = 0; call < 3; ++call) {
+    ASSERT_TRUE(d.run(t.problem));
+    EXPECT_EQ(t.o, want);
+  }
+  auto info = g.registry.info("fault-throw");
+  EXPECT_EQ(info->health, Health::quarantined);
+  EXPECT_TRUE(contains(info->health_reason, "plugin threw from run(): injected exception")) << info->health_reason;
+  EXPECT_EQ(counter(*g.registry.find("fault-throw"), "hosts_lost"), 0.0);
+  EXPECT_GT(counter(*g.registry.find("fault-throw"), "host_pid"), 0.0);
+}
+
+TEST(IsolatedPlugin, ALostHostIsRestartedAfterItsBackoff) {
+  setenv("KALLPA_FAULT_AFTER", "1", 1);
+  Gallery g(false);  // unchecked, and never quarantined below: the host must come back
+  PluginLoadReport rep = load_plugin(plugin("segv"), g.registry, isolated());
+  ASSERT_TRUE(rep.status) << rep.status.to_string();
+  DispatchOptions options;
+  options.quarantine_after = 0;
+  Dispatcher d(options, &g.registry);
+  DenseF32Problem t(1, 1, 9, 4, 2, 16);
+  const std::vector<float> want = reference_output(t);
+  const AttentionBackend& backend = *g.registry.find("fault-segv");
+  ASSERT_TRUE(d.run(t.problem));  // the plugin's first call: fine
+  ASSERT_TRUE(d.run(t.problem));  // its second: the host dies, the reference answers
+  EXPECT_EQ(t.o, want);
+  EXPECT_EQ(counter(backend, "hosts_lost"), 1.0);
+  ASSERT_TRUE(d.run(t.problem));  // within the backoff: no restart, a fallback at once
+  EXPECT_EQ(counter(backend, "host_starts"), 1.0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  ASSERT_TRUE(d.run(t.problem));  // a fresh host, whose first call is fine again
+  EXPECT_EQ(t.o, want);
+  EXPECT_EQ(counter(backend, "host_starts"), 2.0);
+  EXPECT_EQ(counter(backend, "hosts_lost"), 1.0);
+  EXPECT_EQ(g.registry.info("fault-segv")->health, Health::unchecked);
+  unsetenv("KALLPA_FAULT_AFTER");  // read by each host at its start
+}
+
+TEST(IsolatedPlugin, AMissingHostIsAClearErrorAtLoad) {
+  Gallery g(false);
+  PluginOptions o = isolated();
+  o.host_path = "/nonexistent/kallpa-plugin-host";
+  PluginLoadReport rep = load_plugin(plugin("good"), g.registry, o);
+  EXPECT_EQ(rep.status.code(), ErrorCode::not_found);
+  EXPECT_TRUE(contains(rep.status.message(), "/nonexistent/kallpa-plugin-host")) << rep.status.to_string();
+
+  setenv("KALLPA_PLUGIN_HOST", "/nonexistent/host", 1);
+  Result<std::string> found = find_plugin_host();
+  rep = load_plugin(plugin("good"), g.registry, isolated());
+  unsetenv("KALLPA_PLUGIN_HOST");
+  EXPECT_FALSE(found.is_ok());
+  EXPECT_EQ(rep.status.code(), ErrorCode::not_found);
+  EXPECT_TRUE(contains(rep.status.message(), "/nonexistent/host")) << rep.status.to_string();
+  EXPECT_EQ(g.registry.find("fault-good"), nullptr);
+  // Without the override it is found beside the library.
+  ASSERT_TRUE(find_plugin_host().is_ok()) << find_plugin_host().status().to_string();
+}
+
+TEST(IsolatedPlugin, LoadFailuresInTheHostAreReportedLikeInProcess) {
+  Gallery g(false);
+  PluginLoadReport major = load_plugin(plugin("wrong-major"), g.registry, isolated());
+  EXPECT_EQ(major.status.code(), ErrorCode::invalid_argument);
+  EXPECT_TRUE(contains(major.status.message(), "ABI 2.")) << major.status.to_string();
+  PluginLoadReport init = load_plugin(plugin("init-error"), g.registry, isolated());
+  EXPECT_EQ(init.status.code(), ErrorCode::backend_failure);
+  EXPECT_TRUE(contains(init.status.message(), "no accelerator found")) << init.status.to_string();
+  EXPECT_EQ(zombie_children(), 0);
+}
+
+TEST(IsolatedPlugin, OptionsFromTheEnvironmentAreCheckedAndNamed) {
+  setenv("KALLPA_PLUGIN_TIMEOUT_MS", "250", 1);
+  setenv("KALLPA_PLUGIN_MEMORY_LIMIT_MIB", "64", 1);
+  setenv("KALLPA_PARANOID", "1", 1);
+  Result<PluginOptions> o = PluginOptions::from_env();
+  ASSERT_TRUE(o.is_ok()) << o.status().to_string();
+  EXPECT_EQ(o->timeout, std::chrono::milliseconds(250));
+  EXPECT_EQ(o->memory_limit_mib, 64u);
+  EXPECT_TRUE(o->guard_pages);
+  EXPECT_EQ(o->isolation, PluginIsolation::process);
+  setenv("KALLPA_PLUGIN_TIMEOUT_MS", "0", 1);
+  o = PluginOptions::from_env();
+  EXPECT_EQ(o.status().field(), "KALLPA_PLUGIN_TIMEOUT_MS");
+  unsetenv("KALLPA_PLUGIN_TIMEOUT_MS");
+  unsetenv("KALLPA_PLUGIN_MEMORY_LIMIT_MIB");
+  unsetenv("KALLPA_PARANOID");
+}
+
+}  // namespace
+}  // namespace kallpa
