@@ -130,7 +130,7 @@ TEST(IsolatedPlugin, AnswersLikeTheSamePluginInProcessOnTheQuickSuite) {
   EXPECT_EQ(backend->version(), "1.0.0");
   // Strided, packed and paged layouts, lse, ALiBi, softcap, f16/bf16: every case of the quick tier
   // goes through the arena and back, judged with its guard bytes around o and lse in this process.
-  const conformance::Report report = conformance::run_suite(*backend, conformance::generate_cases(true));
+  const conformance::Report report = conformance::run_suite(*backend, conformance::generate_cases(conformance::Tier::quick));
   EXPECT_EQ(report.failed(), 0u);
   for (const conformance::CaseResult& r : report.results) {
     if (!r.passed && !r.skipped) ADD_FAILURE() << r.case_name << ": " << r.failure;
