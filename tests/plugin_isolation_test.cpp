@@ -130,7 +130,8 @@ TEST(IsolatedPlugin, AnswersLikeTheSamePluginInProcessOnTheQuickSuite) {
   EXPECT_EQ(backend->version(), "1.0.0");
   // Strided, packed and paged layouts, lse, ALiBi, softcap, f16/bf16: every case of the quick tier
   // goes through the arena and back, judged with its guard bytes around o and lse in this process.
-  const conformance::Report report = conformance::run_suite(*backend, conformance::generate_cases(conformance::Tier::quick));
+  const conformance::Report report =
+      conformance::run_suite(*backend, conformance::generate_cases(conformance::Tier::quick));
   EXPECT_EQ(report.failed(), 0u);
   for (const conformance::CaseResult& r : report.results) {
     if (!r.passed && !r.skipped) ADD_FAILURE() << r.case_name << ": " << r.failure;
@@ -198,6 +199,90 @@ INSTANTIATE_TEST_SUITE_P(Gallery, RogueAtRunTime,
                                            Rogue{"oob", "wrote 1 byte(s) past the end of o"},
                                            Rogue{"leak", "past the limit of 256 MiB"}),
                          [](const auto& param_info) { return param_info.param.fault; });
+
+// Rogues that only the run-time checks can catch, through the whole path a served call takes: an
+// isolated plugin, canaries it passes, a dispatcher with the checks on, and the global oracle.
+struct CheckedGallery {
+  BackendRegistry registry;
+  CheckedGallery() {
+    registry.set_health_check(run_canaries);
+    class Reference final : public AttentionBackend {
+     public:
+      std::string_view name() const noexcept override { return "ref"; }
+      std::string_view version() const noexcept override { return "0"; }
+      DeviceKind device_kind() const noexcept override { return DeviceKind::cpu; }
+      int priority() const noexcept override { return 0; }
+      Support supports(const ProblemSignature&) const noexcept override { return Support::yes(); }
+      Status run(const ValidatedProblem& vp, Workspace ws) noexcept override {
+        return BackendRegistry::global().find("reference")->run(vp, ws);
+      }
+      const AttentionOracle* oracle() const noexcept override { return BackendRegistry::global().oracle(); }
+    };
+    EXPECT_TRUE(registry.add(std::make_unique<Reference>()));
+  }
+};
+
+TEST(IsolatedPlugin, WrongOnlyBeyond4096KeysIsCaughtAtTheFirstCallOfThatSize) {
+  CheckedGallery g;
+  PluginLoadReport rep = load_plugin(plugin("large"), g.registry, isolated());
+  ASSERT_TRUE(rep.status) << rep.status.to_string();
+  g.registry.ensure_checked();
+  ASSERT_EQ(g.registry.info(rep.backend)->health, Health::healthy);  // the canaries never go past 4,096 keys
+  DispatchOptions options;
+  options.first_use_check = true;
+  options.verify_rate = 0.0;
+  Dispatcher d(options, &g.registry);
+
+  auto small = decode(2, 300);
+  const std::vector<float> small_want = reference_output(*small);
+  ASSERT_TRUE(d.run(small->problem));
+  EXPECT_EQ(small->o, small_want);
+
+  // The first call past 4,096 keys: the plugin's answer is checked before it is used, found wrong,
+  // and the call is answered by the next candidate. Its caller never sees the wrong answer.
+  auto large = decode(1, 5000);
+  const std::vector<float> large_want = reference_output(*large);
+  ASSERT_TRUE(d.run(large->problem));
+  for (std::size_t n = 0; n < large_want.size(); ++n) ASSERT_NEAR(large->o[n], large_want[n], 1e-5) << n;
+  const BackendInfo info = *g.registry.info(rep.backend);
+  EXPECT_EQ(info.verification.first_use_mismatches, 1u);
+  ASSERT_EQ(info.quarantined_buckets.size(), 1u);
+  EXPECT_EQ(info.quarantined_buckets[0], size_bucket(*validate(large->problem)).to_string());
+  EXPECT_EQ(info.health, Health::healthy);  // quarantined for that bucket only
+
+  // It still serves the size it answers right; the large size goes elsewhere.
+  auto again = decode(1, 5000);
+  ASSERT_TRUE(d.run(again->problem));
+  for (std::size_t n = 0; n < large_want.size(); ++n) ASSERT_NEAR(again->o[n], large_want[n], 1e-5) << n;
+  EXPECT_EQ(counter(*g.registry.find(rep.backend), "hosts_lost"), 0.0);
+}
+
+TEST(IsolatedPlugin, WrongOnOneCallInThreeIsCaughtByShadowVerification) {
+  const std::string after = std::to_string(conformance::canary_cases().size());
+  setenv("KALLPA_FAULT_AFTER", after.c_str(), 1);
+  CheckedGallery g;
+  PluginLoadReport rep = load_plugin(plugin("flaky"), g.registry, isolated());
+  unsetenv("KALLPA_FAULT_AFTER");
+  ASSERT_TRUE(rep.status) << rep.status.to_string();
+  g.registry.ensure_checked();
+  ASSERT_EQ(g.registry.info(rep.backend)->health, Health::healthy);
+  DispatchOptions options;
+  options.first_use_check = false;
+  options.verify_rate = 1.0;  // every call; the default (1 in 1,000) catches it as surely, later
+  Dispatcher d(options, &g.registry);
+  const std::vector<float> want = reference_output(*decode());
+  int calls = 0;
+  for (; calls < 6 && g.registry.info(rep.backend)->health != Health::quarantined; ++calls) {
+    auto t = decode();
+    ASSERT_TRUE(d.run(t->problem)) << calls;
+    for (std::size_t n = 0; n < want.size(); ++n) ASSERT_NEAR(t->o[n], want[n], 1e-5) << calls << " @" << n;
+  }
+  EXPECT_EQ(calls, 3);  // the third call was the wrong one, and the caller got the right answer
+  const BackendInfo info = *g.registry.info(rep.backend);
+  EXPECT_EQ(info.health, Health::quarantined);
+  EXPECT_TRUE(contains(info.health_reason, "shadow")) << info.health_reason;
+  EXPECT_EQ(info.verification.shadow_mismatches, 1u);
+}
 
 TEST(IsolatedPlugin, ALiarInSupportsIsCaughtByItsCanaries) {
   Gallery g;

@@ -20,8 +20,11 @@
 //   oob          writes the 16 bytes just past the end of o (its own output buffer)
 //   leak         keeps 32 MiB of touched heap per call, never freed
 //   liar         says yes to every signature in supports(), and ignores softcap and ALiBi in run()
+//   large        right up to 4,096 keys per sequence, wrong beyond (an overflow the canaries never
+//                reach): every row's first element is off by 0.25 when a sequence has more keys
+//   flaky        wrong on one call in three (a race in a kernel), the same 0.25 off
 //
-// The run-time faults (error, nan, throw and the rogues but liar) start after KALLPA_FAULT_AFTER
+// The run-time faults (error, nan, throw and the rogues but liar and large) start after KALLPA_FAULT_AFTER
 // successful calls (default 0), so a test can let a plugin pass its health check and break after.
 #include <atomic>
 #include <chrono>
@@ -53,6 +56,8 @@
 #define KALLPA_FAULT_OOB 14
 #define KALLPA_FAULT_LEAK 15
 #define KALLPA_FAULT_LIAR 16
+#define KALLPA_FAULT_LARGE 17
+#define KALLPA_FAULT_FLAKY 18
 
 #ifndef KALLPA_FAULT
 #error "define KALLPA_FAULT"
@@ -162,6 +167,12 @@ std::int32_t run(void*, const kallpa_problem* p, void* ws, std::size_t ws_bytes,
         static_cast<unsigned char*>(p->o.data) + (last + 1) * static_cast<std::int64_t>(element);
     for (int i = 0; i < 16; ++i) past[i] = 0xff;
   }
+#elif KALLPA_FAULT == KALLPA_FAULT_LARGE
+  bool large = false;
+  for (std::int32_t b = 0; b < p->batch; ++b) large = large || naive_seqlen_k(p, b) > 4096;
+  if (large) for_each_row_head(p, [](float x) { return x + 0.25f; });
+#elif KALLPA_FAULT == KALLPA_FAULT_FLAKY
+  if (faulting() && (g_calls.load() - g_fault_after) % 3 == 0) for_each_row_head(p, [](float x) { return x + 0.25f; });
 #elif KALLPA_FAULT == KALLPA_FAULT_LEAK
   if (faulting()) {
     constexpr std::size_t kLeak = std::size_t{32} << 20;
