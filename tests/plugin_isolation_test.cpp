@@ -76,7 +76,8 @@ double counter(const AttentionBackend& backend, const std::string& name) {
   return -1;
 }
 
-// A registry like the global one: checked with canaries, with the reference as a fallback.
+// A registry like the global one: checked with canaries, with the reference as a fallback and the
+// oracle.
 struct Gallery {
   BackendRegistry registry;
   explicit Gallery(bool health_check = true) {
@@ -91,6 +92,8 @@ struct Gallery {
       Status run(const ValidatedProblem& vp, Workspace ws) noexcept override {
         return BackendRegistry::global().find("reference")->run(vp, ws);
       }
+      // The oracle too, so that a dispatcher's first-use and shadow checks run as in a server.
+      const AttentionOracle* oracle() const noexcept override { return BackendRegistry::global().oracle(); }
     };
     EXPECT_TRUE(registry.add(std::make_unique<Reference>()));
   }
@@ -202,28 +205,8 @@ INSTANTIATE_TEST_SUITE_P(Gallery, RogueAtRunTime,
 
 // Rogues that only the run-time checks can catch, through the whole path a served call takes: an
 // isolated plugin, canaries it passes, a dispatcher with the checks on, and the global oracle.
-struct CheckedGallery {
-  BackendRegistry registry;
-  CheckedGallery() {
-    registry.set_health_check(run_canaries);
-    class Reference final : public AttentionBackend {
-     public:
-      std::string_view name() const noexcept override { return "ref"; }
-      std::string_view version() const noexcept override { return "0"; }
-      DeviceKind device_kind() const noexcept override { return DeviceKind::cpu; }
-      int priority() const noexcept override { return 0; }
-      Support supports(const ProblemSignature&) const noexcept override { return Support::yes(); }
-      Status run(const ValidatedProblem& vp, Workspace ws) noexcept override {
-        return BackendRegistry::global().find("reference")->run(vp, ws);
-      }
-      const AttentionOracle* oracle() const noexcept override { return BackendRegistry::global().oracle(); }
-    };
-    EXPECT_TRUE(registry.add(std::make_unique<Reference>()));
-  }
-};
-
 TEST(IsolatedPlugin, WrongOnlyBeyond4096KeysIsCaughtAtTheFirstCallOfThatSize) {
-  CheckedGallery g;
+  Gallery g;
   PluginLoadReport rep = load_plugin(plugin("large"), g.registry, isolated());
   ASSERT_TRUE(rep.status) << rep.status.to_string();
   g.registry.ensure_checked();
@@ -260,7 +243,7 @@ TEST(IsolatedPlugin, WrongOnlyBeyond4096KeysIsCaughtAtTheFirstCallOfThatSize) {
 TEST(IsolatedPlugin, WrongOnOneCallInThreeIsCaughtByShadowVerification) {
   const std::string after = std::to_string(conformance::canary_cases().size());
   setenv("KALLPA_FAULT_AFTER", after.c_str(), 1);
-  CheckedGallery g;
+  Gallery g;
   PluginLoadReport rep = load_plugin(plugin("flaky"), g.registry, isolated());
   unsetenv("KALLPA_FAULT_AFTER");
   ASSERT_TRUE(rep.status) << rep.status.to_string();
