@@ -68,6 +68,8 @@ build_and_test build Release
 if [[ $sanitize == 1 ]]; then
   export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
   export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+  # Leaks inside third-party PJRT plugins are theirs (tests/sanitizers/lsan.supp says which).
+  export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$PWD/tests/sanitizers/lsan.supp}"
   build_and_test build-san Sanitize "${sanitizer_tree_args[@]}"
   # The conformance suite's quick matrix on every backend this tree registers (reference,
   # cpu-flash, cpu-gemm, and opencl-flash where an OpenCL device is found), under the sanitizers.
