@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "ops/avx2_reduce.h"
 #include "ops/quant_kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -30,14 +31,6 @@ namespace kallpa::ops::kernels {
 #endif
 
 namespace {
-
-// The canonical reduction of the 8 lanes: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)).
-inline float canonical_hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 struct BlockShape {
   DequantBlocksFn dequant;

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ops/avx2_reduce.h"
 #include "ops/quant_kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -42,13 +43,6 @@ bool avx2_available() noexcept {
 #endif
 
 namespace {
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 inline float half(const std::byte* p) {
   std::uint16_t h;
@@ -153,7 +147,7 @@ void tile_q(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const Bl
     }
   }
   for (int x = 0; x < NX; ++x) {
-    for (int r = 0; r < NW; ++r) y[static_cast<std::int64_t>(x) * ldy + r] = hsum(acc[r][x]) + macc[r][x];
+    for (int r = 0; r < NW; ++r) y[static_cast<std::int64_t>(x) * ldy + r] = canonical_hsum(acc[r][x]) + macc[r][x];
   }
 }
 
@@ -680,7 +674,7 @@ void tile_f(const std::byte* w, std::size_t row_bytes, const float* x, std::int6
   }
   for (int c = 0; c < NX; ++c) {
     for (int r = 0; r < NW; ++r) {
-      float s = hsum(acc[r][c]);
+      float s = canonical_hsum(acc[r][c]);
       for (std::int64_t j = i; j < k; ++j) {
         s += load1<T>(w + static_cast<std::size_t>(r) * row_bytes + static_cast<std::size_t>(j) * esz) *
              x[static_cast<std::int64_t>(c) * ldx + j];
@@ -767,7 +761,7 @@ void tile_qf(const std::byte* w, std::size_t row_bytes, std::int64_t r0, const f
     }
   }
   for (int c = 0; c < NX; ++c) {
-    for (int r = 0; r < NW; ++r) y[static_cast<std::int64_t>(c) * ldy + r] = hsum(acc[r][c]);
+    for (int r = 0; r < NW; ++r) y[static_cast<std::int64_t>(c) * ldy + r] = canonical_hsum(acc[r][c]);
   }
 }
 
@@ -786,7 +780,7 @@ void tile_ff(const float* w, std::int64_t k, const float* x, std::int64_t ldx, f
     }
   }
   for (int c = 0; c < NX; ++c) {
-    for (int r = 0; r < NW; ++r) y[static_cast<std::int64_t>(c) * ldy + r] = hsum(acc[r][c]);
+    for (int r = 0; r < NW; ++r) y[static_cast<std::int64_t>(c) * ldy + r] = canonical_hsum(acc[r][c]);
   }
 }
 
