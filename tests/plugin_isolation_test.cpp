@@ -22,20 +22,17 @@
 #include "kallpa/health.h"
 #include "kallpa/plugin.h"
 #include "kallpa/registry.h"
+#include "support/fault_plugins.h"
 #include "test_problem.h"
-
-#ifndef KALLPA_TEST_PLUGIN_DIR
-#error "tests/plugins/CMakeLists.txt defines KALLPA_TEST_PLUGIN_DIR"
-#endif
 
 namespace kallpa {
 namespace {
 
 using testing::DenseF32Problem;
 
-std::string plugin(const std::string& name) { return std::string(KALLPA_TEST_PLUGIN_DIR) + "/fault-" + name + ".so"; }
+using testing::fault_plugin;
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using testing::contains;
 
 // Children of this process that have ended but were not waited for.
 int zombie_children() {
@@ -124,7 +121,7 @@ std::vector<float> reference_output(DenseF32Problem& t) {
 
 TEST(IsolatedPlugin, AnswersLikeTheSamePluginInProcessOnTheQuickSuite) {
   Gallery g(false);
-  PluginLoadReport rep = load_plugin(plugin("good"), g.registry, isolated());
+  PluginLoadReport rep = load_plugin(fault_plugin("good"), g.registry, isolated());
   ASSERT_TRUE(rep.status) << rep.status.to_string();
   AttentionBackend* backend = g.registry.find("fault-good");
   ASSERT_NE(backend, nullptr);
@@ -160,7 +157,7 @@ TEST_P(RogueAtRunTime, CostsOneFallbackAndAQuarantineNeverThisProcess) {
     const std::string after = std::to_string(conformance::canary_cases().size());
     setenv("KALLPA_FAULT_AFTER", after.c_str(), 1);
     Gallery g;
-    PluginLoadReport rep = load_plugin(plugin(rogue.fault), g.registry, isolated());
+    PluginLoadReport rep = load_plugin(fault_plugin(rogue.fault), g.registry, isolated());
     unsetenv("KALLPA_FAULT_AFTER");
     ASSERT_TRUE(rep.status) << rep.status.to_string();
     g.registry.ensure_checked();
@@ -207,7 +204,7 @@ INSTANTIATE_TEST_SUITE_P(Gallery, RogueAtRunTime,
 // isolated plugin, canaries it passes, a dispatcher with the checks on, and the global oracle.
 TEST(IsolatedPlugin, WrongOnlyBeyond4096KeysIsCaughtAtTheFirstCallOfThatSize) {
   Gallery g;
-  PluginLoadReport rep = load_plugin(plugin("large"), g.registry, isolated());
+  PluginLoadReport rep = load_plugin(fault_plugin("large"), g.registry, isolated());
   ASSERT_TRUE(rep.status) << rep.status.to_string();
   g.registry.ensure_checked();
   ASSERT_EQ(g.registry.info(rep.backend)->health, Health::healthy);  // the canaries never go past 4,096 keys
@@ -244,7 +241,7 @@ TEST(IsolatedPlugin, WrongOnOneCallInThreeIsCaughtByShadowVerification) {
   const std::string after = std::to_string(conformance::canary_cases().size());
   setenv("KALLPA_FAULT_AFTER", after.c_str(), 1);
   Gallery g;
-  PluginLoadReport rep = load_plugin(plugin("flaky"), g.registry, isolated());
+  PluginLoadReport rep = load_plugin(fault_plugin("flaky"), g.registry, isolated());
   unsetenv("KALLPA_FAULT_AFTER");
   ASSERT_TRUE(rep.status) << rep.status.to_string();
   g.registry.ensure_checked();
@@ -269,7 +266,7 @@ TEST(IsolatedPlugin, WrongOnOneCallInThreeIsCaughtByShadowVerification) {
 
 TEST(IsolatedPlugin, ALiarInSupportsIsCaughtByItsCanaries) {
   Gallery g;
-  PluginLoadReport rep = load_plugin(plugin("liar"), g.registry, isolated());
+  PluginLoadReport rep = load_plugin(fault_plugin("liar"), g.registry, isolated());
   ASSERT_TRUE(rep.status) << rep.status.to_string();
   Dispatcher d({}, &g.registry);
   DenseF32Problem t(1, 3, 20, 4, 2, 16);
@@ -287,7 +284,7 @@ TEST(IsolatedPlugin, AThrowingPluginFailsItsCallsButKeepsItsHost) {
   // An exception is caught at the boundary inside the host: an ordinary failure, counted to the
   // limit like any other, and the host lives on.
   Gallery g(false);
-  PluginLoadReport rep = load_plugin(plugin("throw"), g.registry, isolated());
+  PluginLoadReport rep = load_plugin(fault_plugin("throw"), g.registry, isolated());
   ASSERT_TRUE(rep.status) << rep.status.to_string();
   DispatchOptions options;
   options.quarantine_after = 2;
@@ -308,7 +305,7 @@ TEST(IsolatedPlugin, AThrowingPluginFailsItsCallsButKeepsItsHost) {
 TEST(IsolatedPlugin, ALostHostIsRestartedAfterItsBackoff) {
   setenv("KALLPA_FAULT_AFTER", "1", 1);
   Gallery g(false);  // unchecked, and never quarantined below: the host must come back
-  PluginLoadReport rep = load_plugin(plugin("segv"), g.registry, isolated());
+  PluginLoadReport rep = load_plugin(fault_plugin("segv"), g.registry, isolated());
   ASSERT_TRUE(rep.status) << rep.status.to_string();
   DispatchOptions options;
   options.quarantine_after = 0;
@@ -335,13 +332,13 @@ TEST(IsolatedPlugin, AMissingHostIsAClearErrorAtLoad) {
   Gallery g(false);
   PluginOptions o = isolated();
   o.host_path = "/nonexistent/kallpa-plugin-host";
-  PluginLoadReport rep = load_plugin(plugin("good"), g.registry, o);
+  PluginLoadReport rep = load_plugin(fault_plugin("good"), g.registry, o);
   EXPECT_EQ(rep.status.code(), ErrorCode::not_found);
   EXPECT_TRUE(contains(rep.status.message(), "/nonexistent/kallpa-plugin-host")) << rep.status.to_string();
 
   setenv("KALLPA_PLUGIN_HOST", "/nonexistent/host", 1);
   Result<std::string> found = find_plugin_host();
-  rep = load_plugin(plugin("good"), g.registry, isolated());
+  rep = load_plugin(fault_plugin("good"), g.registry, isolated());
   unsetenv("KALLPA_PLUGIN_HOST");
   EXPECT_FALSE(found.is_ok());
   EXPECT_EQ(rep.status.code(), ErrorCode::not_found);
@@ -353,10 +350,10 @@ TEST(IsolatedPlugin, AMissingHostIsAClearErrorAtLoad) {
 
 TEST(IsolatedPlugin, LoadFailuresInTheHostAreReportedLikeInProcess) {
   Gallery g(false);
-  PluginLoadReport major = load_plugin(plugin("wrong-major"), g.registry, isolated());
+  PluginLoadReport major = load_plugin(fault_plugin("wrong-major"), g.registry, isolated());
   EXPECT_EQ(major.status.code(), ErrorCode::invalid_argument);
   EXPECT_TRUE(contains(major.status.message(), "ABI 2.")) << major.status.to_string();
-  PluginLoadReport init = load_plugin(plugin("init-error"), g.registry, isolated());
+  PluginLoadReport init = load_plugin(fault_plugin("init-error"), g.registry, isolated());
   EXPECT_EQ(init.status.code(), ErrorCode::backend_failure);
   EXPECT_TRUE(contains(init.status.message(), "no accelerator found")) << init.status.to_string();
   EXPECT_EQ(zombie_children(), 0);

@@ -15,20 +15,17 @@
 #include "kallpa/plugin.h"
 #include "kallpa/plugin_abi.h"
 #include "kallpa/registry.h"
+#include "support/fault_plugins.h"
 #include "test_problem.h"
-
-#ifndef KALLPA_TEST_PLUGIN_DIR
-#error "tests/plugins/CMakeLists.txt defines KALLPA_TEST_PLUGIN_DIR"
-#endif
 
 namespace kallpa {
 namespace {
 
 using testing::DenseF32Problem;
 
-std::string plugin(const std::string& name) { return std::string(KALLPA_TEST_PLUGIN_DIR) + "/fault-" + name + ".so"; }
+using testing::fault_plugin;
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using testing::contains;
 
 // A registry like the global one: checked with canaries, with the reference as a fallback.
 struct PluginRegistry {
@@ -48,7 +45,7 @@ struct PluginRegistry {
     };
     EXPECT_TRUE(registry.add(std::make_unique<Reference>()));
   }
-  PluginLoadReport load(const std::string& name) { return load_plugin(plugin(name), registry); }
+  PluginLoadReport load(const std::string& name) { return load_plugin(fault_plugin(name), registry); }
 };
 
 // The reference's output for the test problem.
@@ -99,7 +96,7 @@ TEST(Plugin, WrongMajorIsRefusedWithBothVersions) {
   PluginRegistry r;
   PluginLoadReport rep = r.load("wrong-major");
   EXPECT_FALSE(rep.status);
-  EXPECT_EQ(rep.status.field(), plugin("wrong-major"));
+  EXPECT_EQ(rep.status.field(), fault_plugin("wrong-major"));
   EXPECT_TRUE(contains(rep.status.message(), "plugin ABI " + std::to_string(KALLPA_PLUGIN_ABI_MAJOR + 1) + "."))
       << rep.status.message();
   EXPECT_TRUE(contains(rep.status.message(), "major version must match")) << rep.status.message();
@@ -154,7 +151,7 @@ TEST(Plugin, SlowPluginStaysHealthyAndItsLatencyIsVisible) {
 
 TEST(Plugin, PathListLoadsFilesAndDirectoriesAndCarriesOn) {
   PluginRegistry r;
-  const std::string list = std::string("/nonexistent:") + KALLPA_TEST_PLUGIN_DIR + "::" + plugin("good");
+  const std::string list = std::string("/nonexistent:") + KALLPA_TEST_PLUGIN_DIR + "::" + fault_plugin("good");
   std::vector<PluginLoadReport> reports = load_plugins(list, r.registry);
   std::size_t loaded = 0, failed = 0;
   for (const PluginLoadReport& rep : reports) (rep.status ? loaded : failed) += 1;

@@ -4,6 +4,7 @@
 // as there, since dl * q is exact in f32 and fmsub(q, dl, ml) rounds once like dl * q - ml.
 #include <cstring>
 
+#include "ops/avx2_common.h"
 #include "ops/quant_kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -23,12 +24,6 @@ namespace kallpa::ops::kernels {
 #endif
 
 namespace {
-
-inline float half_at(const std::byte* p) {
-  std::uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
 
 // 32 int8 quants to f32 at dst: q * dl - ml for elements 0..15, q * dl2 - ml2 for 16..31. Each
 // value rounds once as in the reference: q * dl is exact in f32, and fmsub rounds q * dl - ml once
@@ -69,13 +64,13 @@ void dequant_q5(const std::byte* src, float* dst, std::int64_t nb) {
   constexpr std::size_t kBytes = MinAdded ? kQ5_1Bytes : kQ5_0Bytes;
   constexpr std::size_t kQh = MinAdded ? 4 : 2;
   for (std::int64_t b = 0; b < nb; ++b, src += kBytes, dst += kQK) {
-    const __m256 d = _mm256_set1_ps(half_at(src));
+    const __m256 d = _mm256_set1_ps(load_half(src));
     std::uint32_t qh;
     std::memcpy(&qh, src + kQh, 4);
     __m256i q = _mm256_or_si256(nibbles32(src + kQh + 4), bits32_as_0x10(qh));
     __m256 ml = _mm256_setzero_ps();
     if constexpr (MinAdded) {
-      ml = _mm256_set1_ps(-half_at(src + 2));
+      ml = _mm256_set1_ps(-load_half(src + 2));
     } else {
       q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
     }
@@ -91,7 +86,7 @@ void dequant_iq4_nl_avx2(const std::byte* src, float* dst, std::int64_t nb) {
   const __m256i table = _mm256_set_m128i(levels, levels);
   const __m256 zero = _mm256_setzero_ps();
   for (std::int64_t b = 0; b < nb; ++b, src += kIq4NlBytes, dst += kQK) {
-    const __m256 d = _mm256_set1_ps(half_at(src));
+    const __m256 d = _mm256_set1_ps(load_half(src));
     store_q32(_mm256_shuffle_epi8(table, nibbles32(src + 2)), d, d, zero, zero, dst);
   }
 }
@@ -108,15 +103,15 @@ void dequant_q23_k(const std::byte* src, float* dst, std::int64_t nb) {
     float dl[16], ml[16] = {};
     const auto* s = reinterpret_cast<const std::uint8_t*>(src + (Q3 ? 96 : 0));
     if constexpr (Q3) {
-      const float d = half_at(src + 108);
+      const float d = load_half(src + 108);
       for (int j = 0; j < 16; ++j) {
         const int lo = j < 8 ? s[j] & 0x0f : s[j - 8] >> 4;
         const int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
         dl[j] = d * static_cast<float>((lo | hi << 4) - 32);
       }
     } else {
-      const float d = half_at(src + 80);
-      const float dmin = half_at(src + 82);
+      const float d = load_half(src + 80);
+      const float dmin = load_half(src + 82);
       for (int j = 0; j < 16; ++j) {
         dl[j] = d * static_cast<float>(s[j] & 0x0f);
         ml[j] = dmin * static_cast<float>(s[j] >> 4);
@@ -153,8 +148,8 @@ void dequant_q45_k(const std::byte* src, float* dst, std::int64_t nb) {
   const __m256i low = _mm256_set1_epi8(0x0f);
   const __m256i fifth = _mm256_set1_epi8(0x10);
   for (std::int64_t b = 0; b < nb; ++b, src += kBytes, dst += kQK_K) {
-    const float d = half_at(src);
-    const float dmin = half_at(src + 2);
+    const float d = load_half(src);
+    const float dmin = load_half(src + 2);
     const auto* scales = reinterpret_cast<const std::uint8_t*>(src + 4);
     const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 16));
     for (int p = 0; p < 4; ++p) {
@@ -189,7 +184,7 @@ void dequant_q6_k_avx2(const std::byte* src, float* dst, std::int64_t nb) {
   const __m256 zero = _mm256_setzero_ps();
   for (std::int64_t b = 0; b < nb; ++b, src += kQ6KBytes, dst += kQK_K) {
     const auto* scales = reinterpret_cast<const std::int8_t*>(src + 192);
-    const float d = half_at(src + 208);
+    const float d = load_half(src + 208);
     for (int h = 0; h < 2; ++h) {
       const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 64 * h));
       const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 64 * h + 32));

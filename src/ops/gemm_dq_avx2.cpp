@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "ops/avx2_reduce.h"
+#include "ops/avx2_common.h"
 #include "ops/quant_kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)

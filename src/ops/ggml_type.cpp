@@ -1,5 +1,7 @@
 #include "kallpa/ops/ggml_type.h"
 
+#include "ops/quant_kernels.h"
+
 namespace kallpa::ops {
 
 std::optional<GgmlTypeTraits> ggml_type_traits(std::uint32_t type) noexcept {
@@ -48,24 +50,8 @@ std::string_view ggml_type_name(GgmlType type) noexcept {
 }
 
 bool is_compute_supported(GgmlType type) noexcept {
-  switch (type) {
-    case GgmlType::f32:
-    case GgmlType::f16:
-    case GgmlType::bf16:
-    case GgmlType::q8_0:
-    case GgmlType::q4_0:
-    case GgmlType::q4_1:
-    case GgmlType::q5_0:
-    case GgmlType::q5_1:
-    case GgmlType::iq4_nl:
-    case GgmlType::q2_k:
-    case GgmlType::q3_k:
-    case GgmlType::q4_k:
-    case GgmlType::q5_k:
-    case GgmlType::q6_k:
-    case GgmlType::q8_k: return true;
-    default: return false;
-  }
+  return type == GgmlType::f32 || type == GgmlType::f16 || type == GgmlType::bf16 || kernels::is_quantized(type) ||
+         kernels::is_block_dequant(type);
 }
 
 std::string_view compute_supported_type_names() noexcept {

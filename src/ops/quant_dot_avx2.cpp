@@ -12,7 +12,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "ops/avx2_reduce.h"
+#include "ops/avx2_common.h"
 #include "ops/quant_kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -44,12 +44,6 @@ bool avx2_available() noexcept {
 
 namespace {
 
-inline float half(const std::byte* p) {
-  std::uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
 inline __m256i unpack_q4(const std::byte* qs) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
   const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
@@ -77,9 +71,9 @@ inline void load_scales(const std::byte* w, std::size_t row_bytes, std::int64_t 
   } else {
     for (int i = 0; i < NW; ++i) {
       const BlockPtr p = block_ptr(g, L, w, row_bytes, r + i, b);
-      d[i] = half(p.d);
+      d[i] = load_half(p.d);
       if constexpr (g.has_m) {
-        m[i] = half(p.m);
+        m[i] = load_half(p.m);
       } else if constexpr (T == GgmlType::q4_0) {
         m[i] = -8.0f * d[i];
       }
@@ -643,7 +637,7 @@ inline float load1(const std::byte* p) {
     std::memcpy(&v, p, 4);
     return v;
   } else if constexpr (T == GgmlType::f16) {
-    return half(p);
+    return load_half(p);
   } else {
     std::uint16_t h;
     std::memcpy(&h, p, 2);

@@ -13,12 +13,13 @@
 #include "kallpa/plugin.h"
 #include "kallpa/registry.h"
 #include "kallpa/runtime/engine.h"
+#include "support/fault_plugins.h"
 #include "support/synthetic_llama.h"
 
 namespace kallpa::runtime {
 namespace {
 
-std::string plugin(const std::string& name) { return std::string(KALLPA_TEST_PLUGIN_DIR) + "/fault-" + name + ".so"; }
+using testing::fault_plugin;
 
 std::unique_ptr<Engine> engine_for(std::shared_ptr<const model::GgufFile> file, DispatchOptions attention) {
   EngineOptions o;
@@ -53,11 +54,12 @@ TEST(EngineWithFaultyPlugins, GreedyTextIsUnchanged) {
   ASSERT_FALSE(want.empty());
 
   BackendRegistry& global = BackendRegistry::global();
-  for (const char* fault : {"offby", "decode"}) ASSERT_TRUE(load_plugin(plugin(fault), global).status) << fault;
+  for (const char* fault : {"offby", "decode"}) ASSERT_TRUE(load_plugin(fault_plugin(fault), global).status) << fault;
   // These pass the canaries, then fail every call.
   const std::string after = std::to_string(conformance::canary_cases().size());
   setenv("KALLPA_FAULT_AFTER", after.c_str(), 1);
-  for (const char* fault : {"error", "nan", "throw"}) ASSERT_TRUE(load_plugin(plugin(fault), global).status) << fault;
+  for (const char* fault : {"error", "nan", "throw"})
+    ASSERT_TRUE(load_plugin(fault_plugin(fault), global).status) << fault;
   unsetenv("KALLPA_FAULT_AFTER");
 
   DispatchOptions automatic;
