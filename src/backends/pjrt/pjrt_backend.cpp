@@ -454,8 +454,9 @@ class PjrtBackend final : public PjrtAttention {
     s.lse = sig.lse;
     if (p.kv_layout == KvLayout::paged) {
       const std::int64_t page = p.k.shape[1];
-      std::int64_t blocks = 0;  // distinct blocks the sequences use: the pages copied to the device
-      {
+      // Mirrored: the pool's blocks. Copied: the distinct blocks the sequences use.
+      std::int64_t blocks = p.k.shape[0];
+      if (!mirrored) {
         std::vector<std::int32_t> used;
         const std::int64_t stride = p.block_table_stride > 0 ? p.block_table_stride : p.max_blocks_per_seq;
         for (std::int32_t b = 0; b < vp.batch(); ++b) {
@@ -463,7 +464,7 @@ class PjrtBackend final : public PjrtAttention {
           for (std::int64_t j = 0; j < n; ++j) used.push_back(p.block_table[b * stride + j]);
         }
         std::sort(used.begin(), used.end());
-        blocks = std::unique(used.begin(), used.end()) - used.begin();
+        blocks = bucket(std::unique(used.begin(), used.end()) - used.begin());
       }
       const std::int64_t rows = bucket((vp.max_seqlen_k() + page - 1) / page);
       const std::int64_t per_step =
@@ -471,7 +472,7 @@ class PjrtBackend final : public PjrtAttention {
                              std::bit_floor(static_cast<std::uint64_t>(std::max<std::int64_t>(1, chunk / page)))));
       s.paged = true;
       s.page_size = page;
-      s.num_blocks = mirrored ? p.k.shape[0] : bucket(blocks);
+      s.num_blocks = blocks;
       s.seq_k = rows * page;
       s.chunk = per_step * page;
     } else {
