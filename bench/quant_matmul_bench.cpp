@@ -46,6 +46,27 @@ namespace {
 using namespace kallpa::model;
 using namespace kallpa::ops;
 
+// Times matmul of `wm` with x into y and sets the GFLOP/s and weight-bandwidth counters; false
+// (and the benchmark skipped with an error) when a call fails.
+bool time_matmul(benchmark::State& state, const WeightMatrix& wm, const std::vector<float>& x, std::int64_t batch,
+                 std::vector<float>& y, const MatmulOptions& o, std::size_t weight_bytes) {
+  const std::int64_t rows = wm.rows, cols = wm.cols;
+  for (auto _ : state) {
+    if (!matmul(wm, x.data(), batch, cols, y.data(), rows, o)) {
+      state.SkipWithError("matmul failed");
+      return false;
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(rows * cols * batch) * iters,
+                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["wGB/s"] = benchmark::Counter(static_cast<double>(weight_bytes) * iters, benchmark::Counter::kIsRate,
+                                               benchmark::Counter::kIs1000);
+  return true;
+}
+
 void BM_QuantMatmul(benchmark::State& state) {
   const std::int64_t rows = state.range(0), cols = state.range(1), batch = state.range(2);
   const auto act = static_cast<MatmulOptions::Activations>(state.range(3));
@@ -78,19 +99,7 @@ void BM_QuantMatmul(benchmark::State& state) {
   o.max_threads = threads;
   o.activations = act;
   if (avx2_only) o.max_isa = MatmulOptions::Isa::avx2;
-  for (auto _ : state) {
-    if (!matmul(wm, x.data(), batch, cols, y.data(), rows, o)) {
-      state.SkipWithError("matmul failed");
-      return;
-    }
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-  }
-  const double iters = static_cast<double>(state.iterations());
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(rows * cols * batch) * iters,
-                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
-  state.counters["wGB/s"] = benchmark::Counter(static_cast<double>(w.size()) * iters, benchmark::Counter::kIsRate,
-                                               benchmark::Counter::kIs1000);
+  if (!time_matmul(state, wm, x, batch, y, o, w.size())) return;
   const char* act_name = act == MatmulOptions::Activations::q8    ? " q8"
                          : act == MatmulOptions::Activations::q16 ? " q16"
                                                                   : " f32";
@@ -171,19 +180,7 @@ void BM_BlockTypeGemv(benchmark::State& state) {
   o.max_threads = static_cast<int>(state.range(5));
   o.activations = act;
   if (state.range(6) == 1) o.max_isa = MatmulOptions::Isa::scalar;
-  for (auto _ : state) {
-    if (!matmul(wm, x.data(), batch, cols, y.data(), rows, o)) {
-      state.SkipWithError("matmul failed");
-      return;
-    }
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-  }
-  const double iters = static_cast<double>(state.iterations());
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(rows * cols * batch) * iters,
-                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
-  state.counters["wGB/s"] = benchmark::Counter(static_cast<double>(w.size()) * iters, benchmark::Counter::kIsRate,
-                                               benchmark::Counter::kIs1000);
+  if (!time_matmul(state, wm, x, batch, y, o, w.size())) return;
   state.SetLabel(std::string(ggml_type_name(t)) + (act == MatmulOptions::Activations::q16 ? " q16" : " f32") +
                  (state.range(6) == 1 ? " scalar" : ""));
 }
