@@ -23,6 +23,7 @@
 #include "kallpa/plugin.h"
 #include "kallpa/registry.h"
 #include "support/fault_plugins.h"
+#include "support/reference_stand_in.h"
 #include "test_problem.h"
 
 namespace kallpa {
@@ -79,20 +80,7 @@ struct Gallery {
   BackendRegistry registry;
   explicit Gallery(bool health_check = true) {
     if (health_check) registry.set_health_check(run_canaries);
-    class Reference final : public AttentionBackend {
-     public:
-      std::string_view name() const noexcept override { return "ref"; }
-      std::string_view version() const noexcept override { return "0"; }
-      DeviceKind device_kind() const noexcept override { return DeviceKind::cpu; }
-      int priority() const noexcept override { return 0; }
-      Support supports(const ProblemSignature&) const noexcept override { return Support::yes(); }
-      Status run(const ValidatedProblem& vp, Workspace ws) noexcept override {
-        return BackendRegistry::global().find("reference")->run(vp, ws);
-      }
-      // The oracle too, so that a dispatcher's first-use and shadow checks run as in a server.
-      const AttentionOracle* oracle() const noexcept override { return BackendRegistry::global().oracle(); }
-    };
-    EXPECT_TRUE(registry.add(std::make_unique<Reference>()));
+    EXPECT_TRUE(registry.add(std::make_unique<testing::ReferenceStandIn>(/*is_oracle=*/true)));
   }
 };
 

@@ -16,6 +16,7 @@
 #include "kallpa/plugin_abi.h"
 #include "kallpa/registry.h"
 #include "support/fault_plugins.h"
+#include "support/reference_stand_in.h"
 #include "test_problem.h"
 
 namespace kallpa {
@@ -32,18 +33,7 @@ struct PluginRegistry {
   BackendRegistry registry;
   PluginRegistry() {
     registry.set_health_check(run_canaries);
-    class Reference final : public AttentionBackend {
-     public:
-      std::string_view name() const noexcept override { return "ref"; }
-      std::string_view version() const noexcept override { return "0"; }
-      DeviceKind device_kind() const noexcept override { return DeviceKind::cpu; }
-      int priority() const noexcept override { return 0; }
-      Support supports(const ProblemSignature&) const noexcept override { return Support::yes(); }
-      Status run(const ValidatedProblem& vp, Workspace ws) noexcept override {
-        return BackendRegistry::global().find("reference")->run(vp, ws);
-      }
-    };
-    EXPECT_TRUE(registry.add(std::make_unique<Reference>()));
+    EXPECT_TRUE(registry.add(std::make_unique<testing::ReferenceStandIn>(/*is_oracle=*/false)));
   }
   PluginLoadReport load(const std::string& name) { return load_plugin(fault_plugin(name), registry); }
 };
