@@ -3,20 +3,22 @@
 # something is missing), makes .venv with the Python packages the cross-check tests use, fetches
 # the default model (SmolLM2-135M-Instruct Q4_1, pinned SHA-256) into models/, fetches the PJRT
 # header and CPU plugins (scripts/fetch_pjrt.sh, pinned SHA-256) into a cache, builds Release into
-# build/, and runs the main job: a greedy chat answer from the model.
+# build/, installs the Python package (python/, `import kallpa`) into .venv from that build, and
+# runs the main job: a greedy chat answer from the model.
 # Idempotent: a second run installs nothing and rebuilds only what changed.
 #
 #   bash scripts/setup.sh            # install, build, run the demo
 #   bash scripts/setup.sh --no-run   # install and build only
 #
 # Environment: KALLPA_JOBS (parallel build jobs, default 2), KALLPA_CMAKE_ARGS (extra configure
-# arguments, e.g. "-DKALLPA_WERROR=ON"), KALLPA_WITH_LIBTPU=1 (also fetch libtpu; docs/tpu.md).
+# arguments, e.g. "-DKALLPA_WERROR=ON"), KALLPA_WITH_LIBTPU=1 (also fetch libtpu; docs/tpu.md),
+# KALLPA_NO_TORCH=1 (leave PyTorch out of .venv: about 5 GB; its Python tests then skip).
 set -euo pipefail
 
 # Debian packages the project uses. Later work appends to this list (and adds steps below, such as
 # fetching a model); keep it the single place that names them.
 KALLPA_APT_PACKAGES=(
-  cmake g++ make pkg-config python3
+  cmake g++ make pkg-config python3 python3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
   libhwy-dev libopenblas-dev libpcre2-dev
@@ -66,6 +68,11 @@ fi
 if ! .venv/bin/python3 -m pip install --disable-pip-version-check -q -r scripts/requirements.txt; then
   echo "setup: could not install scripts/requirements.txt; the Python cross-check tests will be skipped" >&2
 fi
+# PyTorch (the CUDA wheel PyPI serves; it runs on the CPU too) for the Python package's torch tests.
+if [[ "${KALLPA_NO_TORCH:-0}" != 1 ]] &&
+  ! .venv/bin/python3 -m pip install --disable-pip-version-check -q -r scripts/requirements-torch.txt; then
+  echo "setup: could not install PyTorch; the Python package's torch tests will be skipped" >&2
+fi
 
 # 3. The default model (idempotent; verified by SHA-256).
 bash scripts/fetch_model.sh >/dev/null
@@ -84,7 +91,20 @@ fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${KALLPA_CMAKE_ARGS:-}
 cmake --build build -j"$jobs"
 
-# 6. The main job.
+# 6. The Python package into .venv (docs/python.md), from the tree just built: scikit-build-core
+#    reuses build/ (its generator, no build isolation), so nothing is compiled twice. The module is
+#    built when .venv has nanobind (CMake's KALLPA_BUILD_PYTHON=AUTO).
+if compgen -G "build/python/kallpa/_kallpa*.so" >/dev/null; then
+  generator=$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' build/CMakeCache.txt)
+  CMAKE_GENERATOR="$generator" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" .venv/bin/python3 -m pip install \
+    --disable-pip-version-check -q --no-build-isolation --no-deps -C build-dir="$PWD/build" ./python
+  .venv/bin/python3 -c "import kallpa"
+  echo "setup: the Python package is installed in .venv (import kallpa)"
+else
+  echo "setup: the Python package was not built (no nanobind in .venv); 'import kallpa' will not work" >&2
+fi
+
+# 7. The main job.
 if ((run_main_job)); then
   echo
   build/tools/kallpa/kallpa generate --chat -p "What is the capital of France?" --temp 0 -n 64

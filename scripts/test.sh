@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds kallpa (Release, build/, incremental) and runs every test; exits non-zero on any failure.
+# Builds kallpa (Release, build/, incremental) and runs every test, the Python package's pytest suite
+# (python/tests, against build/python) included; exits non-zero on any failure.
 #
 #   bash scripts/test.sh                 # all tests
 #   bash scripts/test.sh --sanitize      # also build build-san (ASan + UBSan; no CUDA, benchmarks or
@@ -59,12 +60,30 @@ count_ctest() {  # adds ctest's "N% tests passed, F tests failed out of T" line 
   total=$((total + ${line##* out of }))
 }
 
+# The Python package's tests, against the module and Python files in build/python (the tree just
+# built, not whatever is installed in .venv). Skipped, saying so, when the module was not built.
+python_tests() {
+  local start=$SECONDS line
+  if ! compgen -G "build/python/kallpa/_kallpa*.so" >/dev/null; then
+    echo "== pytest skipped: the Python package was not built (no nanobind in .venv; see scripts/setup.sh)"
+    return 0
+  fi
+  echo "== pytest python/tests"
+  PYTHONPATH="$PWD/build/python" .venv/bin/python3 -m pytest -q -p no:cacheprovider python/tests | tee "$log"
+  line=$(grep -E '^[0-9]+ passed' "$log" | tail -n 1) || true
+  [[ -z $line ]] || total=$((total + ${line%% passed*}))
+  echo "== pytest took $((SECONDS - start)) s"
+}
+
 # The sanitizer trees: no CUDA (its tests need a GPU), no benchmarks and no lab (the Release tree
 # compiles those), and no -Werror: at -O1 GCC 12 warns inside its own AVX-512 intrinsics
 # (`-Wuninitialized` on _mm512_unpacklo_epi32), which the Release tree does not see.
 sanitizer_tree_args=(-DKALLPA_WITH_CUDA=OFF -DKALLPA_BUILD_BENCH=OFF -DKALLPA_BUILD_LAB=OFF -DKALLPA_WERROR=OFF)
 
 build_and_test build Release
+if ((${#ctest_args[@]} == 0)); then
+  python_tests
+fi
 if [[ $sanitize == 1 ]]; then
   export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
   export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
