@@ -20,16 +20,20 @@ def _torch_tensor(x: Any) -> bool:
 
 
 def _as_array(x: Any, name: str) -> Any:
-    """A torch tensor (detached), a NumPy array, or a NumPy view of a buffer/DLPack object."""
+    """What the native module reads: a torch tensor (detached), a NumPy array, any other DLPack
+    object as it is (on whatever device it claims), or a NumPy view of a buffer-protocol object."""
     if _torch_tensor(x):
         return x.detach()
-    if isinstance(x, np.ndarray):
+    if isinstance(x, np.ndarray) or (hasattr(x, "__dlpack__") and hasattr(x, "shape")):
         return x
     try:
-        return np.asarray(x) if not hasattr(x, "__dlpack__") else np.from_dlpack(x)
+        a = np.from_dlpack(x) if hasattr(x, "__dlpack__") else np.asarray(x)
     except Exception as e:  # noqa: BLE001 - any failure means: not an array kallpa can read
         raise InvalidArgumentError(name, f"is not an array (DLPack or buffer protocol): {e}",
                                    type(x).__name__) from None
+    if a.dtype == object:
+        raise InvalidArgumentError(name, "is not an array (DLPack or buffer protocol)", type(x).__name__)
+    return a
 
 
 def _index(x: Any, name: str, ndim: int) -> np.ndarray | None:
@@ -80,7 +84,8 @@ def _backend_list(backend: str | Sequence[str] | None) -> list[str] | None:
 
 
 def _empty(like: Any, shape: tuple[int, ...], dtype: Any = None) -> Any:
-    """A new array in `like`'s framework, on its device."""
+    """A new array in `like`'s framework, on its device (a host NumPy array for frameworks other than
+    NumPy and PyTorch: pass out= for those)."""
     if _torch_tensor(like):
         import torch
 

@@ -59,10 +59,11 @@ std::int64_t length_of(const IndexArray& a, const char* name) {
   return static_cast<std::int64_t>(a.shape(0));
 }
 
-void expect_length(const IndexArray& a, const char* name, std::int64_t expected, const char* why) {
+void expect_length(const IndexArray& a, const char* name, std::int64_t batch, std::int64_t expected) {
   const std::int64_t n = length_of(a, name);
   if (n != expected) {
-    throw_invalid(name, fmt::format("has {} entries; {} needs {}", n, why, expected), fmt::format("{}", n));
+    throw_invalid(name, fmt::format("has {} entries; a batch of {} needs {}", n, batch, expected),
+                  fmt::format("{}", n));
   }
 }
 
@@ -107,7 +108,7 @@ AttentionProblem make_problem(const CallArgs& a) {
   if (p.q_layout == QLayout::packed || p.kv_layout != KvLayout::dense) p.batch = static_cast<std::int32_t>(batch);
 
   if (a.cu_seqlens_k) {
-    expect_length(*a.cu_seqlens_k, "cu_seqlens_k", batch + 1, "the batch + 1");
+    expect_length(*a.cu_seqlens_k, "cu_seqlens_k", batch, batch + 1);
     p.cu_seqlens_k = a.cu_seqlens_k->data();
   }
   if (a.block_table) {
@@ -129,7 +130,7 @@ AttentionProblem make_problem(const CallArgs& a) {
     p.block_table = t.data();
     p.max_blocks_per_seq = static_cast<std::int32_t>(t.shape(1));
     p.block_table_stride = t.shape(0) > 1 ? t.stride(0) : 0;
-    expect_length(*a.seqlens_k, "seqlens_k", batch, "the batch");
+    expect_length(*a.seqlens_k, "seqlens_k", batch, batch);
     p.seqlens_k = a.seqlens_k->data();
   }
   if (a.alibi_slopes) {
