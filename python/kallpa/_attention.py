@@ -23,6 +23,9 @@ def _as_array(x: Any, name: str) -> Any:
     """What the native module reads: a torch tensor (detached), a NumPy array, any other DLPack
     object as it is (on whatever device it claims), or a NumPy view of a buffer-protocol object."""
     if _torch_tensor(x):
+        if x.device.type not in ("cpu", "cuda"):
+            raise InvalidArgumentError(f"{name}.device", "is a PyTorch device kallpa cannot address (cpu and cuda are)",
+                                       str(x.device))
         return x.detach()
     if isinstance(x, np.ndarray) or (hasattr(x, "__dlpack__") and hasattr(x, "shape")):
         return x
@@ -111,6 +114,10 @@ def _call(q, k, v, *, causal, window, softcap, alibi_slopes, scale, cu_seqlens_q
     o_shape = (*q.shape[:-1], v.shape[-1])
     if out is None:
         out = _empty(q, o_shape)
+    elif _torch_tensor(out):
+        if out.requires_grad:
+            raise InvalidArgumentError("out", "requires grad; kallpa writes it in place", "requires_grad=True")
+        _as_array(out, "out")  # the device check
     else:
         out = _as_array(out, "out")
         _check_writable(out, "out")
@@ -119,10 +126,14 @@ def _call(q, k, v, *, causal, window, softcap, alibi_slopes, scale, cu_seqlens_q
         lse_shape = (q.shape[1], q.shape[0]) if packed_q else (q.shape[0], q.shape[2], q.shape[1])
         lse = _empty(q, lse_shape, dtype="float32")
     left, right = _window(window)
-    call = _kallpa._Call(q, k, v, out, lse, bool(causal), left, right, float(softcap),
-                         None if scale is None else float(scale), _slopes(alibi_slopes),
-                         _index(cu_seqlens_q, "cu_seqlens_q", 1), _index(cu_seqlens_k, "cu_seqlens_k", 1),
-                         _index(block_table, "block_table", 2), _index(seqlens_k, "seqlens_k", 1))
+    indices = (_index(cu_seqlens_q, "cu_seqlens_q", 1), _index(cu_seqlens_k, "cu_seqlens_k", 1),
+               _index(block_table, "block_table", 2), _index(seqlens_k, "seqlens_k", 1))
+    try:
+        call = _kallpa._Call(q, k, v, out, lse, bool(causal), left, right, float(softcap),
+                             None if scale is None else float(scale), _slopes(alibi_slopes), *indices)
+    except TypeError as e:  # nanobind could not import one of them through DLPack or the buffer protocol
+        raise InvalidArgumentError("q, k, v, out", f"one of them cannot be read as an array: {e}",
+                                   ", ".join(type(x).__name__ for x in (q, k, v, out))) from None
     if _torch_tensor(q) and q.is_cuda:
         # kallpa's device backends run on their own stream: wait for what PyTorch queued on q, k, v.
         import torch
