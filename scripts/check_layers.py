@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Checks that #include lines run one way down kallpa's floors (docs/architecture.md).
 
-Every `#include "..."` (and `#include <kallpa/...>`) in include/, src/, tools/ and tests/support/
-is resolved to a file of the tree and both files are mapped to their floor. An include fails when:
+Every `#include "..."` (and `#include <kallpa/...>`) in include/, src/, tools/, tests/support/ and
+python/src/ is resolved to a file of the tree and both files are mapped to their floor. An include
+fails when:
 
   * it reaches up: the included file sits on a higher floor than the including one;
   * it reaches sideways into another backend: src/backends/A includes src/backends/B's header;
@@ -51,11 +52,13 @@ PREFIXES = [
     # The measurement harness behind `kallpa bench`: a front end's helper over the attention library.
     ("src/harness/", "front"),
     ("tools/", "front"),
+    # The Python package's bindings (python/src): a front end over the engine, like the CLI.
+    ("python/", "front"),
     ("tests/support/", "tests"),
 ]
 PREFIXES.sort(key=lambda p: len(p[0]), reverse=True)
 
-SCANNED = ["include", "src", "tools", "tests/support"]
+SCANNED = ["include", "src", "tools", "tests/support", "python/src"]
 SOURCE_SUFFIXES = (".h", ".hpp", ".cpp", ".cc", ".c", ".cu", ".cuh", ".inl")
 # Where a quoted include is looked up, after the including file's own directory (the include
 # directories the CMake targets give).
