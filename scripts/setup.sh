@@ -93,11 +93,17 @@ cmake --build build -j"$jobs"
 
 # 6. The Python package into .venv (docs/python.md), from the tree just built: scikit-build-core
 #    reuses build/ (its generator, no build isolation), so nothing is compiled twice. The module is
-#    built when .venv has nanobind (CMake's KALLPA_BUILD_PYTHON=AUTO).
+#    built when .venv has nanobind (CMake's KALLPA_BUILD_PYTHON=AUTO). scikit-build-core's configure
+#    points CMAKE_INSTALL_PREFIX at its staging folder; step 5's configure then runs again to give
+#    the tree its own back.
 if compgen -G "build/python/kallpa/_kallpa*.so" >/dev/null; then
-  generator=$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' build/CMakeCache.txt)
+  cache_value() { sed -n "s/^$1:[A-Z]*=//p" build/CMakeCache.txt; }
+  generator=$(cache_value CMAKE_GENERATOR)
   CMAKE_GENERATOR="$generator" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" .venv/bin/python3 -m pip install \
-    --disable-pip-version-check -q --no-build-isolation --no-deps -C build-dir="$PWD/build" ./python
+    --disable-pip-version-check -q --no-build-isolation --no-deps -C build-dir="$PWD/build" \
+    -C cmake.define.KALLPA_BUILD_PYTHON=AUTO ./python
+  # shellcheck disable=SC2086  # KALLPA_CMAKE_ARGS is a list of arguments on purpose
+  cmake -S . -B build -U CMAKE_INSTALL_PREFIX -DCMAKE_BUILD_TYPE=Release ${KALLPA_CMAKE_ARGS:-} >/dev/null
   .venv/bin/python3 -c "import kallpa"
   echo "setup: the Python package is installed in .venv (import kallpa)"
 else
