@@ -34,6 +34,8 @@ SHAPES = [
     ("decode, batch 8, 2048 keys, 32 heads, d64", 8, 1, 2048, 32, 32, 64, False),
     ("decode, batch 1, 8192 keys, 32 heads, d128", 1, 1, 8192, 32, 32, 128, False),
     ("decode GQA 32/8, batch 8, 2048 keys, d64", 8, 1, 2048, 32, 8, 64, False),
+    # Small enough that the cost of a call itself (Python, binding, dispatch) shows.
+    ("tiny: decode, 64 keys, 8 heads, d64", 1, 1, 64, 8, 8, 64, False),
 ]
 
 
@@ -46,10 +48,11 @@ def lscpu() -> str:
     return "; ".join(" ".join(line.split()) for line in out.splitlines() if line.strip().startswith(keep))
 
 
-def median_time(fn, rounds_out: list[float]) -> None:
+def time_round(fn, rounds_out: list[float], repeat: int) -> None:
     start = time.perf_counter()
-    fn()
-    rounds_out.append(time.perf_counter() - start)
+    for _ in range(repeat):
+        fn()
+    rounds_out.append((time.perf_counter() - start) / repeat)
 
 
 def bench_shape(shape, rounds: int, dtype: torch.dtype):
@@ -83,9 +86,10 @@ def bench_shape(shape, rounds: int, dtype: torch.dtype):
         except RuntimeError as e:  # a kernel that refuses the shape (e.g. flash with GQA on some builds)
             print(f"  {label}: {name} not run: {str(e).splitlines()[0]}", file=sys.stderr)
     times = {name: [] for name in usable}
+    repeat = 200 if sq * skv * hq * b < 1 << 16 else 1  # a round of a tiny shape is many calls
     for _ in range(rounds):
         for name, fn in usable.items():
-            median_time(fn, times[name])
+            time_round(fn, times[name], repeat)
     med = {name: statistics.median(t) for name, t in times.items()}
     run_kallpa()
     with sdpa_kernel(SDPBackend.MATH):
@@ -96,7 +100,7 @@ def bench_shape(shape, rounds: int, dtype: torch.dtype):
 
 
 def fmt_ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{seconds * 1e3:.2f}"
+    return "n/a" if seconds is None else f"{seconds * 1e3:.3f}" if seconds < 1e-3 else f"{seconds * 1e3:.2f}"
 
 
 def fmt_ratio(a: float | None, b: float | None) -> str:
