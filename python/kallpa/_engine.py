@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 from typing import Iterator, Sequence
@@ -12,6 +13,23 @@ from ._errors import InvalidArgumentError
 
 class _Cancelled(Exception):
     """Raised from the text callback to end a stream its reader closed."""
+
+
+# Streams whose generation is running: (cancel event, worker thread). At exit they are cancelled and
+# joined while the interpreter can still run their callbacks; a worker left running into the
+# interpreter's finalization would be killed inside the engine.
+_running: set = set()
+_running_lock = threading.Lock()
+
+
+@atexit.register
+def _stop_running_streams() -> None:
+    with _running_lock:
+        running = list(_running)
+    for cancel, _ in running:
+        cancel.set()
+    for _, worker in running:
+        worker.join()
 
 
 class Model:
@@ -103,6 +121,9 @@ class Model:
                 pieces.put(e)
 
         worker = threading.Thread(target=work, name="kallpa-generate", daemon=True)
+        entry = (cancel, worker)
+        with _running_lock:
+            _running.add(entry)
         worker.start()
         try:
             while True:
@@ -117,3 +138,5 @@ class Model:
         finally:
             cancel.set()
             worker.join()
+            with _running_lock:
+                _running.discard(entry)

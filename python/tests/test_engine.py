@@ -97,3 +97,18 @@ def test_errors(model, tmp_path):
     bad.write_bytes(b"GGUF" + b"\0" * 60)
     with pytest.raises(kallpa.Error):
         kallpa.Model(bad)
+
+
+def test_exiting_with_a_stream_still_open_is_clean():
+    # The interpreter exits while a generation runs in a stream nobody closed: it must be stopped
+    # before the interpreter finalizes, not killed inside the engine.
+    import subprocess
+    import sys
+
+    script = ("import kallpa\n"
+              f"m = kallpa.Model({str(MODEL)!r})\n"
+              "g = m.generate('Once upon a time', max_tokens=500, temperature=0, stream=True)\n"
+              "print(next(g), flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "terminate" not in done.stderr
