@@ -17,7 +17,11 @@ the pinned sdist that bench/build_llama_cpp.sh unpacks) over the libllama.so tha
 kallpa runs as tests/engine's kallpa_logits_tool (`--all-positions`), built with the tests.
 
   python3 bench/compare_llama_cpp.py models/gemma-3-270m-q4_k_m.gguf --ids 2 818 5279 529 7001 563
+  python3 bench/compare_llama_cpp.py MODEL.gguf --text '<start_of_turn>user\nHi<end_of_turn>\n' --tokens 32
   python3 bench/compare_llama_cpp.py MODEL.gguf --ids ... --tokens 32 --threads 2 --json out.json
+
+With --text the prompt is tokenized by llama.cpp (the ids are printed), and both programs get
+those ids.
 
 Options: --llama-cpp DIR (the build's bin folder with libllama.so; default
 ~/.cache/kallpa/llama.cpp/build-0.3.36/bin), --bindings DIR (the sdist's llama_cpp package folder;
@@ -54,16 +58,17 @@ def load_bindings(bindings: Path, lib_dir: Path):
 
 
 class LlamaCpp:
-    def __init__(self, L, model_path: str, n_ctx: int, threads: int):
+    def __init__(self, L, model_path: str, n_ctx: int, threads: int, verbose: bool):
         self.L = L
         L.llama_backend_init()
-        silent = L.ggml_log_callback(lambda level, text, user: None)
-        L.llama_log_set(silent, ctypes.c_void_p())
-        self._keep = silent
+        if not verbose:
+            silent = L.llama_log_callback(lambda level, text, user: None)
+            L.llama_log_set(silent, ctypes.c_void_p())
+            self._keep = silent
         mp = L.llama_model_default_params()
         self.model = L.llama_model_load_from_file(model_path.encode(), mp)
         if not self.model:
-            raise RuntimeError(f"llama.cpp cannot load {model_path}")
+            raise RuntimeError(f"llama.cpp cannot load {model_path} (--verbose shows its log)")
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         cp = L.llama_context_default_params()
@@ -100,18 +105,29 @@ class LlamaCpp:
             L.llama_batch_free(batch)
 
     def greedy(self, prompt, n):
+        """n greedy tokens, and the logits each was chosen from."""
         self.clear()
         logits = self.decode(prompt, 0, False)[-1]
-        out = []
+        out, rows = [], []
         for g in range(n):
             out.append(int(logits.argmax()))
+            rows.append(logits)
             if g + 1 < n:
                 logits = self.decode([out[-1]], len(prompt) + g, False)[-1]
-        return out
+        return out, rows
 
     def score(self, ids):
         self.clear()
         return self.decode(ids, 0, True)
+
+    def tokenize(self, text):
+        """Token ids of text by llama.cpp's tokenizer (special tokens parsed, BOS as the file says)."""
+        raw = text.encode()
+        ids = (self.L.llama_token * (len(raw) + 8))()
+        n = self.L.llama_tokenize(self.vocab, raw, len(raw), ids, len(ids), True, True)
+        if n < 0:
+            raise RuntimeError("llama_tokenize failed")
+        return list(ids[:n])
 
     def piece(self, token):
         buf = ctypes.create_string_buffer(256)
@@ -130,21 +146,26 @@ def kallpa(tool, model, ids, generate=0, top=8):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
-    ap.add_argument("--ids", type=int, nargs="+", required=True, help="prompt token ids")
+    prompt = ap.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--ids", type=int, nargs="+", help="prompt token ids")
+    prompt.add_argument("--text", help="a prompt to tokenize with llama.cpp's tokenizer (\\n for newlines)")
     ap.add_argument("--tokens", type=int, default=32, help="greedy tokens to generate")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--llama-cpp", type=Path, default=CACHE / "build-0.3.36" / "bin")
     ap.add_argument("--bindings", type=Path, default=None)
     ap.add_argument("--tool", type=Path, default=ROOT / "build" / "tests" / "engine" / "kallpa_logits_tool")
     ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
     a = ap.parse_args()
     bindings = a.bindings or next(iter(glob.glob(str(CACHE / "src-0.3.36" / "*" / "llama_cpp"))), None)
     if bindings is None or not (a.llama_cpp / "libllama.so").exists():
         sys.exit(f"llama.cpp not found (libllama.so in {a.llama_cpp}, bindings {bindings}): bench/build_llama_cpp.sh")
     L = load_bindings(Path(bindings), a.llama_cpp)
-    peer = LlamaCpp(L, a.model, len(a.ids) + a.tokens + 8, a.threads)
+    peer = LlamaCpp(L, a.model, 4096, a.threads, a.verbose)
+    if a.text is not None:
+        a.ids = peer.tokenize(a.text.replace("\\n", "\n"))
 
-    theirs_gen = peer.greedy(a.ids, a.tokens)
+    theirs_gen, theirs_rows = peer.greedy(a.ids, a.tokens)
     ours = kallpa(a.tool, a.model, a.ids, generate=a.tokens)
     ours_gen = ours["generated"]
     split = next((i for i, (x, y) in enumerate(zip(ours_gen, theirs_gen)) if x != y), None)
@@ -152,7 +173,17 @@ def main():
     print(f"model: {a.model}\nprompt ids: {a.ids}\n")
     print(f"greedy, kallpa   : {text(ours_gen)!r}")
     print(f"greedy, llama.cpp: {text(theirs_gen)!r}")
-    print("greedy tokens: " + ("identical" if split is None else f"part at generated token {split}") + "\n")
+    split_gaps = None
+    if split is None:
+        print("greedy tokens: identical\n")
+    else:
+        l_tok, k_tok = theirs_gen[split], ours_gen[split]
+        k_row = dict((int(i), v) for i, v in ours["logits"][len(a.ids) - 1 + split])
+        split_gaps = dict(llama_cpp=float(theirs_rows[split][l_tok] - theirs_rows[split][k_tok]),
+                          kallpa=(k_row[k_tok] - k_row[l_tok]) if l_tok in k_row else None)
+        kg = "n/a" if split_gaps["kallpa"] is None else f"{split_gaps['kallpa']:.4f}"
+        print(f"greedy tokens: part at generated token {split}: llama.cpp {l_tok} {peer.piece(l_tok)!r} by "
+              f"{split_gaps['llama_cpp']:.4f} logits, kallpa {k_tok} {peer.piece(k_tok)!r} by {kg}\n")
 
     # Per-position top-1 on one sequence: the prompt and llama.cpp's continuation.
     seq = a.ids + theirs_gen[:-1]
@@ -177,7 +208,8 @@ def main():
               f"{d['llama_cpp_gap']:.4f} logits, kallpa {d['kallpa']} {d['kallpa_piece']!r} by {kg}")
     if a.json:
         a.json.write_text(json.dumps(dict(model=a.model, prompt=a.ids, kallpa_greedy=ours_gen,
-                                          llama_cpp_greedy=theirs_gen, greedy_split=split, positions=len(seq),
+                                          llama_cpp_greedy=theirs_gen, greedy_split=split,
+                                          greedy_split_gaps=split_gaps, positions=len(seq),
                                           top1_equal=agree, disagreements=ties), indent=1))
     return 0
 

@@ -73,7 +73,7 @@ def write_variant(variant, path, seed=0):
     hd = o.get("head_dim", 16)
     q_dim, kv_dim = N_HEAD * hd, N_HEAD_KV * hd
     w = GGUFWriter(path, arch)
-    w.add_name(f"synthetic {variant}")
+    w.add_name("kallpa synthetic")  # a name with "phi3" in it makes llama.cpp look for Phi-3 tokens
     w.add_context_length(256)
     w.add_embedding_length(N_EMBD)
     w.add_block_count(layers)
