@@ -62,10 +62,15 @@ TEST(ArchitectureConfig, TheFilesPatternAndLocalBaseOverrideTheDefaults) {
   GgufWriter period = synthetic_arch_writer({.architecture = "gemma3", .n_layer = 4, .sliding_window = 8});
   period.add_u32("gemma3.attention.sliding_window_pattern", 2);
   period.add_f32("gemma3.rope.freq_base_swa", 5000.0f);
+  period.add_string("gemma3.rope.scaling.type", "linear");
+  period.add_f32("gemma3.rope.scaling.factor", 8.0f);
   auto cfg = config_of(period);
   ASSERT_TRUE(cfg) << cfg.status().to_string();
   EXPECT_EQ(local_layers(*cfg), (std::vector<bool>{true, false, true, false}));
   EXPECT_EQ(cfg->rope_base(0), 5000.0f);
+  // Gemma 3 scales the global layers' positions only.
+  EXPECT_EQ(cfg->rope_scale(0), 1.0f);
+  EXPECT_EQ(cfg->rope_scale(1), 0.125f);
 
   GgufWriter flags = synthetic_arch_writer({.architecture = "gemma3", .n_layer = 3, .sliding_window = 8});
   flags.add_array<std::uint8_t>("gemma3.attention.sliding_window_pattern", GgufValueType::boolean, {0, 1, 1});
@@ -96,11 +101,17 @@ TEST(ArchitectureConfig, Gemma2AlternatesAndReadsItsSoftcaps) {
 }
 
 TEST(ArchitectureConfig, WindowsOnEveryLayerForMistralAndNoneWhereTheArchitectureHasNone) {
-  for (const char* arch : {"llama", "mistral"}) {
-    auto cfg = config_of(synthetic_arch_writer({.architecture = arch, .n_layer = 3, .sliding_window = 32}));
+  for (const std::string arch : {"llama", "mistral"}) {
+    GgufWriter w = synthetic_arch_writer({.architecture = arch, .n_layer = 3, .sliding_window = 32});
+    w.add_string(arch + ".rope.scaling.type", "linear");
+    w.add_f32(arch + ".rope.scaling.factor", 4.0f);
+    auto cfg = config_of(w);
     ASSERT_TRUE(cfg) << arch << ": " << cfg.status().to_string();
     EXPECT_EQ(local_layers(*cfg), (std::vector<bool>{true, true, true})) << arch;
     EXPECT_EQ(cfg->window_left(2), 31) << arch;
+    // Every layer is local and rotates as the file says: no separate local RoPE.
+    EXPECT_EQ(cfg->rope_scale(0), 0.25f) << arch;
+    EXPECT_EQ(cfg->rope_base(0), 1e6f) << arch;
   }
   auto plain = config_of(synthetic_arch_writer({.architecture = "llama", .n_layer = 2}));
   ASSERT_TRUE(plain) << plain.status().to_string();

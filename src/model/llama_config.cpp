@@ -86,7 +86,10 @@ Status read_architecture_keys(const GgufFile& f, const std::string& p, ModelConf
                     fmt::format("RoPE scaling '{}' is not supported (supported: none, linear)", *type));
     }
   }
+  // An architecture whose local layers have a RoPE base of their own (Gemma 3) leaves them
+  // unscaled; the others rotate every layer alike.
   c.rope_freq_base_local = c.arch.local_rope_base > 0.0f ? c.arch.local_rope_base : c.rope_freq_base;
+  c.rope_freq_scale_local = c.arch.local_rope_base > 0.0f ? 1.0f : c.rope_freq_scale;
   if (f.has(p + "rope.freq_base_swa")) {
     auto base = f.get_float(p + "rope.freq_base_swa");
     if (!base) return base.status();

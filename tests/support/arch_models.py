@@ -51,7 +51,7 @@ VARIANTS = {
     "llama": ("llama", dict(matrix=T.Q8_0)),
     "llama-rope-freqs": ("llama", dict(matrix=T.F16, rope_freqs=True, tied=True)),
     "llama-window": ("llama", dict(matrix=T.F16, window=8)),
-    "mistral": ("mistral", dict(matrix=T.F32, window=8)),
+    "mistral": ("mistral", dict(matrix=T.F32, window=8, linear_scale=4.0)),
     "qwen2": ("qwen2", dict(matrix=T.F16, tied=True)),
     "qwen3": ("qwen3", dict(matrix=T.Q8_0, head_dim=32)),
     "phi3": ("phi3", dict(matrix=T.F16)),
@@ -261,7 +261,8 @@ class Model:
                 k = self.rms(k, self.weight(p + "attn_k_norm.weight"))
             local = self.window[il] > 0
             base = self.local_base if local else self.base
-            fs = 1.0 if local else self.freq_scale
+            # Local layers with a base of their own (Gemma 3) are unscaled; others rotate alike.
+            fs = 1.0 if local and "local_base" in f else self.freq_scale
             q, k = self.rope(q, pos, base, fs), self.rope(k, pos, base, fs)
             # Query i sees key j when j <= i and, in a local layer, i - j < window.
             visible = pos[None, :] <= pos[:, None]

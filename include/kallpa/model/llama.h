@@ -40,14 +40,15 @@ struct ModelConfig {
   bool tied_embeddings = false;  // no output.weight: the output projection is token_embd.weight
 
   // What the description and the file's keys make of each layer and of the attention.
-  float rope_freq_scale = 1.0f;      // 1 / rope.scaling.factor for linear scaling (global layers)
-  float rope_freq_base_local = 0;    // RoPE base of the sliding-window layers
-  std::uint32_t sliding_window = 0;  // attention.sliding_window: keys a local layer sees (0: none)
-  std::vector<bool> local_layers;    // n_layer flags: the layer attends through the window
-  float attention_scale = 0;         // query scale, 1/sqrt(head_dim) unless the architecture says
-  float attn_logit_softcap = 0;      // attn_logit_softcapping (0: off)
-  float final_logit_softcap = 0;     // final_logit_softcapping (0: off)
-  float embedding_scale = 1.0f;      // sqrt(n_embd) when the architecture scales embeddings
+  float rope_freq_scale = 1.0f;        // 1 / rope.scaling.factor for linear scaling (global layers)
+  float rope_freq_scale_local = 1.0f;  // the same for the sliding-window layers
+  float rope_freq_base_local = 0;      // RoPE base of the sliding-window layers
+  std::uint32_t sliding_window = 0;    // attention.sliding_window: keys a local layer sees (0: none)
+  std::vector<bool> local_layers;      // n_layer flags: the layer attends through the window
+  float attention_scale = 0;           // query scale, 1/sqrt(head_dim) unless the architecture says
+  float attn_logit_softcap = 0;        // attn_logit_softcapping (0: off)
+  float final_logit_softcap = 0;       // final_logit_softcapping (0: off)
+  float embedding_scale = 1.0f;        // sqrt(n_embd) when the architecture scales embeddings
 
   std::uint32_t q_dim() const noexcept { return n_head * head_dim; }
   std::uint32_t kv_dim() const noexcept { return n_head_kv * head_dim; }
@@ -55,7 +56,9 @@ struct ModelConfig {
   float rope_base(std::uint32_t layer) const noexcept {
     return is_local(layer) ? rope_freq_base_local : rope_freq_base;
   }
-  float rope_scale(std::uint32_t layer) const noexcept { return is_local(layer) ? 1.0f : rope_freq_scale; }
+  float rope_scale(std::uint32_t layer) const noexcept {
+    return is_local(layer) ? rope_freq_scale_local : rope_freq_scale;
+  }
   // The window_left of the attention contract for a layer: -1 (unbounded) or sliding_window - 1,
   // as a key at distance sliding_window or more from the query is hidden.
   std::int64_t window_left(std::uint32_t layer) const noexcept {
