@@ -5,7 +5,7 @@
 //
 //   kallpa_logits_tool --write-synthetic OUT.gguf [--matrix-type q4_1|q8_0|q4_0|f16|f32]
 //   kallpa_logits_tool MODEL.gguf ID [ID ...]
-//   kallpa_logits_tool --all-positions [--chunk N] [--top K] [--generate N] MODEL.gguf ID [ID ...]
+//   kallpa_logits_tool --all-positions [--last] [--chunk N] [--top K] [--generate N] MODEL.gguf ID...
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -40,13 +40,16 @@ void print_row(const float* row, std::int64_t vocab, std::int64_t top) {
   std::printf("]");
 }
 
-// Every position's logits, chunk by chunk through LlamaModel::forward with all_logits; then, with
-// --generate N, N greedy decode steps. Prints {"logits": [per position], "generated": [ids]}, each
+// Every position's logits, chunk by chunk through LlamaModel::forward with all_logits (with
+// --last: only each chunk's last, and only the final one printed); then, with --generate N, N
+// greedy decode steps. Prints {"logits": [per position], "generated": [ids]}, each
 // position's row in full or, with --top K, as its K best [id, logit] pairs.
 int all_positions(int argc, char** argv) {
   using namespace kallpa;
   int arg = 2;
   std::int64_t chunk = 0, top = 0, generate = 0;
+  bool last_only = false;
+  for (; arg < argc && std::strcmp(argv[arg], "--last") == 0; ++arg) last_only = true;
   for (; arg + 1 < argc && std::strncmp(argv[arg], "--", 2) == 0; arg += 2) {
     const std::int64_t value = std::atoll(argv[arg + 1]);
     if (std::strcmp(argv[arg], "--chunk") == 0) {
@@ -61,7 +64,8 @@ int all_positions(int argc, char** argv) {
     }
   }
   if (arg + 1 >= argc) {
-    std::fprintf(stderr, "usage: %s --all-positions [--chunk N] [--top K] [--generate N] MODEL.gguf ID...\n", argv[0]);
+    std::fprintf(stderr, "usage: %s --all-positions [--last] [--chunk N] [--top K] [--generate N] MODEL.gguf ID...\n",
+                 argv[0]);
     return 2;
   }
   auto file = model::GgufFile::open(argv[arg]);
@@ -94,9 +98,10 @@ int all_positions(int argc, char** argv) {
     item.tokens =
         std::span<const std::int32_t>(ids).subspan(static_cast<std::size_t>(done), static_cast<std::size_t>(count));
     item.start_pos = done;
-    item.all_logits = true;
+    item.all_logits = !last_only;
     Status s = (*cache)->reserve(seq, done + count);
-    if (s) s = (*m)->forward({&item, 1}, **cache, dispatcher, logits.data() + done * vocab);
+    const std::int64_t first_row = last_only ? done + count - 1 : done;
+    if (s) s = (*m)->forward({&item, 1}, **cache, dispatcher, logits.data() + first_row * vocab);
     if (!s) std::fprintf(stderr, "%s\n", s.to_string().c_str());
     return s.is_ok();
   };
@@ -110,8 +115,8 @@ int all_positions(int argc, char** argv) {
   }
   std::printf("{\"logits\":[");
   const std::int64_t rows = n + std::max<std::int64_t>(generate - 1, 0);
-  for (std::int64_t t = 0; t < rows; ++t) {
-    if (t) std::printf(",");
+  for (std::int64_t t = last_only ? rows - 1 : 0; t < rows; ++t) {
+    if (t > (last_only ? rows - 1 : 0)) std::printf(",");
     print_row(logits.data() + t * vocab, vocab, top);
   }
   std::printf("],\"generated\":[");
