@@ -37,6 +37,8 @@ void for_rows(std::int64_t rows, std::int64_t row_elements, Fn fn) {
   }
 }
 
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+
 #if KALLPA_X86
 // The vectorised part of swiglu (a multiple of 8 elements); returns how many it did. The tail
 // and non-AVX2 machines use std::exp.
@@ -49,6 +51,23 @@ __attribute__((target("avx2,fma"))) std::int64_t swiglu_avx2(const float* gate, 
     const __m256 e = exp_avx2(_mm256_xor_ps(g, sign));
     const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
     _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+  }
+  return i;
+}
+
+// The same for geglu, with GELU's tanh form written as a sigmoid:
+// 0.5 g (1 + tanh(u)) = g / (1 + exp(-2u)), u = sqrt(2/pi) (g + 0.044715 g^3).
+__attribute__((target("avx2,fma"))) std::int64_t geglu_avx2(const float* gate, const float* up, float* out,
+                                                            std::int64_t n) {
+  std::int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.0f), minus_two_k = _mm256_set1_ps(-2.0f * kSqrt2OverPi),
+               cubic = _mm256_set1_ps(0.044715f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(cubic, g), _mm256_mul_ps(g, g), g);
+    const __m256 e = exp_avx2(_mm256_mul_ps(minus_two_k, inner));
+    const __m256 gelu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(up + i)));
   }
   return i;
 }
@@ -223,10 +242,13 @@ class CpuOps final : public Ops {
   }
 
   Status geglu(const float* gate, const float* up, float* out, std::int64_t n) override {
-    constexpr float kSqrt2OverPi = 0.7978845608028654f;
-    for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t i = 0;
+#if KALLPA_X86
+    if (avx2) i = geglu_avx2(gate, up, out, n);
+#endif
+    for (; i < n; ++i) {
       const float g = gate[i];
-      out[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up[i];
+      out[i] = g / (1.0f + std::exp(-2.0f * kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up[i];
     }
     return {};
   }
