@@ -1,0 +1,209 @@
+// Q16 integer products for the block types of ops/q16_units.h (Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K,
+// Q6_K), AVX2: each block of 32 weights is widened in registers to the unit's integers wq (two
+// vectors of 16 int16), with byte-wide bit operations on the 32 quants before one widening, and
+// goes through ops/q16_avx2.h's accumulate_block, four weight rows per vector, exactly as Q4_1 does
+// in quant_dot_avx2.cpp. The scales come from q16_unit_scales, the scalar reference's own code, so
+// the results are gemm_q16_scalar's bit for bit.
+//   - one activation row (decode): the accumulators of a 4-row tile stay in registers; the weights
+//     are read once, which is what a decode GEMV is bound by.
+//   - several activation rows (a server's decode batch): each block of a 4-row tile is widened once
+//     and swept by every activation row, their accumulators kept in an L1-resident array.
+#include <algorithm>
+#include <cstring>
+
+#include "ops/q16_avx2.h"
+#include "ops/q16_units.h"
+#include "ops/quant_kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KALLPA_X86 1
+#endif
+
+namespace kallpa::ops::kernels {
+
+#if KALLPA_X86
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+namespace {
+
+inline __m256i load32(const std::byte* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// 32 signed bytes as elements 0..15 and 16..31 in int16.
+inline void widen_i8(__m256i v, __m256i& w0, __m256i& w1) {
+  w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
+  w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+}
+
+// The 16 bytes of a Q4-ordered block as 32 nibbles in element order (byte j: element j's low
+// nibble, element j + 16's high one).
+inline __m256i nibbles32(const std::byte* qs) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0f));
+}
+
+// Byte j = 0x10 where bit j of qh is set, else 0.
+inline __m256i high_bits32(const std::byte* p) {
+  std::uint32_t qh;
+  std::memcpy(&qh, p, 4);
+  // Byte j takes qh's byte j / 8, then keeps bit j % 8 of it.
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(qh)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+// Block c of the unit at u as its integers wq (ops/q16_units.h), elements 0..15 in w0, 16..31 in
+// w1.
+template <GgmlType T>
+inline void widen_unit_block(const std::byte* u, int c, __m256i& w0, __m256i& w1) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  if constexpr (T == GgmlType::q5_0 || T == GgmlType::q5_1) {
+    constexpr std::size_t at = T == GgmlType::q5_0 ? 2 : 4;
+    __m256i q = _mm256_or_si256(nibbles32(u + at + 4), high_bits32(u + at));
+    if constexpr (T == GgmlType::q5_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+    widen_i8(q, w0, w1);
+  } else if constexpr (T == GgmlType::iq4_nl) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues)));
+    widen_i8(_mm256_shuffle_epi8(table, nibbles32(u + 2)), w0, w1);
+  } else if constexpr (T == GgmlType::q4_k || T == GgmlType::q5_k) {
+    constexpr std::size_t qs_at = T == GgmlType::q5_k ? 48 : 16;
+    const __m128i nib_shift = _mm_cvtsi32_si128(4 * (c & 1));
+    __m256i q = _mm256_and_si256(_mm256_srl_epi16(load32(u + qs_at + 32 * (c >> 1)), nib_shift), low4);
+    if constexpr (T == GgmlType::q5_k) {
+      const __m256i h = _mm256_and_si256(_mm256_srl_epi16(load32(u + 16), _mm_cvtsi32_si128(c)), _mm256_set1_epi8(1));
+      q = _mm256_or_si256(q, _mm256_slli_epi16(h, 4));  // bytes <= 1: no carry into the next byte
+    }
+    widen_i8(q, w0, w1);  // values 0..31: the signed widening is the unsigned one
+  } else {                // q6_k
+    const int h = c >> 2;
+    const __m256i lo = _mm256_and_si256(
+        _mm256_srl_epi16(load32(u + 64 * h + 32 * (c & 1)), _mm_cvtsi32_si128(4 * ((c >> 1) & 1))), low4);
+    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(load32(u + 128 + 32 * h), _mm_cvtsi32_si128(2 * (c & 3))),
+                                        _mm256_set1_epi8(3));
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+    widen_i8(q, w0, w1);
+    const auto* sc = reinterpret_cast<const std::int8_t*>(u + 192);
+    w0 = _mm256_mullo_epi16(w0, _mm256_set1_epi16(sc[2 * c]));
+    w1 = _mm256_mullo_epi16(w1, _mm256_set1_epi16(sc[2 * c + 1]));
+  }
+}
+
+// Activation rows swept per pass over a tile's blocks (their accumulators: 64 x 48 bytes in L1).
+constexpr std::int64_t kSweepRows = 64;
+
+// NW <= 4 weight rows (w: the first) against nx activation rows.
+template <GgmlType T, int NW>
+void tile_units(const std::byte* w, std::size_t row_bytes, const BlockQ16x* xq, std::int64_t nx, std::int64_t nb,
+                float* y, std::int64_t ldy) {
+  static_assert(NW >= 1 && NW <= 4);
+  constexpr Q16Unit g = q16_unit(T);
+  const std::int64_t nu = nb / g.blocks;
+  const bool one = nx == 1;
+  __m256 acc1 = _mm256_setzero_ps();
+  __m128 macc1 = _mm_setzero_ps();
+  __m256 acc[kSweepRows];
+  __m128 macc[kSweepRows];
+  for (std::int64_t i = 0; i < nx; ++i) {
+    acc[i] = _mm256_setzero_ps();
+    macc[i] = _mm_setzero_ps();
+  }
+  for (std::int64_t u = 0; u < nu; ++u) {
+    const std::byte* units[NW];
+    float d[4][kMaxUnitBlocks] = {}, m[4][kMaxUnitBlocks] = {};
+    for (int r = 0; r < NW; ++r) {
+      units[r] = w + static_cast<std::size_t>(r) * row_bytes + static_cast<std::size_t>(u) * g.bytes;
+      q16_unit_scales(T, units[r], d[r], m[r]);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < g.blocks; ++c) {
+      __m256i wv[8];
+      for (int r = 0; r < 4; ++r) {
+        if (r < NW) {
+          widen_unit_block<T>(units[r], c, wv[2 * r], wv[2 * r + 1]);
+        } else {
+          wv[2 * r] = wv[2 * r + 1] = _mm256_setzero_si256();
+        }
+      }
+      const __m256 d8 = pair_lanes(_mm_setr_ps(d[0][c], d[1][c], d[2][c], d[3][c]));
+      const __m128 m4 = _mm_setr_ps(m[0][c], m[1][c], m[2][c], m[3][c]);
+      const std::int64_t b = u * g.blocks + c;
+      if (one) {
+        acc1 = accumulate_block(wv, xq[b], d8, acc1);
+        if constexpr (g.has_m) macc1 = _mm_fmadd_ps(m4, _mm_broadcast_ss(&xq[b].s), macc1);
+      } else {
+        for (std::int64_t i = 0; i < nx; ++i) {
+          const BlockQ16x& xb = xq[i * nb + b];
+          acc[i] = accumulate_block(wv, xb, d8, acc[i]);
+          if constexpr (g.has_m) macc[i] = _mm_fmadd_ps(m4, _mm_broadcast_ss(&xb.s), macc[i]);
+        }
+      }
+    }
+  }
+  if (one) {
+    store_row_sums(acc1, macc1, NW, y);
+  } else {
+    for (std::int64_t i = 0; i < nx; ++i) store_row_sums(acc[i], macc[i], NW, y + i * ldy);
+  }
+}
+
+template <GgmlType T>
+void gemm_units(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ16x* xq, std::int64_t nx,
+                std::int64_t k, float* y, std::int64_t ldy) {
+  const std::int64_t nb = k / kQK;
+  for (std::int64_t x0 = 0; x0 < nx; x0 += kSweepRows) {
+    const std::int64_t n = std::min(kSweepRows, nx - x0);
+    const BlockQ16x* xt = xq + x0 * nb;
+    float* yt = y + x0 * ldy;
+    std::int64_t r = 0;
+    for (; r + 4 <= nw; r += 4) {
+      tile_units<T, 4>(w + static_cast<std::size_t>(r) * row_bytes, row_bytes, xt, n, nb, yt + r, ldy);
+    }
+    const std::byte* wr = w + static_cast<std::size_t>(r) * row_bytes;
+    switch (nw - r) {
+      case 3: tile_units<T, 3>(wr, row_bytes, xt, n, nb, yt + r, ldy); break;
+      case 2: tile_units<T, 2>(wr, row_bytes, xt, n, nb, yt + r, ldy); break;
+      case 1: tile_units<T, 1>(wr, row_bytes, xt, n, nb, yt + r, ldy); break;
+      default: break;
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_q16_units_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ16x* xq,
+                         std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  switch (type) {
+    case GgmlType::q5_0: return gemm_units<GgmlType::q5_0>(w, row_bytes, nw, xq, nx, k, y, ldy);
+    case GgmlType::q5_1: return gemm_units<GgmlType::q5_1>(w, row_bytes, nw, xq, nx, k, y, ldy);
+    case GgmlType::iq4_nl: return gemm_units<GgmlType::iq4_nl>(w, row_bytes, nw, xq, nx, k, y, ldy);
+    case GgmlType::q4_k: return gemm_units<GgmlType::q4_k>(w, row_bytes, nw, xq, nx, k, y, ldy);
+    case GgmlType::q5_k: return gemm_units<GgmlType::q5_k>(w, row_bytes, nw, xq, nx, k, y, ldy);
+    case GgmlType::q6_k: return gemm_units<GgmlType::q6_k>(w, row_bytes, nw, xq, nx, k, y, ldy);
+    default: return;
+  }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#else  // not x86: the scalar kernel
+
+void gemm_q16_units_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ16x* xq,
+                         std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  gemm_q16_scalar(type, WeightLayout::rows, w, row_bytes, nw, xq, nx, k, y, ldy);
+}
+
+#endif
+
+}  // namespace kallpa::ops::kernels
