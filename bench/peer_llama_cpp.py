@@ -371,7 +371,7 @@ def compare_matmul(a) -> list[dict]:
     test_file.write_text("".join(mm_test_file_line(*c) + "\n" for c in cases))
     tbo = [a.test_backend_ops, "perf", "-b", "CPU", "--test-file", str(test_file)]
     qb = [a.quant_bench, "--benchmark_filter=BM_GemmaMatmul/.*/threads:1/", "--benchmark_format=json",
-          f"--benchmark_min_time={a.mm_min_time}s"]
+          f"--benchmark_min_time={a.mm_min_time}"]
     ours, theirs = [], []
     for _ in range(a.rounds):
         theirs.append(run(tbo, "test-backend-ops perf --test-file", a.timeout, parse_test_backend_ops_matmul))

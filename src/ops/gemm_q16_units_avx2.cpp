@@ -2,8 +2,8 @@
 // Q6_K), AVX2: each block of 32 weights is widened in registers to the unit's integers wq (two
 // vectors of 16 int16), with byte-wide bit operations on the 32 quants before one widening, and
 // goes through ops/q16_avx2.h's accumulate_block, four weight rows per vector, exactly as Q4_1 does
-// in quant_dot_avx2.cpp. The scales come from q16_unit_scales, the scalar reference's own code, so
-// the results are gemm_q16_scalar's bit for bit.
+// in quant_dot_avx2.cpp. The scales are q16_unit_scales' (the scalar reference's) arithmetic, with
+// F16C's conversions (the same values), so the results are gemm_q16_scalar's bit for bit.
 //   - one activation row (decode): the accumulators of a 4-row tile stay in registers; the weights
 //     are read once, which is what a decode GEMV is bound by.
 //   - several activation rows (a server's decode batch): each block of a 4-row tile is widened once
@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "ops/avx2_common.h"
 #include "ops/q16_avx2.h"
 #include "ops/q16_units.h"
 #include "ops/quant_kernels.h"
@@ -99,6 +100,69 @@ inline void widen_unit_block(const std::byte* u, int c, __m256i& w0, __m256i& w1
 // Activation rows swept per pass over a tile's blocks (their accumulators: 64 x 48 bytes in L1).
 constexpr std::int64_t kSweepRows = 64;
 
+// The 4 f16 at p + r * stride (r < NW; 0 for the rows past NW) as floats: F16C gives the bits of
+// the reference's f16_to_f32.
+template <int NW>
+inline __m128 halves4(const std::byte* const* units, std::size_t at) {
+  alignas(16) std::uint16_t h[8] = {};
+  for (int r = 0; r < NW; ++r) std::memcpy(&h[r], units[r] + at, 2);
+  return _mm_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
+// Four rows of 8 values (one per block c) as 8 vectors of the 4 rows' values for block c.
+inline void transpose4x8(const __m256 (&v)[4], __m128* out) {
+  const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]);  // r0c0 r1c0 r0c1 r1c1 | the same for c4, c5
+  const __m256 t1 = _mm256_unpackhi_ps(v[0], v[1]);  // c2, c3 | c6, c7
+  const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]);
+  const __m256 t3 = _mm256_unpackhi_ps(v[2], v[3]);
+  const __m256 u[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xee),
+                       _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xee)};
+  for (int c = 0; c < 4; ++c) {
+    out[c] = _mm256_castps256_ps128(u[c]);
+    out[c + 4] = _mm256_extractf128_ps(u[c], 1);
+  }
+}
+
+// d_c and m_c of the NW rows' units (lane r: row r; zero past NW), per block c of the unit.
+template <GgmlType T, int NW>
+inline void unit_scales4(const std::byte* const* units, __m128* d, __m128* m) {
+  if constexpr (T == GgmlType::q5_0 || T == GgmlType::iq4_nl) {
+    d[0] = halves4<NW>(units, 0);
+  } else if constexpr (T == GgmlType::q5_1) {
+    d[0] = halves4<NW>(units, 0);
+    m[0] = halves4<NW>(units, 2);
+  } else if constexpr (T == GgmlType::q6_k) {
+    const __m128 dd = halves4<NW>(units, 208);
+    for (int c = 0; c < kMaxUnitBlocks; ++c) d[c] = dd;
+  } else {  // q4_k, q5_k: q16_unit_scales' products, 8 blocks of a row per vector
+    __m256 ds[4], ms[4];
+    for (int r = 0; r < 4; ++r) {
+      if (r >= NW) {
+        ds[r] = ms[r] = _mm256_setzero_ps();
+        continue;
+      }
+      // The 12 packed bytes as 8 six-bit scales (bytes 0..7) and 8 mins (8..15), as
+      // kquant_scale_min reads them, four bytes at a time.
+      std::uint32_t s[3];
+      std::memcpy(s, units[r] + 4, 12);
+      constexpr std::uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
+      const std::uint32_t sc_lo = s[0] & k6;
+      const std::uint32_t sc_hi = (s[2] & k4) | (((s[0] >> 6) & k2) << 4);
+      const std::uint32_t mn_lo = s[1] & k6;
+      const std::uint32_t mn_hi = ((s[2] >> 4) & k4) | (((s[1] >> 6) & k2) << 4);
+      const __m256 sc = _mm256_cvtepi32_ps(
+          _mm256_cvtepu8_epi32(_mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi), 0, 0)));
+      const __m256 mn = _mm256_cvtepi32_ps(
+          _mm256_cvtepu8_epi32(_mm_setr_epi32(static_cast<int>(mn_lo), static_cast<int>(mn_hi), 0, 0)));
+      ds[r] = _mm256_mul_ps(_mm256_set1_ps(load_half(units[r])), sc);
+      // -(dmin * min): the sign flipped, as the scalar negation does (-0 for a zero min).
+      ms[r] = _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(load_half(units[r] + 2)), mn), _mm256_set1_ps(-0.0f));
+    }
+    transpose4x8(ds, d);
+    transpose4x8(ms, m);
+  }
+}
+
 // NW <= 4 weight rows (w: the first) against nx activation rows.
 template <GgmlType T, int NW>
 void tile_units(const std::byte* w, std::size_t row_bytes, const BlockQ16x* xq, std::int64_t nx, std::int64_t nb,
@@ -117,11 +181,11 @@ void tile_units(const std::byte* w, std::size_t row_bytes, const BlockQ16x* xq, 
   }
   for (std::int64_t u = 0; u < nu; ++u) {
     const std::byte* units[NW];
-    float d[4][kMaxUnitBlocks] = {}, m[4][kMaxUnitBlocks] = {};
     for (int r = 0; r < NW; ++r) {
       units[r] = w + static_cast<std::size_t>(r) * row_bytes + static_cast<std::size_t>(u) * g.bytes;
-      q16_unit_scales(T, units[r], d[r], m[r]);
     }
+    __m128 d4[g.blocks], m4[g.blocks];
+    unit_scales4<T, NW>(units, d4, m4);
 #pragma GCC unroll 8
     for (int c = 0; c < g.blocks; ++c) {
       __m256i wv[8];
@@ -132,17 +196,16 @@ void tile_units(const std::byte* w, std::size_t row_bytes, const BlockQ16x* xq, 
           wv[2 * r] = wv[2 * r + 1] = _mm256_setzero_si256();
         }
       }
-      const __m256 d8 = pair_lanes(_mm_setr_ps(d[0][c], d[1][c], d[2][c], d[3][c]));
-      const __m128 m4 = _mm_setr_ps(m[0][c], m[1][c], m[2][c], m[3][c]);
+      const __m256 d8 = pair_lanes(d4[c]);
       const std::int64_t b = u * g.blocks + c;
       if (one) {
         acc1 = accumulate_block(wv, xq[b], d8, acc1);
-        if constexpr (g.has_m) macc1 = _mm_fmadd_ps(m4, _mm_broadcast_ss(&xq[b].s), macc1);
+        if constexpr (g.has_m) macc1 = _mm_fmadd_ps(m4[c], _mm_broadcast_ss(&xq[b].s), macc1);
       } else {
         for (std::int64_t i = 0; i < nx; ++i) {
           const BlockQ16x& xb = xq[i * nb + b];
           acc[i] = accumulate_block(wv, xb, d8, acc[i]);
-          if constexpr (g.has_m) macc[i] = _mm_fmadd_ps(m4, _mm_broadcast_ss(&xb.s), macc[i]);
+          if constexpr (g.has_m) macc[i] = _mm_fmadd_ps(m4[c], _mm_broadcast_ss(&xb.s), macc[i]);
         }
       }
     }
