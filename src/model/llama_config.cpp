@@ -31,6 +31,92 @@ Status bad(const std::string& field, std::string message) {
   return {ErrorCode::invalid_argument, field, std::move(message)};
 }
 
+Result<float> get_nonnegative(const GgufFile& f, const std::string& key, float dflt) {
+  if (!f.has(key)) return dflt;
+  auto v = f.get_float(key);
+  if (!v) return v.status();
+  if (!(*v >= 0.0) || !std::isfinite(*v)) return bad(key, fmt::format("'{}' is {}, expected a number >= 0", key, *v));
+  return static_cast<float>(*v);
+}
+
+// Which layers are local: the file's attention.sliding_window_pattern (a period, or one bool per
+// layer) when it has one, else the architecture's default period.
+Status read_window_layers(const GgufFile& f, const std::string& p, ModelConfig& c) {
+  c.local_layers.assign(c.n_layer, false);
+  if (c.sliding_window == 0 || c.arch.window_layers == WindowLayers::none) return {};
+  if (c.arch.window_layers == WindowLayers::all) {
+    c.local_layers.assign(c.n_layer, true);
+    return {};
+  }
+  const std::string key = p + "attention.sliding_window_pattern";
+  std::uint64_t period = c.arch.window_period;
+  if (auto v = f.get(key); v) {
+    const GgufValue& value = **v;
+    if (value.is_array()) {
+      if (value.element_type() != GgufValueType::boolean || value.size() != c.n_layer) {
+        return bad(key, fmt::format("'{}' is {}, expected a period or {} bools (one per layer)", key, value.to_string(),
+                                    c.n_layer));
+      }
+      for (std::uint32_t il = 0; il < c.n_layer; ++il) c.local_layers[il] = value.raw()[il] != std::byte{0};
+      return {};
+    }
+    auto n = f.get_uint(key);
+    if (!n) return n.status();
+    period = *n;
+  }
+  for (std::uint32_t il = 0; il < c.n_layer; ++il) c.local_layers[il] = period == 0 || il % period < period - 1;
+  return {};
+}
+
+// The keys an architecture's description makes the forward pass read beyond Llama's.
+Status read_architecture_keys(const GgufFile& f, const std::string& p, ModelConfig& c) {
+  const std::string scaling = p + "rope.scaling.type";
+  if (f.has(scaling)) {
+    auto type = f.get_string(scaling);
+    if (!type) return type.status();
+    if (*type == "linear") {
+      auto factor = f.get_float(p + "rope.scaling.factor");
+      if (!factor) return factor.status();
+      if (!(*factor > 0.0) || !std::isfinite(*factor)) {
+        return bad(p + "rope.scaling.factor", fmt::format("rope.scaling.factor {} must be positive", *factor));
+      }
+      c.rope_freq_scale = static_cast<float>(1.0 / *factor);
+    } else if (*type != "none") {
+      return Status(ErrorCode::unsupported, scaling,
+                    fmt::format("RoPE scaling '{}' is not supported (supported: none, linear)", *type));
+    }
+  }
+  c.rope_freq_base_local = c.arch.local_rope_base > 0.0f ? c.arch.local_rope_base : c.rope_freq_base;
+  if (f.has(p + "rope.freq_base_swa")) {
+    auto base = f.get_float(p + "rope.freq_base_swa");
+    if (!base) return base.status();
+    if (!(*base > 0.0) || !std::isfinite(*base)) {
+      return bad(p + "rope.freq_base_swa", fmt::format("rope.freq_base_swa {} must be a positive number", *base));
+    }
+    c.rope_freq_base_local = static_cast<float>(*base);
+  }
+  if (c.arch.window_layers != WindowLayers::none && f.has(p + "attention.sliding_window")) {
+    auto window = get_dim(f, p + "attention.sliding_window", std::numeric_limits<std::uint32_t>::max());
+    if (!window) return window.status();
+    c.sliding_window = *window;
+  }
+  if (Status st = read_window_layers(f, p, c); !st) return st;
+
+  std::uint32_t pre_attn_scalar = c.head_dim;
+  if (c.arch.scale_by_embd_per_head_at_layers != 0 && c.n_layer == c.arch.scale_by_embd_per_head_at_layers) {
+    pre_attn_scalar = c.n_embd / c.n_head;
+  }
+  c.attention_scale = 1.0f / std::sqrt(static_cast<float>(pre_attn_scalar));
+  auto attn_cap = get_nonnegative(f, p + "attn_logit_softcapping", 0.0f);
+  if (!attn_cap) return attn_cap.status();
+  c.attn_logit_softcap = *attn_cap;
+  auto final_cap = get_nonnegative(f, p + "final_logit_softcapping", 0.0f);
+  if (!final_cap) return final_cap.status();
+  c.final_logit_softcap = *final_cap;
+  c.embedding_scale = c.arch.embedding_scale ? std::sqrt(static_cast<float>(c.n_embd)) : 1.0f;
+  return {};
+}
+
 }  // namespace
 
 Result<ModelConfig> read_llama_config(const GgufFile& f) {
@@ -38,10 +124,13 @@ Result<ModelConfig> read_llama_config(const GgufFile& f) {
   auto arch = f.get_string("general.architecture");
   if (!arch) return arch.status();
   c.architecture = std::string(*arch);
-  if (c.architecture != "llama") {
+  const Architecture* description = find_architecture(c.architecture);
+  if (description == nullptr) {
     return Status(ErrorCode::unsupported, "general.architecture",
-                  fmt::format("architecture '{}' is not supported (supported: llama)", c.architecture));
+                  fmt::format("architecture '{}' is not supported (supported: {})", c.architecture,
+                              supported_architecture_names()));
   }
+  c.arch = *description;
   if (auto name = f.get_string("general.name")) c.name = std::string(*name);
   const std::string p = c.architecture + ".";
 
@@ -125,6 +214,7 @@ Result<ModelConfig> read_llama_config(const GgufFile& f) {
     }
   }
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
+  if (Status st = read_architecture_keys(f, p, c); !st) return st;
   return c;
 }
 
@@ -165,7 +255,8 @@ Status check_tensor(const GgufFile& f, const std::string& name, Kind kind, std::
 
 Result<LlamaWeights> bind_llama_weights(const GgufFile& f, const ModelConfig& c) {
   LlamaWeights w;
-  const std::int64_t e = c.n_embd, v = c.vocab_size, q = c.q_dim(), kv = c.kv_dim(), ff = c.n_ff;
+  const Architecture& a = c.arch;
+  const std::int64_t e = c.n_embd, v = c.vocab_size, q = c.q_dim(), kv = c.kv_dim(), ff = c.n_ff, hd = c.head_dim;
   Status st = check_tensor(f, "token_embd.weight", Kind::matrix, {e, v}, &w.token_embd);
   if (!st) return st;
   st = check_tensor(f, "output_norm.weight", Kind::norm, {e}, &w.output_norm);
@@ -176,6 +267,27 @@ Result<LlamaWeights> bind_llama_weights(const GgufFile& f, const ModelConfig& c)
   } else {
     w.output = w.token_embd;
   }
+  if (f.find_tensor("rope_freqs.weight") != nullptr) {
+    st = check_tensor(f, "rope_freqs.weight", Kind::norm, {c.n_rot / 2}, &w.rope_freqs);
+    if (!st) return st;
+    const auto* factors = static_cast<const float*>(w.rope_freqs->data);
+    for (std::int64_t i = 0; i < w.rope_freqs->nelements(); ++i) {
+      if (!(factors[i] > 0.0f) || !std::isfinite(factors[i])) {
+        return Status(
+            ErrorCode::invalid_argument, "rope_freqs.weight",
+            fmt::format("tensor 'rope_freqs.weight': factor {} is {}, expected a positive number", i, factors[i]));
+      }
+    }
+  }
+  // Per-frequency RoPE factors that depend on the context length (Phi-3's LongRoPE) need a
+  // choice kallpa does not make; refusing beats answering with the wrong rotation.
+  for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
+    if (f.find_tensor(name) != nullptr) {
+      return Status(ErrorCode::unsupported, name,
+                    fmt::format("tensor '{}': context-dependent RoPE factors (LongRoPE) are not supported", name));
+    }
+  }
+  const bool fused_qkv = a.fused_qkv && f.find_tensor("blk.0.attn_qkv.weight") != nullptr;
   w.layers.resize(c.n_layer);
   for (std::uint32_t i = 0; i < c.n_layer; ++i) {
     LlamaLayerWeights& l = w.layers[i];
@@ -185,19 +297,29 @@ Result<LlamaWeights> bind_llama_weights(const GgufFile& f, const ModelConfig& c)
       Kind kind;
       std::vector<std::int64_t> shape;
       const TensorView** out;
+      bool wanted;
     };
     const Item items[] = {
-        {"attn_norm.weight", Kind::norm, {e}, &l.attn_norm},
-        {"attn_q.weight", Kind::matrix, {e, q}, &l.attn_q},
-        {"attn_k.weight", Kind::matrix, {e, kv}, &l.attn_k},
-        {"attn_v.weight", Kind::matrix, {e, kv}, &l.attn_v},
-        {"attn_output.weight", Kind::matrix, {q, e}, &l.attn_output},
-        {"ffn_norm.weight", Kind::norm, {e}, &l.ffn_norm},
-        {"ffn_gate.weight", Kind::matrix, {e, ff}, &l.ffn_gate},
-        {"ffn_up.weight", Kind::matrix, {e, ff}, &l.ffn_up},
-        {"ffn_down.weight", Kind::matrix, {ff, e}, &l.ffn_down},
+        {"attn_norm.weight", Kind::norm, {e}, &l.attn_norm, true},
+        {"attn_qkv.weight", Kind::matrix, {e, q + 2 * kv}, &l.attn_qkv, fused_qkv},
+        {"attn_q.weight", Kind::matrix, {e, q}, &l.attn_q, !fused_qkv},
+        {"attn_k.weight", Kind::matrix, {e, kv}, &l.attn_k, !fused_qkv},
+        {"attn_v.weight", Kind::matrix, {e, kv}, &l.attn_v, !fused_qkv},
+        {"attn_q.bias", Kind::norm, {q}, &l.attn_q_bias, a.qkv_bias},
+        {"attn_k.bias", Kind::norm, {kv}, &l.attn_k_bias, a.qkv_bias},
+        {"attn_v.bias", Kind::norm, {kv}, &l.attn_v_bias, a.qkv_bias},
+        {"attn_q_norm.weight", Kind::norm, {hd}, &l.attn_q_norm, a.qk_norm},
+        {"attn_k_norm.weight", Kind::norm, {hd}, &l.attn_k_norm, a.qk_norm},
+        {"attn_output.weight", Kind::matrix, {q, e}, &l.attn_output, true},
+        {"post_attention_norm.weight", Kind::norm, {e}, &l.post_attention_norm, a.post_norms},
+        {"ffn_norm.weight", Kind::norm, {e}, &l.ffn_norm, true},
+        {"ffn_gate.weight", Kind::matrix, {e, ff}, &l.ffn_gate, !a.fused_gate_up},
+        {"ffn_up.weight", Kind::matrix, {e, a.fused_gate_up ? 2 * ff : ff}, &l.ffn_up, true},
+        {"ffn_down.weight", Kind::matrix, {ff, e}, &l.ffn_down, true},
+        {"post_ffw_norm.weight", Kind::norm, {e}, &l.post_ffw_norm, a.post_norms},
     };
     for (const Item& it : items) {
+      if (!it.wanted) continue;
       st = check_tensor(f, b + it.suffix, it.kind, it.shape, it.out);
       if (!st) return st;
     }

@@ -1,6 +1,7 @@
 #include "kallpa/model/llama_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <tuple>
 #include <utility>
@@ -40,6 +41,14 @@ Result<ops::WeightMatrix> matrix(const TensorView* t) {
   return as_weight_matrix(*t);
 }
 
+// Rows [first, first + count) of a matrix in the file's row layout: how a fused projection
+// (Phi-3's attn_qkv, its gate-up ffn_up) becomes the separate matrices the pass multiplies by.
+ops::WeightMatrix row_range(ops::WeightMatrix m, std::int64_t first, std::int64_t count) {
+  m.data = static_cast<const std::byte*>(m.data) + static_cast<std::size_t>(first) * m.row_bytes;
+  m.rows = count;
+  return m;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufFile> file, ops::Ops& ops) {
@@ -50,6 +59,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufF
   m->file_ = std::move(file);
   m->ops_ = &ops;
   m->config_ = *config;
+  const ModelConfig& c = m->config_;
 
   auto take = [](const TensorView* t, ops::WeightMatrix* out) -> Status {
     auto r = matrix(t);
@@ -57,17 +67,45 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufF
     *out = *r;
     return {};
   };
+  // Optional tensors stay empty (data == nullptr) when the file has none.
+  auto take_optional = [&](const TensorView* t, ops::WeightMatrix* out) -> Status {
+    return t == nullptr ? Status() : take(t, out);
+  };
   Status s;
   if (!(s = take(w.token_embd, &m->token_embd_)) || !(s = take(w.output, &m->output_)) ||
       !(s = take(w.output_norm, &m->output_norm_))) {
     return s;
   }
+  if (w.rope_freqs != nullptr) {
+    const auto* f = static_cast<const float*>(w.rope_freqs->data);
+    m->rope_freqs_.assign(f, f + w.rope_freqs->nelements());
+  }
   for (const LlamaLayerWeights& lw : w.layers) {
     Layer l{};
     if (!(s = take(lw.attn_norm, &l.attn_norm)) || !(s = take(lw.ffn_norm, &l.ffn_norm)) ||
-        !(s = take(lw.attn_q, &l.wq)) || !(s = take(lw.attn_k, &l.wk)) || !(s = take(lw.attn_v, &l.wv)) ||
-        !(s = take(lw.attn_output, &l.wo)) || !(s = take(lw.ffn_gate, &l.gate)) || !(s = take(lw.ffn_up, &l.up)) ||
-        !(s = take(lw.ffn_down, &l.down))) {
+        !(s = take(lw.attn_output, &l.wo)) || !(s = take(lw.ffn_down, &l.down)) ||
+        !(s = take_optional(lw.attn_q_bias, &l.bq)) || !(s = take_optional(lw.attn_k_bias, &l.bk)) ||
+        !(s = take_optional(lw.attn_v_bias, &l.bv)) || !(s = take_optional(lw.attn_q_norm, &l.q_norm)) ||
+        !(s = take_optional(lw.attn_k_norm, &l.k_norm)) ||
+        !(s = take_optional(lw.post_attention_norm, &l.post_attention_norm)) ||
+        !(s = take_optional(lw.post_ffw_norm, &l.post_ffw_norm))) {
+      return s;
+    }
+    if (lw.attn_qkv != nullptr) {
+      ops::WeightMatrix qkv;
+      if (!(s = take(lw.attn_qkv, &qkv))) return s;
+      l.wq = row_range(qkv, 0, c.q_dim());
+      l.wk = row_range(qkv, c.q_dim(), c.kv_dim());
+      l.wv = row_range(qkv, c.q_dim() + c.kv_dim(), c.kv_dim());
+    } else if (!(s = take(lw.attn_q, &l.wq)) || !(s = take(lw.attn_k, &l.wk)) || !(s = take(lw.attn_v, &l.wv))) {
+      return s;
+    }
+    if (lw.ffn_gate == nullptr) {
+      ops::WeightMatrix gate_up;
+      if (!(s = take(lw.ffn_up, &gate_up))) return s;
+      l.gate = row_range(gate_up, 0, c.n_ff);
+      l.up = row_range(gate_up, c.n_ff, c.n_ff);
+    } else if (!(s = take(lw.ffn_gate, &l.gate)) || !(s = take(lw.ffn_up, &l.up))) {
       return s;
     }
     m->layers_.push_back(l);
@@ -75,8 +113,10 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufF
   std::vector<ops::WeightMatrix*> products{&m->output_}, lookups{&m->token_embd_, &m->output_norm_};
   for (Layer& l : m->layers_) {
     for (ops::WeightMatrix* p : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) products.push_back(p);
-    lookups.push_back(&l.attn_norm);
-    lookups.push_back(&l.ffn_norm);
+    for (ops::WeightMatrix* p : {&l.attn_norm, &l.ffn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm,
+                                 &l.post_attention_norm, &l.post_ffw_norm}) {
+      if (p->data != nullptr) lookups.push_back(p);
+    }
   }
   std::vector<ops::WeightMatrix*> all = products;
   all.insert(all.end(), lookups.begin(), lookups.end());
@@ -188,29 +228,13 @@ Status LlamaModel::forward(std::span<const ForwardItem> items, ops::KvCache& cac
   }
   plan_attention(items, cache);
 
-  float *x = x_.get(), *h = h_.get(), *q = q_.get(), *k = k_.get(), *v = v_.get(), *gate = gate_.get(), *up = up_.get(),
-        *tmp = tmp_.get();
+  float* x = x_.get();
+  float* h = h_.get();
   Status s = ops.embedding(token_embd_, tokens_, x);
   if (!s) return s;
-  const float eps = config_.rms_norm_eps;
+  if (config_.embedding_scale != 1.0f && !(s = ops.scale(x, config_.embedding_scale, total * embd))) return s;
   for (std::size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& L = layers_[l];
-    // Attention block.
-    if (!(s = ops.rmsnorm(x, static_cast<const float*>(L.attn_norm.data), eps, h, total, embd))) return s;
-    const ops::MatmulJob qkv[] = {{&L.wq, q, qd}, {&L.wk, k, kvd}, {&L.wv, v, kvd}};
-    if (!(s = ops.matmul_group(qkv, h, total, decode_rows))) return s;
-    if (!(s = ops.rope(q, positions_, config_.n_head, config_.head_dim, config_.n_rot, config_.rope_freq_base)) ||
-        !(s = ops.rope(k, positions_, config_.n_head_kv, config_.head_dim, config_.n_rot, config_.rope_freq_base)) ||
-        !(s = cache.write_rows(static_cast<std::int32_t>(l), kv_slots_, k, v)) || !(s = ops.finish()) ||
-        !(s = attention(static_cast<std::int32_t>(l), cache, dispatcher)) ||
-        !(s = ops.matmul(L.wo, att_.get(), total, tmp, decode_rows)) || !(s = ops.add(x, tmp, total * embd))) {
-      return s;
-    }
-    // Feed-forward block (SwiGLU).
-    if (!(s = ops.rmsnorm(x, static_cast<const float*>(L.ffn_norm.data), eps, h, total, embd))) return s;
-    const ops::MatmulJob gate_up[] = {{&L.gate, gate, ff}, {&L.up, up, ff}};
-    if (!(s = ops.matmul_group(gate_up, h, total, decode_rows)) || !(s = ops.swiglu(gate, up, gate, total * ff)) ||
-        !(s = ops.matmul(L.down, gate, total, tmp, decode_rows)) || !(s = ops.add(x, tmp, total * embd))) {
+    if (!(s = attention_block(l, cache, dispatcher, total, decode_rows)) || !(s = ffn_block(l, total, decode_rows))) {
       return s;
     }
   }
@@ -218,26 +242,96 @@ Status LlamaModel::forward(std::span<const ForwardItem> items, ops::KvCache& cac
   // Output head, only for the rows whose logits are wanted.
   std::int64_t row = 0, wanted_decode = 0;
   wanted_rows_.clear();
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    const ForwardItem& it = items[i];
-    row += static_cast<std::int64_t>(it.tokens.size());
+  for (const ForwardItem& it : items) {
+    const auto n = static_cast<std::int64_t>(it.tokens.size());
     if (it.want_logits) {
-      wanted_rows_.push_back(row - 1);
+      for (std::int64_t r = it.all_logits ? row : row + n - 1; r < row + n; ++r) wanted_rows_.push_back(r);
       wanted_decode += is_decode_step(it) ? 1 : 0;
     }
+    row += n;
   }
   const auto wanted = static_cast<std::int64_t>(wanted_rows_.size());
   if (wanted == 0) return {};
+  const float eps = config_.rms_norm_eps;
   if (!(s = ops.gather_rows(x, wanted_rows_, embd, h)) ||
       !(s = ops.rmsnorm(h, static_cast<const float*>(output_norm_.data), eps, h, wanted, embd))) {
     return s;
   }
-  if (ops.host_addressable()) return ops.matmul(output_, h, wanted, logits, wanted_decode);
-  if (!(s = logits_.reserve(ops, wanted * vocab, "logits")) ||
-      !(s = ops.matmul(output_, h, wanted, logits_.get(), wanted_decode))) {
+  if (ops.host_addressable()) {
+    if (!(s = ops.matmul(output_, h, wanted, logits, wanted_decode))) return s;
+  } else if (!(s = logits_.reserve(ops, wanted * vocab, "logits")) ||
+             !(s = ops.matmul(output_, h, wanted, logits_.get(), wanted_decode)) ||
+             !(s = ops.download(logits, logits_.get(), static_cast<std::size_t>(wanted * vocab) * sizeof(float)))) {
     return s;
   }
-  return ops.download(logits, logits_.get(), static_cast<std::size_t>(wanted * vocab) * sizeof(float));
+  // The final softcap (Gemma 2) on the host logits: a pass over vocab floats per wanted row.
+  if (const float cap = config_.final_logit_softcap; cap > 0.0f) {
+    for (std::int64_t i = 0; i < wanted * vocab; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+  }
+  return {};
+}
+
+Status LlamaModel::attention_block(std::size_t l, ops::KvCache& cache, Dispatcher& dispatcher, std::int64_t total,
+                                   std::int64_t decode_rows) {
+  ops::Ops& ops = *ops_;
+  const ModelConfig& c = config_;
+  const Layer& L = layers_[l];
+  const auto layer = static_cast<std::uint32_t>(l);
+  const std::int64_t embd = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim();
+  float *x = x_.get(), *h = h_.get(), *q = q_.get(), *k = k_.get(), *v = v_.get(), *tmp = tmp_.get();
+  const float eps = c.rms_norm_eps;
+  Status s;
+  if (!(s = ops.rmsnorm(x, static_cast<const float*>(L.attn_norm.data), eps, h, total, embd))) return s;
+  const ops::MatmulJob qkv[] = {{&L.wq, q, qd}, {&L.wk, k, kvd}, {&L.wv, v, kvd}};
+  if (!(s = ops.matmul_group(qkv, h, total, decode_rows))) return s;
+  if (L.bq.data != nullptr && (!(s = ops.add_bias(q, static_cast<const float*>(L.bq.data), total, qd)) ||
+                               !(s = ops.add_bias(k, static_cast<const float*>(L.bk.data), total, kvd)) ||
+                               !(s = ops.add_bias(v, static_cast<const float*>(L.bv.data), total, kvd)))) {
+    return s;
+  }
+  // Per-head norms: each head's head_dim values are one row.
+  if (L.q_norm.data != nullptr &&
+      (!(s = ops.rmsnorm(q, static_cast<const float*>(L.q_norm.data), eps, q, total * c.n_head, c.head_dim)) ||
+       !(s = ops.rmsnorm(k, static_cast<const float*>(L.k_norm.data), eps, k, total * c.n_head_kv, c.head_dim)))) {
+    return s;
+  }
+  const ops::RopeParams rope{.style = c.arch.rope_style,
+                             .theta = c.rope_base(layer),
+                             .freq_scale = c.rope_scale(layer),
+                             .freq_factors = rope_freqs_};
+  if (!(s = ops.rope_ext(q, positions_, c.n_head, c.head_dim, c.n_rot, rope)) ||
+      !(s = ops.rope_ext(k, positions_, c.n_head_kv, c.head_dim, c.n_rot, rope)) ||
+      !(s = cache.write_rows(static_cast<std::int32_t>(l), kv_slots_, k, v)) || !(s = ops.finish()) ||
+      !(s = attention(static_cast<std::int32_t>(l), cache, dispatcher)) ||
+      !(s = ops.matmul(L.wo, att_.get(), total, tmp, decode_rows))) {
+    return s;
+  }
+  if (L.post_attention_norm.data != nullptr &&
+      !(s = ops.rmsnorm(tmp, static_cast<const float*>(L.post_attention_norm.data), eps, tmp, total, embd))) {
+    return s;
+  }
+  return ops.add(x, tmp, total * embd);
+}
+
+Status LlamaModel::ffn_block(std::size_t l, std::int64_t total, std::int64_t decode_rows) {
+  ops::Ops& ops = *ops_;
+  const ModelConfig& c = config_;
+  const Layer& L = layers_[l];
+  const std::int64_t embd = c.n_embd, ff = c.n_ff;
+  float *x = x_.get(), *h = h_.get(), *gate = gate_.get(), *up = up_.get(), *tmp = tmp_.get();
+  const float eps = c.rms_norm_eps;
+  Status s;
+  if (!(s = ops.rmsnorm(x, static_cast<const float*>(L.ffn_norm.data), eps, h, total, embd))) return s;
+  const ops::MatmulJob gate_up[] = {{&L.gate, gate, ff}, {&L.up, up, ff}};
+  if (!(s = ops.matmul_group(gate_up, h, total, decode_rows))) return s;
+  s = c.arch.ffn == FfnActivation::gelu_tanh ? ops.geglu(gate, up, gate, total * ff)
+                                             : ops.swiglu(gate, up, gate, total * ff);
+  if (!s || !(s = ops.matmul(L.down, gate, total, tmp, decode_rows))) return s;
+  if (L.post_ffw_norm.data != nullptr &&
+      !(s = ops.rmsnorm(tmp, static_cast<const float*>(L.post_ffw_norm.data), eps, tmp, total, embd))) {
+    return s;
+  }
+  return ops.add(x, tmp, total * embd);
 }
 
 void LlamaModel::plan_attention(std::span<const ForwardItem> items, const ops::KvCache& cache) {
@@ -280,6 +374,9 @@ Status LlamaModel::attention(std::int32_t layer, const ops::KvCache& cache, Disp
   p.page_versions = cache.page_versions(layer);
   p.kv_pool_id = cache.pool_id();
   p.causal = true;
+  p.scale = config_.attention_scale;
+  p.window_left = config_.window_left(static_cast<std::uint32_t>(layer));
+  p.softcap = config_.attn_logit_softcap;
   return dispatcher.run(p);
 }
 

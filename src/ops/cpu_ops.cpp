@@ -97,7 +97,11 @@ class CpuOps final : public Ops {
   // every row through Q8 blocks (llama.cpp's choice; measurably changes greedy answers).
   enum class Scheme { mixed, f32, q8 };
   std::vector<MatmulJob> tail_jobs_;
-  RopeTable rope_table_;
+  // Two tables, as Gemma 3's local and global layers alternate between two sets of frequencies;
+  // a third set replaces the one used less recently.
+  std::mutex rope_mu_;
+  RopeTable rope_tables_[2];
+  int rope_last_ = 0;
   const Scheme scheme_ = [] {
     const char* e = std::getenv("KALLPA_MATMUL_ACTIVATIONS");
     const std::string_view v = e != nullptr ? e : "";
@@ -158,15 +162,34 @@ class CpuOps final : public Ops {
 
   Status rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
               std::int64_t n_rot, float theta) override {
+    return rope_ext(x, positions, heads, head_dim, n_rot, RopeParams{.theta = theta});
+  }
+
+  Status rope_ext(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
+                  std::int64_t n_rot, const RopeParams& params) override {
     const std::int64_t half = n_rot / 2;
+    if (!params.freq_factors.empty() && static_cast<std::int64_t>(params.freq_factors.size()) != half) {
+      return Status::invalid("freq_factors",
+                             fmt::format("{} factors for {} rotary pairs", params.freq_factors.size(), half));
+    }
     std::int64_t end = 0;
     for (std::int32_t p : positions) end = std::max<std::int64_t>(end, std::int64_t{p} + 1);
-    std::lock_guard<std::mutex> lock(rope_table_.lock());
-    const std::vector<float>& inv_freq = rope_table_.prepare(n_rot, theta, end);
+    std::lock_guard<std::mutex> lock(rope_mu_);
+    int pick = 1 - rope_last_;
+    for (int t = 0; t < 2; ++t) {
+      if (rope_tables_[t].holds(n_rot, params.theta, params.freq_scale, params.freq_factors)) pick = t;
+    }
+    rope_last_ = pick;
+    RopeTable& table = rope_tables_[pick];
+    const std::vector<float>& inv_freq =
+        table.prepare(n_rot, params.theta, end, params.freq_scale, params.freq_factors);
+    // Adjacent pairs are (2i, 2i + 1), halves (i, i + half).
+    const bool adjacent = params.style == RopeStyle::adjacent;
+    const std::int64_t first = adjacent ? 2 : 1, second = adjacent ? 1 : half;
     const auto rows = static_cast<std::int64_t>(positions.size());
     for_rows(rows, heads * head_dim, [&](std::int64_t r) {
       const std::int32_t pos = positions[static_cast<std::size_t>(r)];
-      const float* cs = rope_table_.row(pos);
+      const float* cs = table.row(pos);
       thread_local std::vector<float> direct;  // positions beyond the table
       if (cs == nullptr) {
         direct.resize(static_cast<std::size_t>(2 * half));
@@ -177,10 +200,10 @@ class CpuOps final : public Ops {
       for (std::int64_t i = 0; i < half; ++i) {
         const float c = cs[2 * i], s = cs[2 * i + 1];
         for (std::int64_t h = 0; h < heads; ++h) {
-          float* p = row + h * head_dim + 2 * i;
-          const float x0 = p[0], x1 = p[1];
+          float* p = row + h * head_dim + first * i;
+          const float x0 = p[0], x1 = p[second];
           p[0] = x0 * c - x1 * s;
-          p[1] = x0 * s + x1 * c;
+          p[second] = x0 * s + x1 * c;
         }
       }
     });
@@ -195,6 +218,28 @@ class CpuOps final : public Ops {
     for (; i < n; ++i) {
       const float g = gate[i];
       out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+    return {};
+  }
+
+  Status geglu(const float* gate, const float* up, float* out, std::int64_t n) override {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float g = gate[i];
+      out[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up[i];
+    }
+    return {};
+  }
+
+  Status scale(float* x, float s, std::int64_t n) override {
+    for (std::int64_t i = 0; i < n; ++i) x[i] *= s;
+    return {};
+  }
+
+  Status add_bias(float* x, const float* bias, std::int64_t rows, std::int64_t dim) override {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      float* row = x + r * dim;
+      for (std::int64_t i = 0; i < dim; ++i) row[i] += bias[i];
     }
     return {};
   }

@@ -121,6 +121,47 @@ Status FallbackOps::rope(float* x, std::span<const std::int32_t> positions, std:
   return up(x, *hx);
 }
 
+Status FallbackOps::rope_ext(float* x, std::span<const std::int32_t> positions, std::int64_t heads,
+                             std::int64_t head_dim, std::int64_t n_rot, const RopeParams& params) {
+  Status s = device_->rope_ext(x, positions, heads, head_dim, n_rot, params);
+  if (!fall_back(s, "rope")) return s;
+  auto hx = down(x, static_cast<std::int64_t>(positions.size()) * heads * head_dim);
+  if (!hx) return hx.status();
+  if (!(s = cpu_->rope_ext(hx->data(), positions, heads, head_dim, n_rot, params))) return s;
+  return up(x, *hx);
+}
+
+Status FallbackOps::geglu(const float* gate, const float* up_in, float* out, std::int64_t n) {
+  Status s = device_->geglu(gate, up_in, out, n);
+  if (!fall_back(s, "geglu")) return s;
+  auto hg = down(gate, n);
+  auto hu = down(up_in, n);
+  if (!hg) return hg.status();
+  if (!hu) return hu.status();
+  if (!(s = cpu_->geglu(hg->data(), hu->data(), hg->data(), n))) return s;
+  return up(out, *hg);
+}
+
+Status FallbackOps::scale(float* x, float factor, std::int64_t n) {
+  Status s = device_->scale(x, factor, n);
+  if (!fall_back(s, "scale")) return s;
+  auto hx = down(x, n);
+  if (!hx) return hx.status();
+  if (!(s = cpu_->scale(hx->data(), factor, n))) return s;
+  return up(x, *hx);
+}
+
+Status FallbackOps::add_bias(float* x, const float* bias, std::int64_t rows, std::int64_t dim) {
+  Status s = device_->add_bias(x, bias, rows, dim);
+  if (!fall_back(s, "add_bias")) return s;
+  auto hx = down(x, rows * dim);
+  auto hb = down(bias, dim);
+  if (!hx) return hx.status();
+  if (!hb) return hb.status();
+  if (!(s = cpu_->add_bias(hx->data(), hb->data(), rows, dim))) return s;
+  return up(x, *hx);
+}
+
 Status FallbackOps::swiglu(const float* gate, const float* up_in, float* out, std::int64_t n) {
   Status s = device_->swiglu(gate, up_in, out, n);
   if (!fall_back(s, "swiglu")) return s;

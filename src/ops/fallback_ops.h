@@ -49,7 +49,12 @@ class FallbackOps final : public Ops {
                       std::int64_t decode_rows) override;
   Status rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
               std::int64_t n_rot, float theta) override;
+  Status rope_ext(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
+                  std::int64_t n_rot, const RopeParams& params) override;
   Status swiglu(const float* gate, const float* up, float* out, std::int64_t n) override;
+  Status geglu(const float* gate, const float* up, float* out, std::int64_t n) override;
+  Status scale(float* x, float s, std::int64_t n) override;
+  Status add_bias(float* x, const float* bias, std::int64_t rows, std::int64_t dim) override;
   Status add(float* x, const float* y, std::int64_t n) override;
   Status gather_rows(const float* x, std::span<const std::int64_t> rows, std::int64_t dim, float* out) override;
   Status scatter_rows(const float* src, std::int64_t dim, void* dst, DType dst_type,

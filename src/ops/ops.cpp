@@ -15,6 +15,24 @@ Status Ops::matmul_group(std::span<const MatmulJob> jobs, const float* x, std::i
   return {};
 }
 
+Status Ops::rope_ext(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
+                     std::int64_t n_rot, const RopeParams& params) {
+  if (params.plain()) return rope(x, positions, heads, head_dim, n_rot, params.theta);
+  return Status(ErrorCode::unsupported, "rope", fmt::format("{} has no NeoX-style or scaled RoPE", device_name()));
+}
+
+Status Ops::geglu(const float*, const float*, float*, std::int64_t) {
+  return Status(ErrorCode::unsupported, "geglu", fmt::format("{} has no GELU-gated product", device_name()));
+}
+
+Status Ops::scale(float*, float, std::int64_t) {
+  return Status(ErrorCode::unsupported, "scale", fmt::format("{} has no scaling op", device_name()));
+}
+
+Status Ops::add_bias(float*, const float*, std::int64_t, std::int64_t) {
+  return Status(ErrorCode::unsupported, "add_bias", fmt::format("{} has no bias op", device_name()));
+}
+
 namespace {
 
 struct OpsRegistry {

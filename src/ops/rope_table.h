@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <span>
 #include <vector>
 
 namespace kallpa::ops {
@@ -28,17 +29,23 @@ class RopeTable {
     }
   }
 
-  // Makes rows [0, end) ready for (n_rot, theta) and returns the inverse frequencies. Not
-  // thread-safe: the caller holds lock() from here until it is done reading rows.
-  const std::vector<float>& prepare(std::int64_t n_rot, float theta, std::int64_t end) {
-    if (n_rot != n_rot_ || theta != theta_) {
+  // Makes rows [0, end) ready for (n_rot, theta, freq_scale, freq_factors) and returns the inverse
+  // frequencies (pair i: freq_scale * theta^(-2i / n_rot) / freq_factors[i]). Not thread-safe: the
+  // caller holds lock() from here until it is done reading rows.
+  const std::vector<float>& prepare(std::int64_t n_rot, float theta, std::int64_t end, float freq_scale = 1.0f,
+                                    std::span<const float> freq_factors = {}) {
+    if (!holds(n_rot, theta, freq_scale, freq_factors)) {
       n_rot_ = n_rot;
       theta_ = theta;
+      freq_scale_ = freq_scale;
+      factors_.assign(freq_factors.begin(), freq_factors.end());
       rows_ = 0;
       cs_.clear();
       inv_freq_.resize(static_cast<std::size_t>(n_rot / 2));
       for (std::size_t i = 0; i < inv_freq_.size(); ++i) {
-        inv_freq_[i] = static_cast<float>(std::pow(double(theta), -2.0 * double(i) / double(n_rot)));
+        const double factor = i < factors_.size() ? double(factors_[i]) : 1.0;
+        inv_freq_[i] =
+            static_cast<float>(double(freq_scale) * std::pow(double(theta), -2.0 * double(i) / double(n_rot)) / factor);
       }
     }
     end = std::min(end, kMaxPositions);
@@ -56,11 +63,18 @@ class RopeTable {
     return pos >= 0 && pos < rows_ ? cs_.data() + static_cast<std::size_t>(pos) * 2 * inv_freq_.size() : nullptr;
   }
   std::mutex& lock() noexcept { return mu_; }
+  // Whether the table is prepared for these frequencies.
+  bool holds(std::int64_t n_rot, float theta, float freq_scale, std::span<const float> freq_factors) const {
+    return n_rot == n_rot_ && theta == theta_ && freq_scale == freq_scale_ &&
+           std::equal(freq_factors.begin(), freq_factors.end(), factors_.begin(), factors_.end());
+  }
 
  private:
   std::mutex mu_;
   std::int64_t n_rot_ = -1;
   float theta_ = 0.0f;
+  float freq_scale_ = 1.0f;
+  std::vector<float> factors_;
   std::int64_t rows_ = 0;
   std::vector<float> inv_freq_;
   std::vector<float> cs_;  // rows_ x n_rot

@@ -1,6 +1,7 @@
-// The Llama-family forward pass, written once against the op interface (ops/ops.h) and the
-// attention dispatcher, so that it reads top to bottom like the architecture and never names a
-// device or an attention backend.
+// The decoder forward pass, written once against the op interface (ops/ops.h) and the attention
+// dispatcher, so that it reads top to bottom like the architecture and never names a device or an
+// attention backend. Every architecture runs it; what sets one apart is its description
+// (architecture.h), which the pass reads at each step that differs.
 //
 // One forward() call runs a batch of sequence chunks together: every chunk's tokens go through the
 // matrix products as one matrix, and attention sees them as one packed (ragged) problem against
@@ -26,6 +27,10 @@ struct ForwardItem {
   std::span<const std::int32_t> tokens;  // the chunk
   std::int64_t start_pos = 0;            // position of tokens[0]; the cache holds [0, start_pos)
   bool want_logits = true;               // logits of the chunk's last token
+  // With want_logits: the logits of every token of the chunk, in order, not only the last one
+  // (scoring a text, comparing with another implementation). Costs the output projection for
+  // each of them, which for a 262k vocabulary is most of a short prompt's time.
+  bool all_logits = false;
   // Prompt rows take exact activations, decode steps cheaper ones (ops/ops.h). A chunk of
   // several tokens is always prompt; a one-token chunk is a decode step unless this says it is
   // the last piece of a prompt, whose K/V must not depend on where the chunks fell (the prefix
@@ -55,7 +60,8 @@ class LlamaModel {
   ops::Ops& ops() const noexcept { return *ops_; }
 
   // Runs the items; writes their K/V into `cache` and, for each item with want_logits, the last
-  // token's logits (vocab_size floats) into `logits`, in item order. Not reentrant: one forward()
+  // token's logits (vocab_size floats; every token's with all_logits) into `logits`, in item
+  // order. The output projection runs only for those rows. Not reentrant: one forward()
   // at a time per model (it reuses its activation buffers).
   // `logits` is host memory whatever the device.
   // The caller owns the batch's order and the cache's space: prompt chunks come first, then decode
@@ -68,10 +74,12 @@ class LlamaModel {
 
  private:
   struct Layer {
-    ops::WeightMatrix attn_norm;  // 1 x n_embd f32
-    ops::WeightMatrix wq, wk, wv, wo;
+    ops::WeightMatrix attn_norm;       // 1 x n_embd f32
+    ops::WeightMatrix wq, wk, wv, wo;  // fused files: row ranges of one matrix
     ops::WeightMatrix ffn_norm;
     ops::WeightMatrix gate, up, down;
+    // Optional (data == nullptr when the architecture has none): f32 vectors.
+    ops::WeightMatrix bq, bk, bv, q_norm, k_norm, post_attention_norm, post_ffw_norm;
   };
   // f32 activations in the ops' memory, grown on demand (the contents do not survive growth).
   class Scratch {
@@ -92,6 +100,9 @@ class LlamaModel {
   // layer, so built once per forward pass.
   void plan_attention(std::span<const ForwardItem> items, const ops::KvCache& cache);
   Status attention(std::int32_t layer, const ops::KvCache& cache, Dispatcher& dispatcher);
+  Status attention_block(std::size_t layer, ops::KvCache& cache, Dispatcher& dispatcher, std::int64_t total,
+                         std::int64_t decode_rows);
+  Status ffn_block(std::size_t layer, std::int64_t total, std::int64_t decode_rows);
 
   std::shared_ptr<const GgufFile> file_;
   ops::Ops* ops_ = nullptr;
@@ -99,6 +110,7 @@ class LlamaModel {
   // Every weight below is in the ops' memory, as their place_weights() left it (on the CPU: the
   // matrix products' weights repacked for the SIMD kernels, the lookups reading the file).
   ops::WeightMatrix token_embd_, output_, output_norm_;
+  std::vector<float> rope_freqs_;  // the file's RoPE frequency divisors (host), or empty
   std::vector<Layer> layers_;
   std::vector<std::shared_ptr<const void>> placed_;  // keeps the device's copies alive
 

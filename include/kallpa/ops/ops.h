@@ -29,6 +29,19 @@ namespace kallpa::ops {
 
 inline constexpr int kOpsVersion = 2;
 
+// How rotary embedding pairs a head's first n_rot dims: adjacent (x[2i], x[2i+1]), GGUF's llama
+// convention (the converter permutes Llama's Q/K rows into it); halves (x[i], x[i + n_rot/2]), the
+// GPT-NeoX convention that Qwen, Gemma and Phi-3 files keep. Pair i rotates by
+// pos * freq_scale * theta^(-2i / n_rot) / freq_factors[i] in both.
+enum class RopeStyle : std::uint8_t { adjacent, halves };
+struct RopeParams {
+  RopeStyle style = RopeStyle::adjacent;
+  float theta = 10000.0f;
+  float freq_scale = 1.0f;                   // linear position scaling (1 = none)
+  std::span<const float> freq_factors = {};  // n_rot / 2 divisors in host memory, or empty (none)
+  bool plain() const noexcept { return style == RopeStyle::adjacent && freq_scale == 1.0f && freq_factors.empty(); }
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -83,8 +96,19 @@ class Ops {
   // positions: one per row.
   virtual Status rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
                       std::int64_t n_rot, float theta) = 0;
+  // Rotary embedding as `params` says. The default serves plain() params with rope() and says
+  // unsupported for the rest, which a device's FallbackOps then runs on the CPU.
+  virtual Status rope_ext(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,
+                          std::int64_t n_rot, const RopeParams& params);
   // out = silu(gate) * up, element-wise (out may alias gate).
   virtual Status swiglu(const float* gate, const float* up, float* out, std::int64_t n) = 0;
+  // out = gelu(gate) * up with GELU's tanh approximation, 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715
+  // g^3))), element-wise (out may alias gate). Default: unsupported.
+  virtual Status geglu(const float* gate, const float* up, float* out, std::int64_t n);
+  // x *= s, element-wise. Default: unsupported.
+  virtual Status scale(float* x, float s, std::int64_t n);
+  // Row r of x (rows x dim) += bias (dim floats in this memory). Default: unsupported.
+  virtual Status add_bias(float* x, const float* bias, std::int64_t rows, std::int64_t dim);
   // x += y, element-wise.
   virtual Status add(float* x, const float* y, std::int64_t n) = 0;
   // out row i = x row rows[i], rows of `dim` floats (out must not overlap x).
