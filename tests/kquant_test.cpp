@@ -425,6 +425,36 @@ TEST(KQuantQ16, Avx2KernelEqualsScalarBitwise) {
   for (float v : got) EXPECT_NEAR(v, 2.0 * cols, 1e-3 * cols);
 }
 
+// The prompt products' tiles against the scalar reference, bit for bit: the AVX2 3 x 4 micro-kernel
+// and the AVX-512 one (two rows per register, tiles of 6 rows x 8 activation rows, an odd last row
+// on AVX2), on row counts and batches that reach every tile and remainder.
+TEST(KQuantMatmul, PromptTilesEqualScalarBitwise) {
+  if (!kernels::avx2_available()) GTEST_SKIP() << "no AVX2 on this machine";
+  const std::int64_t cols = 512;
+  for (GgmlType t : {GgmlType::q5_0, GgmlType::q4_k, GgmlType::q6_k}) {
+    for (std::int64_t rows : {1, 2, 5, 6, 7, 13, 50}) {
+      const auto wb = random_matrix(t, rows, cols, static_cast<unsigned>(60 + rows));
+      const auto* w = reinterpret_cast<const std::byte*>(wb.data());
+      const std::size_t rb = row_size(t, cols);
+      for (std::int64_t nx : {3, 8, 9, 19}) {
+        std::vector<float> x(static_cast<std::size_t>(nx * cols));
+        for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::cos(0.37f * static_cast<float>(i));
+        std::vector<float> want(static_cast<std::size_t>(nx * rows)), got(want.size());
+        kernels::gemm_dq_scalar(t, w, rb, rows, x.data(), cols, nx, cols, want.data(), rows);
+        kernels::gemm_dq_avx2(t, w, rb, rows, x.data(), cols, nx, cols, got.data(), rows);
+        EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+            << "avx2 " << ggml_type_name(t) << " rows " << rows << " batch " << nx;
+        if (kernels::avx512_vnni_available()) {
+          std::fill(got.begin(), got.end(), 0.0f);
+          kernels::gemm_dq_avx512(t, w, rb, rows, x.data(), cols, nx, cols, got.data(), rows);
+          EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+              << "avx512 " << ggml_type_name(t) << " rows " << rows << " batch " << nx;
+        }
+      }
+    }
+  }
+}
+
 TEST(KQuantMatmul, GroupEqualsSeparateProducts) {
   const std::int64_t cols = 256;
   const auto a = random_matrix(GgmlType::q4_k, 24, cols, 1);

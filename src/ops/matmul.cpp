@@ -208,7 +208,9 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
       }
     } else if (kernels::is_block_dequant(w.type)) {
       const float* xt = x + b0 * ldx;
-      if (avx2) {
+      if (isa == KernelIsa::avx512) {
+        kernels::gemm_dq_avx512(w.type, wr, w.row_bytes, nr, xt, ldx, nbt, k, yt, ldy);
+      } else if (avx2) {
         kernels::gemm_dq_avx2(w.type, wr, w.row_bytes, nr, xt, ldx, nbt, k, yt, ldy);
       } else {
         kernels::gemm_dq_scalar(w.type, wr, w.row_bytes, nr, xt, ldx, nbt, k, yt, ldy);

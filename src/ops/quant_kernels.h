@@ -163,6 +163,14 @@ void gemm_f32_tile_avx2(const float* w, std::int64_t nr, std::int64_t k, const f
 // 4-row tile for one or two X rows, a ~96 KiB tile of rows for larger batches), then f32 FMAs.
 void gemm_dq_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
                   std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
+// The same with gemm_f32_tile_avx512 for the larger batches (only call when
+// avx512_vnni_available()).
+void gemm_dq_avx512(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
+                    std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
+// gemm_f32_tile_avx2's contract and bits with two weight rows per 512-bit register
+// (gemm_f32_tile_avx512.cpp; only call when avx512_vnni_available()).
+void gemm_f32_tile_avx512(const float* w, std::int64_t nr, std::int64_t k, const float* x, std::int64_t ldx,
+                          std::int64_t nx, float* y, std::int64_t ldy);
 
 // gemm_q16 for the types of ops/q16_units.h (rows layout; gemm_q16_scalar is their reference too),
 // bit for bit gemm_q16_scalar (gemm_q16_units_avx2.cpp).
