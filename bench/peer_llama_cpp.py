@@ -74,6 +74,7 @@ KV_TYPES = {"f16", "bf16", "f32"}
 FA_EXPRESSIBLE = (r"sinks=0,.*type_K=(f16|bf16|f32),type_V=(f16|bf16|f32),permute=\[0,1,2,3\],kv_view=[01],"
                   r"v_is_view_of_k=0,n_kv_max=0")
 FA_DECODE = r",nb=1,.*"
+MM_NAME = re.compile(r"name=([^,)]+)")
 MM_LINE = re.compile(r"^\s*MUL_MAT\((?P<params>.*)\):\s+(?P<runs>\d+) runs\s+-\s+(?P<us>[0-9.]+) us/run")
 # ggml's enum values (ggml.h) for the --test-file lines: the op, and per type its id, elements per
 # block and bytes per block. kallpa's GgmlType ids are the same numbers.
@@ -186,10 +187,10 @@ def parse_test_backend_ops_matmul(text: str) -> dict[str, float]:
     out = {}
     for line in ANSI.sub("", text).splitlines():
         m = MM_LINE.match(line)
-        if m:
-            name = split_params(m["params"]).get("name")
-            if name:
-                out[name] = float(m["us"]) * 1e-6
+        # The name comes first; the sources after it print as a bare list (q5_0[640,1024,1,1],f32[...]).
+        name = MM_NAME.match(m["params"]) if m else None
+        if name:
+            out[name[1]] = float(m["us"]) * 1e-6
     return out
 
 

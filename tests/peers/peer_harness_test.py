@@ -79,6 +79,35 @@ class Readers(unittest.TestCase):
         self.assertEqual(cases[0]["runs"], 120)
         self.assertAlmostEqual(cases[0]["seconds"], 5417.13e-6)
 
+    def test_matmul_test_file_line_is_a_mul_mat_of_the_shape(self):
+        # op, result type, result ne, op params, sources: type, ne, nb (bytes), then the name.
+        line = peer.mm_test_file_line("q4_K", 640, 1024, 512).split()
+        self.assertEqual(line[:8], ["29", "0", "640", "512", "1", "1", "0", "2"])
+        self.assertEqual(line[8:17], ["12", "1024", "640", "1", "1", "144", "576", str(576 * 640), str(576 * 640)])
+        self.assertEqual(line[17:26], ["0", "1024", "512", "1", "1", "4", "4096", str(4096 * 512), str(4096 * 512)])
+        self.assertEqual(line[26], "kallpa_q4_K_m640_k1024_n512")
+        self.assertEqual(len(line), 27)
+
+    def test_matmul_console_lines_and_quant_bench_json(self):
+        text = ("Backend 1/1: CPU\n"
+                "  MUL_MAT(name=kallpa_q5_0_m1024_k640_n1,type=f32,ne=[1024,1,1,1],op_params=[],"
+                "sources=q5_0[640,1024,1,1],f32[640,1,1,1]):      8192 runs -    40.25 us/run -  446 kB/run - "
+                "\x1b[1;34m   8.14 GB/s\x1b[0m\n"
+                "  MUL_MAT(type=f32,ne=[4,4,1,1]):   10 runs -  1.00 us/run\n")
+        got = peer.parse_test_backend_ops_matmul(text)
+        self.assertEqual(list(got), ["kallpa_q5_0_m1024_k640_n1"])
+        self.assertAlmostEqual(got["kallpa_q5_0_m1024_k640_n1"], 40.25e-6)
+        bench = {"benchmarks": [
+            {"name": "BM_GemmaMatmul/rows:1024/cols:640/b:1/type:6/act:2/threads:1/real_time",
+             "run_type": "iteration", "real_time": 30.5, "time_unit": "us"},
+            {"name": "BM_GemmaMatmul/rows:1024/cols:640/b:1/type:6/act:2/threads:1/real_time_median",
+             "run_type": "aggregate", "real_time": 99.0, "time_unit": "us"},
+            {"name": "BM_BlockTypeGemv/rows:576/cols:1536/b:1/type:6/act:0/threads:1/isa:0/real_time",
+             "run_type": "iteration", "real_time": 7.0, "time_unit": "us"}]}
+        self.assertEqual(peer.parse_quant_bench(json.dumps(bench)), {(6, 1024, 640, 1, 2): 30.5e-6})
+        with self.assertRaises(peer.PeerError):
+            peer.parse_quant_bench(json.dumps({"benchmarks": []}))
+
     def test_llama_bench_json(self):
         rows = [{"n_prompt": 512, "n_gen": 0, "n_depth": 0, "avg_ts": 196.6},
                 {"n_prompt": 0, "n_gen": 128, "n_depth": 2048, "avg_ts": 61.25}]
