@@ -376,10 +376,10 @@ TEST(KQuantQ16, WithinTheActivationBound) {
   }
 }
 
-// The AVX2 kernel against the scalar reference, called directly: batches past the kernel's sweep of
+// The AVX2 and AVX-512 kernels against the scalar reference, called directly: batches past the kernel's sweep of
 // 64 activation rows, row tails of 1..3, and the largest integer halves (Q6_K's folded |wq| = 4096
 // against |x_q| = 32767 in every element: 16 * 4096 * 32767, just under 2^31).
-TEST(KQuantQ16, Avx2KernelEqualsScalarBitwise) {
+TEST(KQuantQ16, SimdKernelsEqualScalarBitwise) {
   if (!kernels::avx2_available()) GTEST_SKIP() << "no AVX2 on this machine";
   const std::int64_t cols = 512;
   for (GgmlType t : kQ16UnitTypes) {
@@ -400,7 +400,13 @@ TEST(KQuantQ16, Avx2KernelEqualsScalarBitwise) {
         kernels::gemm_q16_scalar(t, WeightLayout::rows, w, rb, rows, xq.data(), nx, cols, want.data(), rows);
         kernels::gemm_q16_units_avx2(t, w, rb, rows, xq.data(), nx, cols, got.data(), rows);
         EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
-            << ggml_type_name(t) << " rows " << rows << " batch " << nx;
+            << "avx2 " << ggml_type_name(t) << " rows " << rows << " batch " << nx;
+        if (kernels::avx512_vnni_available()) {
+          std::fill(got.begin(), got.end(), 0.0f);
+          kernels::gemm_q16_units_avx512(t, w, rb, rows, xq.data(), nx, cols, got.data(), rows);
+          EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+              << "avx512 " << ggml_type_name(t) << " rows " << rows << " batch " << nx;
+        }
       }
     }
   }
@@ -421,6 +427,10 @@ TEST(KQuantQ16, Avx2KernelEqualsScalarBitwise) {
   kernels::gemm_q16_scalar(GgmlType::q6_k, WeightLayout::rows, w, rb, rows, xq.data(), 1, cols, want.data(), rows);
   kernels::gemm_q16_units_avx2(GgmlType::q6_k, w, rb, rows, xq.data(), 1, cols, got.data(), rows);
   EXPECT_EQ(want, got);
+  if (kernels::avx512_vnni_available()) {
+    kernels::gemm_q16_units_avx512(GgmlType::q6_k, w, rb, rows, xq.data(), 1, cols, got.data(), rows);
+    EXPECT_EQ(want, got);
+  }
   // Each weight is -128 * -32 / 4096 = 1, each x 2: the dot is 2 * cols.
   for (float v : got) EXPECT_NEAR(v, 2.0 * cols, 1e-3 * cols);
 }

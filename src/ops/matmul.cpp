@@ -184,7 +184,9 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
     const bool quant = kernels::is_quantized(w.type);
     if (q16 && kernels::has_q16_unit_kernel(w.type)) {
       const BlockQ16x* xt = q16_data + b0 * nb;
-      if (avx2) {
+      if (isa == KernelIsa::avx512) {
+        kernels::gemm_q16_units_avx512(w.type, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
+      } else if (avx2) {
         kernels::gemm_q16_units_avx2(w.type, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
       } else {
         kernels::gemm_q16_scalar(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);

@@ -173,9 +173,12 @@ void gemm_f32_tile_avx512(const float* w, std::int64_t nr, std::int64_t k, const
                           std::int64_t nx, float* y, std::int64_t ldy);
 
 // gemm_q16 for the types of ops/q16_units.h (rows layout; gemm_q16_scalar is their reference too),
-// bit for bit gemm_q16_scalar (gemm_q16_units_avx2.cpp).
+// bit for bit gemm_q16_scalar (gemm_q16_units_avx2.cpp; the AVX-512 one, a block per register, in
+// gemm_q16_units_avx512.cpp: only call it when avx512_vnni_available()).
 void gemm_q16_units_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ16x* xq,
                          std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
+void gemm_q16_units_avx512(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                           const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 
 // --- AVX-512 (F, BW, VL, VNNI, VBMI) (quant_dot_avx512.cpp); only call when avx512_vnni_available() ---
 // gemm_q16 for batches of activation rows: 16 weight rows per vector (vpdpwssd), bit for bit the

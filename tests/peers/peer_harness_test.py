@@ -205,6 +205,41 @@ class WholeRuns(unittest.TestCase):
         self.assertAlmostEqual(batched[2]["peer_scaling"], 2.0)
         self.assertAlmostEqual(batched[2]["kallpa_scaling"], batched[2]["kallpa"] / batched[1]["kallpa"])
 
+    def test_matmul_ratios_pair_each_case_with_its_kallpa_run(self):
+        tbo = write_program(self.dir, "test-backend-ops", """
+            assert args[:4] == ["perf", "-b", "CPU", "--test-file"], args
+            for line in open(args[4]):
+                f = line.split()
+                us = 100.0 if f[3] == "1" else 4000.0  # n = 1: 100 us, n = 512: 4 ms
+                print(f"  MUL_MAT(name={f[-1]},type=f32,ne=[{f[2]},{f[3]},1,1],op_params=[],"
+                      f"sources=x[1,1,1,1],f32[1,1,1,1]):  10 runs - {us:8.2f} us/run - 1 kB/run")
+        """)
+        qb = write_program(self.dir, "quant_matmul_bench", """
+            assert "--benchmark_format=json" in args, args
+            ids = {"q5_0": 6, "q8_0": 8, "q4_K": 12, "q6_K": 14}
+            shapes = [("q5_0", 1024, 640), ("q5_0", 256, 640), ("q5_0", 2048, 640), ("q4_K", 640, 1024),
+                      ("q4_K", 640, 2048), ("q6_K", 640, 2048), ("q8_0", 256, 640), ("q8_0", 262144, 640)]
+            runs = []
+            for t, rows, cols in shapes:
+                for b, act, us in ((1, 2, 50.0), (1, 0, 200.0), (512, 0, 1000.0)):
+                    name = f"BM_GemmaMatmul/rows:{rows}/cols:{cols}/b:{b}/type:{ids[t]}/act:{act}/threads:1/real_time"
+                    runs.append({"name": name, "run_type": "iteration", "real_time": us, "time_unit": "us"})
+            print(json.dumps({"benchmarks": runs}))
+        """)
+        out = self.dir / "report.json"
+        res = self.harness("--test-backend-ops", tbo, "--matmul", "--quant-bench", qb, "--rounds", "2", "--json",
+                           str(out))
+        self.assertEqual(res.returncode, 0, res.stderr)
+        rows = json.loads(out.read_text())["matmul"]
+        # 8 shapes at batch 1 (q16 and f32 each) and 7 at batch 512 (not the output head).
+        self.assertEqual(len(rows), 8 * 2 + 7)
+        for r in rows:
+            want = {(1, "q16"): 100 / 50, (1, "f32"): 100 / 200, (512, "f32"): 4000 / 1000}[(r["n"], r["activations"])]
+            self.assertAlmostEqual(r["ratio"], want, msg=r)
+            self.assertAlmostEqual(r["ratio_best"], want, msg=r)
+        self.assertIn("kallpa_q4_K_m640_k2048_n512", [peer.mm_case_name(r["type"], r["m"], r["k"], r["n"])
+                                                      for r in rows])
+
     def test_cases_without_counterparts_are_listed_not_timed(self):
         quantised = GQA_DECODE.replace("type_K=f16,type_V=f16", "type_K=q4_0,type_V=q4_0")
         tbo = write_program(self.dir, "test-backend-ops", f"""
