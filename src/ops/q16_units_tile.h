@@ -135,6 +135,8 @@ void tile_units(const std::byte* w, std::size_t row_bytes, const BlockQ16x* xq, 
     }
     __m128 d4[g.blocks], m4[g.blocks];
     unit_scales4<T, NW>(units, d4, m4);
+    // Unrolled, each block's shifts and offsets are constants.
+#pragma GCC unroll 8
     for (int c = 0; c < g.blocks; ++c) {
       typename W::Block wv[4];
       for (int r = 0; r < 4; ++r) wv[r] = r < NW ? W::template widen<T>(units[r], c) : W::zero();
