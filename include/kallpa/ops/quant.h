@@ -118,8 +118,8 @@ struct MatmulJob {
 Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_t batch, std::int64_t ldx,
                     const MatmulOptions& options = {});
 
-// The widest SIMD path the kernels use on this machine: "avx512-vnni" (batched Q16 products; the
-// rest AVX2), "avx2" or "scalar".
+// The widest SIMD path the kernels use on this machine: "avx512-vnni" (batched Q16 products, the
+// Q16 products of the block types, and their f32 prompt tiles; the rest AVX2), "avx2" or "scalar".
 std::string_view quant_kernel_isa() noexcept;
 
 }  // namespace kallpa::ops
