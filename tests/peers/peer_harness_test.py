@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Tests of bench/peer_llama_cpp.py: its readers of llama.cpp's output formats and its mapping of
-ggml's FLASH_ATTN_EXT cases onto kallpa problem specs (pure functions, on samples of the real
-formats), then whole runs against the real `kallpa` binary with stand-in llama.cpp programs that
-print fixed results in those formats, so the ratios it reports can be checked exactly.
+ggml's FLASH_ATTN_EXT cases onto kallpa problem specs, and the MUL_MAT --test-file lines of the
+matmul comparison (pure functions, on samples of the real formats), then whole runs against the
+real `kallpa` binary (and, for --matmul, a stand-in quant_matmul_bench) with stand-in llama.cpp
+programs that print fixed results in those formats, so the ratios it reports can be checked
+exactly.
 
   python3 peer_harness_test.py --kallpa PATH [--model PATH]
 """
