@@ -17,6 +17,23 @@ llama.cpp program is given:
                                          kallpa contract expresses, each timed by
                                          `kallpa bench attention` on the same shape
 
+  matmul     --test-backend-ops PATH     quantised matrix products on a model's own shapes and types
+             --matmul                    (by default Gemma-3-270M Q4_K_M's: Q5_0, Q4_K, Q6_K, Q8_0),
+                                         `test-backend-ops perf -b CPU --test-file` with one MUL_MAT
+                                         case per shape against `quant_matmul_bench`'s
+                                         BM_GemmaMatmul, one thread each
+
+How the matmul cases map: a kallpa W of rows x cols (outputs x inputs) times a batch of b rows is
+ggml's MUL_MAT with src0 of that type, ne [cols, rows] (m = rows, k = cols), and src1 f32, ne
+[cols, b] (n = b). test-backend-ops's perf suite has no case on these shapes, so the script writes
+them in its --test-file format (one generic op per line: op, result type, result ne, op params,
+sources with their ne and nb, a name) and picks them out of the console output by name. Both run
+with one thread: test-backend-ops gives its CPU backend half the hardware threads (one on two
+cores), and BM_GemmaMatmul's threads:1 cases run the kernels on the calling thread. llama.cpp
+quantises the activations of these types (Q8_K for the K-quants, Q8_0 for Q5_0/Q8_0); kallpa's
+batch-1 rows are shown with q16 activations (the engine's decode choice) and exact f32 ones; its
+batch-512 rows (a prompt) with f32 activations, the engine's prompt choice.
+
 How the attention cases map: ggml's FLASH_ATTN_EXT(hsk, hsv, nh, nr23=[r2, r3], kv, nb, ...) is
 b=r3, sq=nb, skv=kv, hq=nh*r2, hkv=nh, d=hsk, dv=hsv, q f32 (as ggml's), K/V of type_K, softcap
 for logit_softcap, ALiBi for max_bias. Cases the contract has no counterpart for (quantised K/V,
@@ -26,13 +43,14 @@ about a tenth of the blocks -inf, which its CPU kernel may skip); kallpa's run w
 peer does at most the same work. test-backend-ops gives its CPU backend half the hardware threads,
 and kallpa's attention runs with that many (`--fa-threads` to say otherwise).
 
-This script builds nothing: bring llama.cpp's programs however you build them (for instance
-`cmake -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=ON` in a llama.cpp tree, targets llama-bench,
-llama-batched-bench and test-backend-ops).
+This script builds nothing: bench/build_llama_cpp.sh builds the pinned llama.cpp (from the
+llama-cpp-python 0.3.36 sdist) and prints the folder of its programs.
 
-  python3 bench/peer_llama_cpp.py --llama-bench ~/llama.cpp/build/bin/llama-bench \
-      --llama-batched-bench ~/llama.cpp/build/bin/llama-batched-bench \
-      --test-backend-ops ~/llama.cpp/build/bin/test-backend-ops --rounds 3 --json peers.json
+  bin=$(bash bench/build_llama_cpp.sh)
+  python3 bench/peer_llama_cpp.py --llama-bench $bin/llama-bench \
+      --llama-batched-bench $bin/llama-batched-bench \
+      --test-backend-ops $bin/test-backend-ops --rounds 3 --json peers.json
+  python3 bench/peer_llama_cpp.py --test-backend-ops $bin/test-backend-ops --matmul --rounds 3
 """
 from __future__ import annotations
 
@@ -43,6 +61,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,6 +74,19 @@ KV_TYPES = {"f16", "bf16", "f32"}
 FA_EXPRESSIBLE = (r"sinks=0,.*type_K=(f16|bf16|f32),type_V=(f16|bf16|f32),permute=\[0,1,2,3\],kv_view=[01],"
                   r"v_is_view_of_k=0,n_kv_max=0")
 FA_DECODE = r",nb=1,.*"
+MM_NAME = re.compile(r"name=([^,)]+)")
+MM_LINE = re.compile(r"^\s*MUL_MAT\((?P<params>.*)\):\s+(?P<runs>\d+) runs\s+-\s+(?P<us>[0-9.]+) us/run")
+# ggml's enum values (ggml.h) for the --test-file lines: the op, and per type its id, elements per
+# block and bytes per block. kallpa's GgmlType ids are the same numbers.
+GGML_OP_MUL_MAT = 29
+GGML_TYPES = {"f32": (0, 1, 4), "q5_0": (6, 32, 22), "q8_0": (8, 32, 34), "q4_K": (12, 256, 144),
+              "q5_K": (13, 256, 176), "q6_K": (14, 256, 210)}
+# Gemma-3-270M Q4_K_M's matrices: (type, rows, cols) = (type, m, k), as the file holds them.
+GEMMA3_270M_MATMULS = [("q5_0", 1024, 640), ("q5_0", 256, 640), ("q5_0", 2048, 640), ("q4_K", 640, 1024),
+                       ("q4_K", 640, 2048), ("q6_K", 640, 2048), ("q8_0", 256, 640), ("q8_0", 262144, 640)]
+# Batch sizes: decode (1) and a pp512 prompt (512; not for the output head, which a prompt runs
+# on its last row only).
+MM_BATCHES = (1, 512)
 
 
 class PeerError(RuntimeError):
@@ -133,6 +165,49 @@ def parse_test_backend_ops(text: str) -> list[dict]:
         if m:
             cases.append({"params": m["params"], "runs": int(m["runs"]), "seconds": float(m["us"]) * 1e-6})
     return cases
+
+
+def mm_case_name(type_name: str, m: int, k: int, n: int) -> str:
+    return f"kallpa_{type_name}_m{m}_k{k}_n{n}"
+
+
+def mm_test_file_line(type_name: str, m: int, k: int, n: int) -> str:
+    """One MUL_MAT case in test-backend-ops's --test-file format: dst f32 [m, n]; src0 type [k, m];
+    src1 f32 [k, n]; contiguous nb; named by mm_case_name."""
+    tid, blck, size = GGML_TYPES[type_name]
+    row = k // blck * size
+    src0 = [tid, k, m, 1, 1, size, row, row * m, row * m]
+    src1 = [0, k, n, 1, 1, 4, 4 * k, 4 * k * n, 4 * k * n]
+    fields = [GGML_OP_MUL_MAT, 0, m, n, 1, 1, 0, 2, *src0, *src1]
+    return " ".join(map(str, fields)) + " " + mm_case_name(type_name, m, k, n)
+
+
+def parse_test_backend_ops_matmul(text: str) -> dict[str, float]:
+    """The timed MUL_MAT lines of `test-backend-ops perf --test-file` output -> {case name: seconds}."""
+    out = {}
+    for line in ANSI.sub("", text).splitlines():
+        m = MM_LINE.match(line)
+        # The name comes first; the sources after it print as a bare list (q5_0[640,1024,1,1],f32[...]).
+        name = MM_NAME.match(m["params"]) if m else None
+        if name:
+            out[name[1]] = float(m["us"]) * 1e-6
+    return out
+
+
+def parse_quant_bench(text: str) -> dict[tuple[int, int, int, int, int], float]:
+    """`quant_matmul_bench --benchmark_format=json` BM_GemmaMatmul runs -> {(type id, rows, cols, b,
+    act): seconds per call}."""
+    out = {}
+    for b in json.loads(text)["benchmarks"]:
+        if b.get("run_type", "iteration") != "iteration" or not b["name"].startswith("BM_GemmaMatmul/"):
+            continue
+        args = dict(part.split(":", 1) for part in b["name"].split("/")[1:] if ":" in part)
+        unit = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[b.get("time_unit", "ns")]
+        key = (int(args["type"]), int(args["rows"]), int(args["cols"]), int(args["b"]), int(args["act"]))
+        out[key] = float(b["real_time"]) * unit
+    if not out:
+        raise PeerError("quant_matmul_bench ran no BM_GemmaMatmul case")
+    return out
 
 
 def parse_llama_bench(text: str) -> dict[tuple[str, int], float]:
@@ -291,6 +366,39 @@ def compare_attention(a) -> tuple[list[dict], list[dict]]:
     return rows, skipped
 
 
+def compare_matmul(a) -> list[dict]:
+    cases = [(t, m, k, n) for t, m, k in GEMMA3_270M_MATMULS for n in MM_BATCHES if n == 1 or m < 100000]
+    test_file = Path(a.work_dir) / "kallpa_matmul_cases.txt"
+    test_file.write_text("".join(mm_test_file_line(*c) + "\n" for c in cases))
+    tbo = [a.test_backend_ops, "perf", "-b", "CPU", "--test-file", str(test_file)]
+    qb = [a.quant_bench, "--benchmark_filter=BM_GemmaMatmul/.*/threads:1/", "--benchmark_format=json",
+          f"--benchmark_min_time={a.mm_min_time}"]
+    ours, theirs = [], []
+    for _ in range(a.rounds):
+        theirs.append(run(tbo, "test-backend-ops perf --test-file", a.timeout, parse_test_backend_ops_matmul))
+        ours.append(run(qb, "quant_matmul_bench", a.timeout, parse_quant_bench))
+    rows = []
+    for t, m, k, n in cases:
+        name = mm_case_name(t, m, k, n)
+        peer_s = [r.get(name) for r in theirs]
+        if any(p is None for p in peer_s):
+            raise PeerError(f"test-backend-ops did not time {name} (does its CPU backend take {t}?)")
+        for act in ((2, 0) if n == 1 else (0,)):
+            key = (GGML_TYPES[t][0], m, k, n, act)
+            got = [o.get(key) for o in ours]
+            if any(g is None for g in got):
+                raise PeerError(f"quant_matmul_bench did not run {key} (type, rows, cols, b, act)")
+            s = summarise([1 / g for g in got], [1 / p for p in peer_s])
+            # On a shared machine other processes only ever add time, so each program's best round
+            # is the nearest to its unloaded speed; its ratio is given beside the median's.
+            rows.append({"type": t, "m": m, "k": k, "n": n, "activations": "q16" if act == 2 else "f32",
+                         "kallpa_us": 1e6 / s["kallpa"], "peer_us": 1e6 / s["peer"], "ratio": s["ratio"],
+                         "ratio_min": s["ratio_min"], "ratio_max": s["ratio_max"],
+                         "kallpa_best_us": 1e6 * min(got), "peer_best_us": 1e6 * min(peer_s),
+                         "ratio_best": min(peer_s) / min(got)})
+    return rows
+
+
 def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
     print(f"\n{title}")
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
@@ -312,7 +420,15 @@ def main(argv: list[str]) -> int:
                     help="GGUF file both programs load (model and batched)")
     ap.add_argument("--llama-bench", help="llama.cpp's llama-bench: compare the model")
     ap.add_argument("--llama-batched-bench", help="llama.cpp's llama-batched-bench: compare batched generation")
-    ap.add_argument("--test-backend-ops", help="llama.cpp's test-backend-ops: compare CPU flash attention")
+    ap.add_argument("--test-backend-ops", help="llama.cpp's test-backend-ops: compare CPU flash attention (or, "
+                    "with --matmul, quantised matrix products)")
+    ap.add_argument("--matmul", action="store_true",
+                    help="with --test-backend-ops: compare Gemma-3-270M Q4_K_M's matrix products instead of attention")
+    ap.add_argument("--quant-bench", default=str(ROOT / "build/bench/quant_matmul_bench"),
+                    help="kallpa's quant_matmul_bench (configure with -DKALLPA_BUILD_BENCH=ON)")
+    ap.add_argument("--mm-min-time", type=float, default=0.3,
+                    help="quant_matmul_bench's --benchmark_min_time per case, seconds (default 0.3)")
+    ap.add_argument("--work-dir", default=None, help="folder for the generated test file (default: a temporary one)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="model and batched runs (both programs)")
     ap.add_argument("--fa-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                     help="kallpa's attention threads: test-backend-ops's CPU backend uses half the hardware threads")
@@ -357,7 +473,18 @@ def main(argv: list[str]) -> int:
                         ["sequences", "kallpa tok/s", "llama.cpp tok/s", "ratio", "kallpa scaling", "llama.cpp scaling"],
                         [[str(r["sequences"]), f"{r['kallpa']:.1f}", f"{r['peer']:.1f}", ratio_text(r),
                           f"{r['kallpa_scaling']:.2f}x", f"{r['peer_scaling']:.2f}x"] for r in rows])
-        if a.test_backend_ops:
+        if a.test_backend_ops and a.matmul:
+            with tempfile.TemporaryDirectory() as tmp:
+                a.work_dir = a.work_dir or tmp
+                rows = report["matmul"] = compare_matmul(a)
+            print_table("matmul: test-backend-ops MUL_MAT (CPU, 1 thread) vs kallpa quant_matmul_bench (1 thread); "
+                        "m x k = outputs x inputs, n = batch; best: each program's fastest round",
+                        ["type", "m", "k", "n", "kallpa act", "kallpa us", "llama.cpp us", "ratio", "kallpa best us",
+                         "llama.cpp best us", "best ratio"],
+                        [[r["type"], str(r["m"]), str(r["k"]), str(r["n"]), r["activations"],
+                          f"{r['kallpa_us']:.1f}", f"{r['peer_us']:.1f}", ratio_text(r), f"{r['kallpa_best_us']:.1f}",
+                          f"{r['peer_best_us']:.1f}", f"{r['ratio_best']:.2f}x"] for r in rows])
+        elif a.test_backend_ops:
             rows, skipped = compare_attention(a)
             report["attention"] = {"rows": rows, "skipped": skipped}
             if rows:

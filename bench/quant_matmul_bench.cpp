@@ -21,12 +21,15 @@
 //
 // BM_BlockTypeGemv: every block type on decode GEMV shapes (4096x4096, a 7B model's q/o, and
 // 576x1536, SmolLM2's down), batch 1 and 16, next to Q8_0 and Q4_0 (f32 and q16 activations,
-// the engine's decode choice) in the same run. The K-quants and Q5_0/Q5_1/IQ4_NL always take
-// exact f32 activations (their blocks dequantised to f32); isa:1 runs the scalar reference
-// kernel. Weights are random blocks with sane scales (no quantiser exists for these types here).
-// Figures: bench/results/k-quants.md.
+// the engine's decode choice) in the same run. Every type runs with exact f32 activations (act:0;
+// blocks dequantised to f32), and those with Q16 integer kernels (Q8_0, Q4_0 and ops/q16_units.h's
+// Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K) with q16 activations too (act:2); isa:1 runs the scalar
+// reference kernel. Weights are random blocks with sane scales (no quantiser exists for these
+// types here). Figures: bench/results/k-quants.md.
 //
 //   build/bench/quant_matmul_bench --benchmark_filter=BM_BlockTypeGemv
+//
+// BM_GemmaMatmul: Gemma-3-270M Q4_K_M's matrices (below).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -196,9 +199,14 @@ void block_type_shapes(benchmark::internal::Benchmark* b) {
         for (GgmlType t : kTypes) {
           const auto id = static_cast<std::int64_t>(t);
           b->Args({rows, cols, batch, id, 0, threads, 0});
-          if (t == GgmlType::q8_0 || t == GgmlType::q4_0) b->Args({rows, cols, batch, id, 2, threads, 0});
+          const bool q16 = t == GgmlType::q8_0 || t == GgmlType::q4_0 || t == GgmlType::q4_k || t == GgmlType::q5_k ||
+                           t == GgmlType::q6_k || t == GgmlType::q5_0 || t == GgmlType::q5_1 || t == GgmlType::iq4_nl;
+          if (q16) b->Args({rows, cols, batch, id, 2, threads, 0});
           const bool km = t == GgmlType::q4_k || t == GgmlType::q6_k;
-          if (km && threads == 1 && batch == 1 && rows == 576) b->Args({rows, cols, batch, id, 0, threads, 1});
+          if (km && threads == 1 && batch == 1 && rows == 576) {
+            b->Args({rows, cols, batch, id, 0, threads, 1});
+            b->Args({rows, cols, batch, id, 2, threads, 1});
+          }
         }
       }
     }
@@ -206,6 +214,63 @@ void block_type_shapes(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_BlockTypeGemv)->Apply(block_type_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+// Gemma-3-270M Q4_K_M's matrices (rows x cols, the file's type): Q5_0 1024x640 q, 256x640 k/v,
+// 2048x640 gate/up; Q4_K 640x1024 output, 640x2048 down; Q6_K 640x2048 down; Q8_0 256x640 v and
+// the 262144x640 output head (the tied embedding, 178 MB: decode's largest read; Q8_0 repacked
+// into rows4 as the engine loads it). Batch 1 with
+// q16 (the engine's decode rows) and f32 activations, batch 512 (a pp512 prompt) with f32 (the
+// engine's prompt rows). bench/peer_llama_cpp.py --matmul runs these beside llama.cpp's MUL_MAT on
+// the same shapes and types; figures in bench/results/gemma3-vs-llama-cpp.md.
+struct GemmaShape {
+  std::int64_t rows, cols;
+  GgmlType type;
+};
+constexpr GemmaShape kGemmaShapes[] = {{1024, 640, GgmlType::q5_0}, {256, 640, GgmlType::q5_0},
+                                       {2048, 640, GgmlType::q5_0}, {640, 1024, GgmlType::q4_k},
+                                       {640, 2048, GgmlType::q4_k}, {640, 2048, GgmlType::q6_k},
+                                       {256, 640, GgmlType::q8_0},  {262144, 640, GgmlType::q8_0}};
+
+// Q8_0 in the engine's layout: repacked into rows4 at load, as the model loader does.
+void BM_GemmaMatmul(benchmark::State& state) {
+  const std::int64_t rows = state.range(0), cols = state.range(1), batch = state.range(2);
+  const auto t = static_cast<GgmlType>(state.range(3));
+  const auto act = static_cast<MatmulOptions::Activations>(state.range(4));
+  const auto w = block_weights(t, rows, cols);
+  WeightMatrix wm{t, w.data(), rows, cols, row_size(t, cols)};
+  std::vector<std::byte> packed;
+  if (can_repack_rows4(wm)) {
+    packed.resize(w.size());
+    auto r = repack_rows4(wm, packed.data());
+    if (!r) {
+      state.SkipWithError("repack failed");
+      return;
+    }
+    wm = *r;
+  }
+  const auto x = synthetic_values(2, static_cast<std::size_t>(batch * cols), 1.0f);
+  std::vector<float> y(static_cast<std::size_t>(batch * rows));
+  MatmulOptions o;
+  o.max_threads = static_cast<int>(state.range(5));
+  o.activations = act;
+  if (!time_matmul(state, wm, x, batch, y, o, w.size())) return;
+  state.SetLabel(std::string(ggml_type_name(t)) + (act == MatmulOptions::Activations::q16 ? " q16" : " f32") +
+                 (wm.layout == WeightLayout::rows4 ? " rows4" : ""));
+}
+
+void gemma_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"rows", "cols", "b", "type", "act", "threads"});
+  for (std::int64_t threads : {1, 0}) {
+    for (const GemmaShape& s : kGemmaShapes) {
+      const auto id = static_cast<std::int64_t>(s.type);
+      b->Args({s.rows, s.cols, 1, id, 2, threads});
+      b->Args({s.rows, s.cols, 1, id, 0, threads});
+      if (s.rows < 100000) b->Args({s.rows, s.cols, 512, id, 0, threads});
+    }
+  }
+}
+
+BENCHMARK(BM_GemmaMatmul)->Apply(gemma_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -1,10 +1,13 @@
 // The block types computed through dequantisation (Q5_0, Q5_1, IQ4_NL, Q2_K .. Q6_K, Q8_K): blocks
 // worked out by hand, the AVX2 dequantisers and products against the scalar reference bit for bit,
-// matmul's determinism (thread count, batch position) and error bound, and the block-scale check.
+// matmul's determinism (thread count, batch position) and error bound, and the block-scale check;
+// for the types with Q16 integer kernels (ops/q16_units.h) their integer view of each block, the
+// q16 bound, and AVX2 against scalar bit for bit up to the largest integer sums.
 // gguf-py's dequantiser is compared bit for bit in tools/gguf/crosscheck.py (ctest
 // gguf_crosscheck_gguf_py).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -13,6 +16,7 @@
 
 #include "kallpa/half.h"
 #include "kallpa/ops/quant.h"
+#include "ops/q16_units.h"
 #include "ops/quant_kernels.h"
 #include "ops/quant_types.h"
 
@@ -279,18 +283,182 @@ TEST(KQuantMatmul, AgreesWithScalarAcrossBatchesAndThreads) {
             << ggml_type_name(t) << " row " << r << " batch " << b;
       }
     }
+    // Q16 activations: the integer kernels' own scalar reference (the types without one take the
+    // f32 path whatever the option says).
+    std::vector<float> ref16 = ref;
+    const bool integer = kernels::has_q16_unit_kernel(t);
+    if (integer) {
+      scalar.activations = MatmulOptions::Activations::q16;
+      ASSERT_TRUE(matmul(w, x.data(), max_batch, cols, ref16.data(), rows, scalar).is_ok());
+      EXPECT_NE(ref16, ref) << ggml_type_name(t) << ": q16 activations must take the integer kernel";
+    }
     for (std::int64_t batch : {1, 2, 3, 7}) {
       for (int threads : {1, 0}) {
         for (auto act : {MatmulOptions::Activations::f32, MatmulOptions::Activations::q16}) {
           MatmulOptions o;
           o.max_threads = threads;
-          o.activations = act;  // ignored for these types: always the f32 path
+          o.activations = act;
+          const std::vector<float>& want = act == MatmulOptions::Activations::q16 ? ref16 : ref;
           // Batch rows from position 7 - batch on: each must equal the same row of the batch of 7.
           const std::int64_t first = max_batch - batch;
           std::vector<float> y(static_cast<std::size_t>(batch * rows));
           ASSERT_TRUE(matmul(w, x.data() + first * cols, batch, cols, y.data(), rows, o).is_ok());
-          EXPECT_EQ(std::memcmp(y.data(), ref.data() + first * rows, y.size() * sizeof(float)), 0)
-              << ggml_type_name(t) << " batch " << batch << " threads " << threads;
+          EXPECT_EQ(std::memcmp(y.data(), want.data() + first * rows, y.size() * sizeof(float)), 0)
+              << ggml_type_name(t) << " batch " << batch << " threads " << threads << " q16 "
+              << (act == MatmulOptions::Activations::q16);
+        }
+      }
+    }
+  }
+}
+
+const GgmlType kQ16UnitTypes[] = {GgmlType::q5_0, GgmlType::q5_1, GgmlType::iq4_nl,
+                                  GgmlType::q4_k, GgmlType::q5_k, GgmlType::q6_k};
+
+// Every block's integer view (ops/q16_units.h: wq * d_c + m_c) gives the dequantised values, to
+// one f32 rounding: the integer kernels compute with the same weights as the f32 path.
+TEST(KQuantQ16, UnitViewIsTheDequantisedBlock) {
+  for (GgmlType t : kQ16UnitTypes) {
+    const std::int64_t cols = 512;
+    const auto wb = random_matrix(t, 3, cols, 21);
+    const auto wf = dequant(t, wb, 3 * cols);
+    const kernels::Q16Unit g = kernels::q16_unit(t);
+    const auto* base = reinterpret_cast<const std::byte*>(wb.data());
+    for (std::int64_t b = 0; b < 3 * cols / kQK; ++b) {
+      const std::byte* unit = base + static_cast<std::size_t>(b / g.blocks) * g.bytes;
+      const int c = static_cast<int>(b % g.blocks);
+      float d[kernels::kMaxUnitBlocks] = {}, m[kernels::kMaxUnitBlocks] = {};
+      kernels::q16_unit_scales(t, unit, d, m);
+      std::int32_t wq[kQK];
+      kernels::q16_unit_quants_scalar(t, unit, c, wq);
+      for (int j = 0; j < kQK; ++j) {
+        const double v = static_cast<double>(wq[j]) * d[c] + (g.has_m ? m[c] : 0.0f);
+        const double want = wf[static_cast<std::size_t>(b * kQK + j)];
+        ASSERT_LE(std::fabs(v - want), std::ldexp(std::fabs(want), -23) + 1e-30)
+            << ggml_type_name(t) << " block " << b << " element " << j;
+      }
+    }
+  }
+}
+
+// Q16 activations against the exact product: within quant.h's q16 bound (each activation off by at
+// most max|x_block| / 65534) plus f32 rounding.
+TEST(KQuantQ16, WithinTheActivationBound) {
+  const std::int64_t rows = 20, cols = 768;
+  for (GgmlType t : kQ16UnitTypes) {
+    const auto wb = random_matrix(t, rows, cols, 31);
+    WeightMatrix w{t, wb.data(), rows, cols, row_size(t, cols), WeightLayout::rows};
+    const auto wf = dequant(t, wb, rows * cols);
+    std::vector<float> x(static_cast<std::size_t>(cols));
+    std::mt19937 rng(8);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& v : x) v = nd(rng);
+    MatmulOptions o;
+    o.activations = MatmulOptions::Activations::q16;
+    std::vector<float> y(static_cast<std::size_t>(rows));
+    ASSERT_TRUE(matmul(w, x.data(), 1, cols, y.data(), rows, o).is_ok());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double exact = 0.0, absdot = 0.0, bound = 0.0;
+      for (std::int64_t b = 0; b < cols / kQK; ++b) {
+        double xmax = 0.0, wabs = 0.0;
+        for (std::int64_t j = b * kQK; j < (b + 1) * kQK; ++j) {
+          const double wv = wf[static_cast<std::size_t>(r * cols + j)];
+          exact += wv * x[static_cast<std::size_t>(j)];
+          absdot += std::fabs(wv * x[static_cast<std::size_t>(j)]);
+          xmax = std::max(xmax, static_cast<double>(std::fabs(x[static_cast<std::size_t>(j)])));
+          wabs += std::fabs(wv);
+        }
+        bound += wabs * xmax / 65534.0;
+      }
+      EXPECT_LE(std::fabs(y[static_cast<std::size_t>(r)] - exact), bound + 1e-5 * absdot + 1e-6)
+          << ggml_type_name(t) << " row " << r;
+    }
+  }
+}
+
+// The AVX2 and AVX-512 kernels against the scalar reference, called directly: batches past the kernel's sweep of
+// 64 activation rows, row tails of 1..3, and the largest integer halves (Q6_K's folded |wq| = 4096
+// against |x_q| = 32767 in every element: 16 * 4096 * 32767, just under 2^31).
+TEST(KQuantQ16, SimdKernelsEqualScalarBitwise) {
+  if (!kernels::avx2_available()) GTEST_SKIP() << "no AVX2 on this machine";
+  const std::int64_t cols = 512;
+  for (GgmlType t : kQ16UnitTypes) {
+    for (std::int64_t rows : {1, 2, 3, 4, 7}) {
+      auto wb = random_matrix(t, rows, cols, static_cast<unsigned>(40 + rows));
+      const std::size_t rb = row_size(t, cols);
+      for (std::int64_t nx : {1, 2, 5, 70}) {
+        std::vector<float> x(static_cast<std::size_t>(nx * cols));
+        std::mt19937 rng(static_cast<unsigned>(nx));
+        std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+        for (auto& v : x) v = u(rng);
+        std::vector<BlockQ16x> xq(static_cast<std::size_t>(nx * cols / kQK));
+        for (std::int64_t i = 0; i < nx; ++i) {
+          kernels::quantize_row_q16x_scalar(x.data() + i * cols, xq.data() + i * cols / kQK, cols);
+        }
+        std::vector<float> want(static_cast<std::size_t>(nx * rows)), got(want.size());
+        const auto* w = reinterpret_cast<const std::byte*>(wb.data());
+        kernels::gemm_q16_scalar(t, WeightLayout::rows, w, rb, rows, xq.data(), nx, cols, want.data(), rows);
+        kernels::gemm_q16_units_avx2(t, w, rb, rows, xq.data(), nx, cols, got.data(), rows);
+        EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+            << "avx2 " << ggml_type_name(t) << " rows " << rows << " batch " << nx;
+        if (kernels::avx512_vnni_available()) {
+          std::fill(got.begin(), got.end(), 0.0f);
+          kernels::gemm_q16_units_avx512(t, w, rb, rows, xq.data(), nx, cols, got.data(), rows);
+          EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+              << "avx512 " << ggml_type_name(t) << " rows " << rows << " batch " << nx;
+        }
+      }
+    }
+  }
+  // Q6_K at the integer limit: every scale -128, every quant 0 (q - 32 = -32), x all equal.
+  const std::int64_t rows = 4;
+  std::vector<std::uint8_t> wb(static_cast<std::size_t>(rows * row_size(GgmlType::q6_k, cols)), 0);
+  for (std::size_t u = 0; u < wb.size() / kQ6KBytes; ++u) {
+    for (int s = 0; s < 16; ++s) wb[u * kQ6KBytes + 192 + static_cast<std::size_t>(s)] = 0x80;  // -128
+    put_f16(wb, u * kQ6KBytes + 208, 1.0f / 4096.0f);
+  }
+  std::vector<float> x(static_cast<std::size_t>(cols), 2.0f);
+  std::vector<BlockQ16x> xq(static_cast<std::size_t>(cols / kQK));
+  kernels::quantize_row_q16x_scalar(x.data(), xq.data(), cols);
+  ASSERT_EQ(xq[0].qs[0], 32767);
+  std::vector<float> want(rows), got(rows);
+  const auto* w = reinterpret_cast<const std::byte*>(wb.data());
+  const std::size_t rb = row_size(GgmlType::q6_k, cols);
+  kernels::gemm_q16_scalar(GgmlType::q6_k, WeightLayout::rows, w, rb, rows, xq.data(), 1, cols, want.data(), rows);
+  kernels::gemm_q16_units_avx2(GgmlType::q6_k, w, rb, rows, xq.data(), 1, cols, got.data(), rows);
+  EXPECT_EQ(want, got);
+  if (kernels::avx512_vnni_available()) {
+    kernels::gemm_q16_units_avx512(GgmlType::q6_k, w, rb, rows, xq.data(), 1, cols, got.data(), rows);
+    EXPECT_EQ(want, got);
+  }
+  // Each weight is -128 * -32 / 4096 = 1, each x 2: the dot is 2 * cols.
+  for (float v : got) EXPECT_NEAR(v, 2.0 * cols, 1e-3 * cols);
+}
+
+// The prompt products' tiles against the scalar reference, bit for bit: the AVX2 3 x 4 micro-kernel
+// and the AVX-512 one (two rows per register, tiles of 6 rows x 8 activation rows, an odd last row
+// on AVX2), on row counts and batches that reach every tile and remainder.
+TEST(KQuantMatmul, PromptTilesEqualScalarBitwise) {
+  if (!kernels::avx2_available()) GTEST_SKIP() << "no AVX2 on this machine";
+  const std::int64_t cols = 512;
+  for (GgmlType t : {GgmlType::q5_0, GgmlType::q4_k, GgmlType::q6_k}) {
+    for (std::int64_t rows : {1, 2, 5, 6, 7, 13, 50}) {
+      const auto wb = random_matrix(t, rows, cols, static_cast<unsigned>(60 + rows));
+      const auto* w = reinterpret_cast<const std::byte*>(wb.data());
+      const std::size_t rb = row_size(t, cols);
+      for (std::int64_t nx : {3, 8, 9, 19}) {
+        std::vector<float> x(static_cast<std::size_t>(nx * cols));
+        for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::cos(0.37f * static_cast<float>(i));
+        std::vector<float> want(static_cast<std::size_t>(nx * rows)), got(want.size());
+        kernels::gemm_dq_scalar(t, w, rb, rows, x.data(), cols, nx, cols, want.data(), rows);
+        kernels::gemm_dq_avx2(t, w, rb, rows, x.data(), cols, nx, cols, got.data(), rows);
+        EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+            << "avx2 " << ggml_type_name(t) << " rows " << rows << " batch " << nx;
+        if (kernels::avx512_vnni_available()) {
+          std::fill(got.begin(), got.end(), 0.0f);
+          kernels::gemm_dq_avx512(t, w, rb, rows, x.data(), cols, nx, cols, got.data(), rows);
+          EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+              << "avx512 " << ggml_type_name(t) << " rows " << rows << " batch " << nx;
         }
       }
     }

@@ -6,8 +6,9 @@
 //   - one or two activation rows (decode): 4 weight rows at a time, a super-block (256 elements,
 //     or 8 blocks of 32) of each dequantised into an L1-resident buffer, then swept with the
 //     activations; weights are read once, which is what a decode GEMV is bound by.
-//   - larger batches: a tile of rows (~96 KiB of f32) is dequantised once and swept by the batch
-//     with the 3 x 4 f32 micro-kernel of gemm_qf (gemm_f32_tile_avx2).
+//   - larger batches: a tile of rows (~96 KiB of f32, a multiple of 6 rows) is dequantised once
+//     and swept by the batch with an f32 micro-kernel: gemm_qf's 3 x 4 one (gemm_f32_tile_avx2),
+//     or two rows per 512-bit register (gemm_f32_tile_avx512, gemm_dq_avx512), the same bits.
 #include <algorithm>
 #include <vector>
 
@@ -73,10 +74,11 @@ void rows_dq(const BlockShape& s, const std::byte* w, std::size_t row_bytes, std
   for (; r < nw; ++r) tile_dq<1, NX>(s, w + static_cast<std::size_t>(r) * row_bytes, row_bytes, k, x, ldx, y + r, ldy);
 }
 
-}  // namespace
+using TileFn = void (*)(const float* w, std::int64_t nr, std::int64_t k, const float* x, std::int64_t ldx,
+                        std::int64_t nx, float* y, std::int64_t ldy);
 
-void gemm_dq_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
-                  std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+void gemm_dq(TileFn tile, GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
+             std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
   const std::int64_t elements =
       type == GgmlType::q5_0 || type == GgmlType::q5_1 || type == GgmlType::iq4_nl ? kQK : kQK_K;
   const BlockShape s{dequant_blocks_avx2(type), elements, row_bytes / static_cast<std::size_t>(k / elements)};
@@ -84,7 +86,7 @@ void gemm_dq_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std:
   if (nx == 1) return rows_dq<1>(s, w, row_bytes, nw, x, ldx, k, y, ldy);
   if (nx == 2) return rows_dq<2>(s, w, row_bytes, nw, x, ldx, k, y, ldy);
   std::int64_t tile_rows = (96 * 1024) / (k * static_cast<std::int64_t>(sizeof(float)));
-  tile_rows = tile_rows < 3 ? 3 : (tile_rows > 48 ? 48 : tile_rows / 3 * 3);
+  tile_rows = tile_rows < 6 ? 6 : (tile_rows > 48 ? 48 : tile_rows / 6 * 6);
   thread_local std::vector<float> wbuf;
   wbuf.resize(static_cast<std::size_t>(tile_rows * k));
   for (std::int64_t r0 = 0; r0 < nw; r0 += tile_rows) {
@@ -92,8 +94,20 @@ void gemm_dq_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std:
     for (std::int64_t r = 0; r < nr; ++r) {
       s.dequant(w + static_cast<std::size_t>(r0 + r) * row_bytes, wbuf.data() + r * k, k / elements);
     }
-    gemm_f32_tile_avx2(wbuf.data(), nr, k, x, ldx, nx, y + r0, ldy);
+    tile(wbuf.data(), nr, k, x, ldx, nx, y + r0, ldy);
   }
+}
+
+}  // namespace
+
+void gemm_dq_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
+                  std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  gemm_dq(gemm_f32_tile_avx2, type, w, row_bytes, nw, x, ldx, nx, k, y, ldy);
+}
+
+void gemm_dq_avx512(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
+                    std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  gemm_dq(gemm_f32_tile_avx512, type, w, row_bytes, nw, x, ldx, nx, k, y, ldy);
 }
 
 #if defined(__clang__)
@@ -106,6 +120,10 @@ void gemm_dq_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std:
 
 void gemm_dq_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
                   std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  gemm_dq_scalar(type, w, row_bytes, nw, x, ldx, nx, k, y, ldy);
+}
+void gemm_dq_avx512(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
+                    std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
   gemm_dq_scalar(type, w, row_bytes, nw, x, ldx, nx, k, y, ldy);
 }
 

@@ -12,6 +12,7 @@
 
 #include "core/parallel.h"
 #include "kallpa/ops/quant.h"
+#include "ops/q16_units.h"
 #include "ops/quant_kernels.h"
 
 namespace kallpa::ops {
@@ -100,7 +101,8 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
                     const MatmulOptions& options) {
   if (jobs.empty()) return {};
   const std::int64_t k = jobs[0].w->cols;
-  bool any_quant = false;
+  bool any_quant = false;  // a matrix with Q8 (and Q16) kernels
+  bool any_q16 = false;    // a matrix with Q16 kernels
   for (const MatmulJob& j : jobs) {
     if (j.w == nullptr || j.y == nullptr) return Status::invalid("jobs", "a matmul job has no matrix or output");
     if (j.w->cols != k) {
@@ -109,12 +111,13 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
     }
     if (Status s = check_job(*j.w, batch, ldx, j.ldy); !s) return s;
     any_quant = any_quant || kernels::is_quantized(j.w->type);
+    any_q16 = any_q16 || kernels::is_quantized(j.w->type) || kernels::has_q16_unit_kernel(j.w->type);
   }
   if (batch == 0) return {};
   const KernelIsa isa = kernel_isa(options);
   const bool avx2 = isa != KernelIsa::scalar;
   const bool q8 = any_quant && options.activations == MatmulOptions::Activations::q8;
-  const bool q16 = any_quant && options.activations == MatmulOptions::Activations::q16;
+  const bool q16 = any_q16 && options.activations == MatmulOptions::Activations::q16;
   auto& pool = parallel::ThreadPool::global();
 
   // Quantised activations live in per-thread buffers reused across calls (decode makes hundreds of
@@ -123,7 +126,7 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
   thread_local std::vector<BlockQ16x> xq16;
   thread_local std::vector<std::int32_t> xq16_pairs;  // the AVX-512 kernel's view of xq16
   const std::int64_t nb = k / kQK;
-  const bool pairs = q16 && isa == KernelIsa::avx512 && batch >= kernels::kQ16Avx512MinBatch;
+  const bool pairs = q16 && any_quant && isa == KernelIsa::avx512 && batch >= kernels::kQ16Avx512MinBatch;
   if (q8) xq8.resize(static_cast<std::size_t>(batch * nb));
   if (q16) xq16.resize(static_cast<std::size_t>(batch * nb));
   if (pairs) xq16_pairs.resize(static_cast<std::size_t>(batch * nb * 16));
@@ -179,7 +182,16 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
     const std::byte* wr = static_cast<const std::byte*>(w.data) + static_cast<std::size_t>(r0) * w.row_bytes;
     float* yt = jobs[j].y + b0 * ldy + r0;
     const bool quant = kernels::is_quantized(w.type);
-    if (quant && q16) {
+    if (q16 && kernels::has_q16_unit_kernel(w.type)) {
+      const BlockQ16x* xt = q16_data + b0 * nb;
+      if (isa == KernelIsa::avx512) {
+        kernels::gemm_q16_units_avx512(w.type, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
+      } else if (avx2) {
+        kernels::gemm_q16_units_avx2(w.type, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
+      } else {
+        kernels::gemm_q16_scalar(w.type, w.layout, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
+      }
+    } else if (quant && q16) {
       const BlockQ16x* xt = q16_data + b0 * nb;
       if (isa == KernelIsa::avx512) {
         const std::int32_t* pt = pairs ? pairs_data + b0 * nb * 16 : nullptr;
@@ -198,7 +210,9 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
       }
     } else if (kernels::is_block_dequant(w.type)) {
       const float* xt = x + b0 * ldx;
-      if (avx2) {
+      if (isa == KernelIsa::avx512) {
+        kernels::gemm_dq_avx512(w.type, wr, w.row_bytes, nr, xt, ldx, nbt, k, yt, ldy);
+      } else if (avx2) {
         kernels::gemm_dq_avx2(w.type, wr, w.row_bytes, nr, xt, ldx, nbt, k, yt, ldy);
       } else {
         kernels::gemm_dq_scalar(w.type, wr, w.row_bytes, nr, xt, ldx, nbt, k, yt, ldy);

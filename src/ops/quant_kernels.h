@@ -121,6 +121,8 @@ void gemm_q_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::
 // over j mod 4 in {0, 1} and O over j mod 4 in {2, 3}; with s = d_w * d_x, acc_e = fma(float(E),
 // s, acc_e) and acc_o = fma(float(O), s, acc_o) in block order, macc = fma(m_w, s_x, macc) for
 // Q4_0 (m = -8 d) / Q4_1, and y = (acc_e + acc_o) + macc. Scalar and AVX2 agree bit for bit.
+// gemm_q16_scalar also takes the types of ops/q16_units.h (rows layout), with their w_q, d_w and
+// m_w as that header defines them.
 void quantize_row_q16x_scalar(const float* x, BlockQ16x* out, std::int64_t k);
 void gemm_q16_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                      const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
@@ -161,6 +163,22 @@ void gemm_f32_tile_avx2(const float* w, std::int64_t nr, std::int64_t k, const f
 // 4-row tile for one or two X rows, a ~96 KiB tile of rows for larger batches), then f32 FMAs.
 void gemm_dq_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
                   std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
+// The same with gemm_f32_tile_avx512 for the larger batches (only call when
+// avx512_vnni_available()).
+void gemm_dq_avx512(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const float* x,
+                    std::int64_t ldx, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
+// gemm_f32_tile_avx2's contract and bits with two weight rows per 512-bit register
+// (gemm_f32_tile_avx512.cpp; only call when avx512_vnni_available()).
+void gemm_f32_tile_avx512(const float* w, std::int64_t nr, std::int64_t k, const float* x, std::int64_t ldx,
+                          std::int64_t nx, float* y, std::int64_t ldy);
+
+// gemm_q16 for the types of ops/q16_units.h (rows layout; gemm_q16_scalar is their reference too),
+// bit for bit gemm_q16_scalar (gemm_q16_units_avx2.cpp; the AVX-512 one, a block per register, in
+// gemm_q16_units_avx512.cpp: only call it when avx512_vnni_available()).
+void gemm_q16_units_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ16x* xq,
+                         std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
+void gemm_q16_units_avx512(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                           const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
 
 // --- AVX-512 (F, BW, VL, VNNI, VBMI) (quant_dot_avx512.cpp); only call when avx512_vnni_available() ---
 // gemm_q16 for batches of activation rows: 16 weight rows per vector (vpdpwssd), bit for bit the

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kallpa/half.h"
+#include "ops/q16_units.h"
 #include "ops/quant_kernels.h"
 
 namespace kallpa::ops::kernels {
@@ -223,8 +224,87 @@ void gemm_q_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::
     }
   }
 }
+void q16_unit_quants_scalar(GgmlType t, const std::byte* u, int c, std::int32_t* wq) noexcept {
+  const auto* b = reinterpret_cast<const std::uint8_t*>(u);
+  switch (t) {
+    case GgmlType::q5_0:
+    case GgmlType::q5_1: {
+      const std::size_t at = t == GgmlType::q5_0 ? 2 : 4;
+      std::uint32_t qh;
+      std::memcpy(&qh, b + at, 4);
+      const std::uint8_t* qs = b + at + 4;
+      const int bias = t == GgmlType::q5_0 ? 16 : 0;
+      for (int j = 0; j < kQK; ++j) {
+        const int nib = j < 16 ? (qs[j] & 0x0f) : (qs[j - 16] >> 4);
+        wq[j] = (nib | static_cast<int>((qh >> j) & 1u) << 4) - bias;
+      }
+      return;
+    }
+    case GgmlType::iq4_nl:
+      for (int j = 0; j < kQK; ++j) wq[j] = kIq4NlValues[j < 16 ? (b[2 + j] & 0x0f) : (b[2 + j - 16] >> 4)];
+      return;
+    case GgmlType::q4_k:
+    case GgmlType::q5_k: {
+      const bool five = t == GgmlType::q5_k;
+      const std::uint8_t* qs = b + (five ? 48 : 16) + 32 * (c / 2);
+      for (int i = 0; i < kQK; ++i) {
+        int q = (qs[i] >> (4 * (c % 2))) & 0x0f;
+        if (five) q |= ((b[16 + i] >> c) & 1) << 4;
+        wq[i] = q;
+      }
+      return;
+    }
+    case GgmlType::q6_k: {
+      const int h = c / 4;
+      const std::uint8_t* ql = b + 64 * h + 32 * (c % 2);
+      const std::uint8_t* qh = b + 128 + 32 * h;
+      const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192);
+      for (int i = 0; i < kQK; ++i) {
+        const int q = ((ql[i] >> (4 * ((c / 2) % 2))) & 0x0f) | (((qh[i] >> (2 * (c % 4))) & 3) << 4);
+        wq[i] = sc[2 * c + i / 16] * (q - 32);
+      }
+      return;
+    }
+    default: return;
+  }
+}
+
+namespace {
+
+// gemm_q16_scalar for the types of ops/q16_units.h (rows layout).
+void gemm_q16_units_scalar(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                           const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  const Q16Unit g = q16_unit(type);
+  const std::int64_t nb = k / kQK;
+  for (std::int64_t r = 0; r < nw; ++r) {
+    const std::byte* row = w + static_cast<std::size_t>(r) * row_bytes;
+    for (std::int64_t xi = 0; xi < nx; ++xi) {
+      const BlockQ16x* xr = xq + xi * nb;
+      float acc_e = 0.0f, acc_o = 0.0f, macc = 0.0f;
+      for (std::int64_t b = 0; b < nb; ++b) {
+        const std::byte* unit = row + static_cast<std::size_t>(b / g.blocks) * g.bytes;
+        const int c = static_cast<int>(b % g.blocks);
+        float d[kMaxUnitBlocks], m[kMaxUnitBlocks];
+        q16_unit_scales(type, unit, d, m);
+        std::int32_t wq[kQK];
+        q16_unit_quants_scalar(type, unit, c, wq);
+        const float scale = d[c] * xr[b].d;
+        std::int32_t e = 0, o = 0;  // exact: see ops/q16_units.h
+        for (int j = 0; j < kQK; ++j) ((j & 2) == 0 ? e : o) += wq[j] * xr[b].qs[j];
+        acc_e = std::fma(static_cast<float>(e), scale, acc_e);
+        acc_o = std::fma(static_cast<float>(o), scale, acc_o);
+        if (g.has_m) macc = std::fma(m[c], xr[b].s, macc);
+      }
+      y[xi * ldy + r] = (acc_e + acc_o) + macc;
+    }
+  }
+}
+
+}  // namespace
+
 void gemm_q16_scalar(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                      const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  if (has_q16_unit_kernel(type)) return gemm_q16_units_scalar(type, w, row_bytes, nw, xq, nx, k, y, ldy);
   const std::int64_t nb = k / kQK;
   const BlockGeom g = block_geom(type);
   std::vector<std::byte> row(row_bytes);

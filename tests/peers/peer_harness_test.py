@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Tests of bench/peer_llama_cpp.py: its readers of llama.cpp's output formats and its mapping of
-ggml's FLASH_ATTN_EXT cases onto kallpa problem specs (pure functions, on samples of the real
-formats), then whole runs against the real `kallpa` binary with stand-in llama.cpp programs that
-print fixed results in those formats, so the ratios it reports can be checked exactly.
+ggml's FLASH_ATTN_EXT cases onto kallpa problem specs, and the MUL_MAT --test-file lines of the
+matmul comparison (pure functions, on samples of the real formats), then whole runs against the
+real `kallpa` binary (and, for --matmul, a stand-in quant_matmul_bench) with stand-in llama.cpp
+programs that print fixed results in those formats, so the ratios it reports can be checked
+exactly.
 
   python3 peer_harness_test.py --kallpa PATH [--model PATH]
 """
@@ -78,6 +80,35 @@ class Readers(unittest.TestCase):
         self.assertEqual(cases[0]["params"], GQA_DECODE)
         self.assertEqual(cases[0]["runs"], 120)
         self.assertAlmostEqual(cases[0]["seconds"], 5417.13e-6)
+
+    def test_matmul_test_file_line_is_a_mul_mat_of_the_shape(self):
+        # op, result type, result ne, op params, sources: type, ne, nb (bytes), then the name.
+        line = peer.mm_test_file_line("q4_K", 640, 1024, 512).split()
+        self.assertEqual(line[:8], ["29", "0", "640", "512", "1", "1", "0", "2"])
+        self.assertEqual(line[8:17], ["12", "1024", "640", "1", "1", "144", "576", str(576 * 640), str(576 * 640)])
+        self.assertEqual(line[17:26], ["0", "1024", "512", "1", "1", "4", "4096", str(4096 * 512), str(4096 * 512)])
+        self.assertEqual(line[26], "kallpa_q4_K_m640_k1024_n512")
+        self.assertEqual(len(line), 27)
+
+    def test_matmul_console_lines_and_quant_bench_json(self):
+        text = ("Backend 1/1: CPU\n"
+                "  MUL_MAT(name=kallpa_q5_0_m1024_k640_n1,type=f32,ne=[1024,1,1,1],op_params=[],"
+                "sources=q5_0[640,1024,1,1],f32[640,1,1,1]):      8192 runs -    40.25 us/run -  446 kB/run - "
+                "\x1b[1;34m   8.14 GB/s\x1b[0m\n"
+                "  MUL_MAT(type=f32,ne=[4,4,1,1]):   10 runs -  1.00 us/run\n")
+        got = peer.parse_test_backend_ops_matmul(text)
+        self.assertEqual(list(got), ["kallpa_q5_0_m1024_k640_n1"])
+        self.assertAlmostEqual(got["kallpa_q5_0_m1024_k640_n1"], 40.25e-6)
+        bench = {"benchmarks": [
+            {"name": "BM_GemmaMatmul/rows:1024/cols:640/b:1/type:6/act:2/threads:1/real_time",
+             "run_type": "iteration", "real_time": 30.5, "time_unit": "us"},
+            {"name": "BM_GemmaMatmul/rows:1024/cols:640/b:1/type:6/act:2/threads:1/real_time_median",
+             "run_type": "aggregate", "real_time": 99.0, "time_unit": "us"},
+            {"name": "BM_BlockTypeGemv/rows:576/cols:1536/b:1/type:6/act:0/threads:1/isa:0/real_time",
+             "run_type": "iteration", "real_time": 7.0, "time_unit": "us"}]}
+        self.assertEqual(peer.parse_quant_bench(json.dumps(bench)), {(6, 1024, 640, 1, 2): 30.5e-6})
+        with self.assertRaises(peer.PeerError):
+            peer.parse_quant_bench(json.dumps({"benchmarks": []}))
 
     def test_llama_bench_json(self):
         rows = [{"n_prompt": 512, "n_gen": 0, "n_depth": 0, "avg_ts": 196.6},
@@ -175,6 +206,41 @@ class WholeRuns(unittest.TestCase):
         self.assertAlmostEqual(batched[2]["ratio"], batched[2]["kallpa"] / 10.0)
         self.assertAlmostEqual(batched[2]["peer_scaling"], 2.0)
         self.assertAlmostEqual(batched[2]["kallpa_scaling"], batched[2]["kallpa"] / batched[1]["kallpa"])
+
+    def test_matmul_ratios_pair_each_case_with_its_kallpa_run(self):
+        tbo = write_program(self.dir, "test-backend-ops", """
+            assert args[:4] == ["perf", "-b", "CPU", "--test-file"], args
+            for line in open(args[4]):
+                f = line.split()
+                us = 100.0 if f[3] == "1" else 4000.0  # n = 1: 100 us, n = 512: 4 ms
+                print(f"  MUL_MAT(name={f[-1]},type=f32,ne=[{f[2]},{f[3]},1,1],op_params=[],"
+                      f"sources=x[1,1,1,1],f32[1,1,1,1]):  10 runs - {us:8.2f} us/run - 1 kB/run")
+        """)
+        qb = write_program(self.dir, "quant_matmul_bench", """
+            assert "--benchmark_format=json" in args, args
+            ids = {"q5_0": 6, "q8_0": 8, "q4_K": 12, "q6_K": 14}
+            shapes = [("q5_0", 1024, 640), ("q5_0", 256, 640), ("q5_0", 2048, 640), ("q4_K", 640, 1024),
+                      ("q4_K", 640, 2048), ("q6_K", 640, 2048), ("q8_0", 256, 640), ("q8_0", 262144, 640)]
+            runs = []
+            for t, rows, cols in shapes:
+                for b, act, us in ((1, 2, 50.0), (1, 0, 200.0), (512, 0, 1000.0)):
+                    name = f"BM_GemmaMatmul/rows:{rows}/cols:{cols}/b:{b}/type:{ids[t]}/act:{act}/threads:1/real_time"
+                    runs.append({"name": name, "run_type": "iteration", "real_time": us, "time_unit": "us"})
+            print(json.dumps({"benchmarks": runs}))
+        """)
+        out = self.dir / "report.json"
+        res = self.harness("--test-backend-ops", tbo, "--matmul", "--quant-bench", qb, "--rounds", "2", "--json",
+                           str(out))
+        self.assertEqual(res.returncode, 0, res.stderr)
+        rows = json.loads(out.read_text())["matmul"]
+        # 8 shapes at batch 1 (q16 and f32 each) and 7 at batch 512 (not the output head).
+        self.assertEqual(len(rows), 8 * 2 + 7)
+        for r in rows:
+            want = {(1, "q16"): 100 / 50, (1, "f32"): 100 / 200, (512, "f32"): 4000 / 1000}[(r["n"], r["activations"])]
+            self.assertAlmostEqual(r["ratio"], want, msg=r)
+            self.assertAlmostEqual(r["ratio_best"], want, msg=r)
+        self.assertIn("kallpa_q4_K_m640_k2048_n512", [peer.mm_case_name(r["type"], r["m"], r["k"], r["n"])
+                                                      for r in rows])
 
     def test_cases_without_counterparts_are_listed_not_timed(self):
         quantised = GQA_DECODE.replace("type_K=f16,type_V=f16", "type_K=q4_0,type_V=q4_0")

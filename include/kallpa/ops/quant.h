@@ -4,7 +4,8 @@
 // gguf.quants values bit for bit, tests/gguf checks it).
 //
 // matmul computes y[b][i] = sum_j W[i][j] * x[b][j] for a GGUF matrix W (ne = {k, n}: n rows of k).
-// For Q8_0/Q4_0/Q4_1 weights MatmulOptions::activations picks how x enters the product:
+// For Q8_0/Q4_0/Q4_1 weights MatmulOptions::activations picks how x enters the product (for Q5_0,
+// Q5_1, IQ4_NL, Q4_K, Q5_K and Q6_K it picks between f32 and q16; see below):
 //   - Activations::f32 (the default): x is used as given. Weights are dequantised in registers (or
 //     into a per-thread f32 tile for large batches) to exactly the values dequantize_row gives, and
 //     the products are f32 FMAs. The only error is f32 rounding: |y - exact| <~ k/8 * 2^-24 *
@@ -21,10 +22,13 @@
 //     below q8's, and the products are exact int32 sums (two halves per block). About as fast as
 //     q8 for decode GEMVs, where the f32 path is bound by expanding weights to floats; the engine
 //     uses it for decode rows (see ops/ops.h), f32 for prompt rows.
-// F32/F16/BF16 weights always use f32 x directly (the option is ignored for them), and so do the
-// block types without an integer kernel (Q5_0, Q5_1, IQ4_NL and the K-quants): their weights are
-// dequantised block by block (into registers or a per-thread f32 tile) to exactly the values
-// dequantize_row gives, then take the f32 path above with its bound and summation order.
+// Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K and Q6_K take f32 or q16 activations (q8 means f32 for them):
+// with q16 each block of 32 weights is read as integers times one scale (plus a constant for the
+// types with a minimum; Q6_K's 16-element scales are folded into the integers), and the products
+// are q16's exact int32 sums with q16's bound. F32/F16/BF16 weights always use f32 x directly (the
+// option is ignored for them), and so do Q2_K, Q3_K and Q8_K; f32 activations with any block type:
+// weights are dequantised block by block (into registers or a per-thread f32 tile) to exactly the
+// values dequantize_row gives, then take the f32 path above with its bound and summation order.
 //
 // Every output element is computed by the same sequence of operations whatever batch size, batch
 // position, tile or thread count it is part of (work is split over kallpa::parallel::ThreadPool::
@@ -82,8 +86,8 @@ Status quantize_row(GgmlType type, const float* src, void* dst, std::int64_t n);
 Status dequantize_rows(const WeightMatrix& w, std::int64_t first, std::int64_t count, float* dst);
 
 struct MatmulOptions {
-  // How activations enter products with Q8_0/Q4_0/Q4_1 weights (other types always use f32); see the
-  // top of this file.
+  // How activations enter products with quantised weights (q16 for the types with Q16 kernels, q8
+  // for Q8_0/Q4_0/Q4_1 only; the others always use f32); see the top of this file.
   enum class Activations {
     f32,  // exact activations: f32 FMAs with in-register dequantised weights (f32 rounding only)
     q8,   // activations quantised to Q8 blocks, integer dot products (llama.cpp style)
@@ -114,8 +118,8 @@ struct MatmulJob {
 Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_t batch, std::int64_t ldx,
                     const MatmulOptions& options = {});
 
-// The widest SIMD path the kernels use on this machine: "avx512-vnni" (batched Q16 products; the
-// rest AVX2), "avx2" or "scalar".
+// The widest SIMD path the kernels use on this machine: "avx512-vnni" (batched Q16 products, the
+// Q16 products of the block types, and their f32 prompt tiles; the rest AVX2), "avx2" or "scalar".
 std::string_view quant_kernel_isa() noexcept;
 
 }  // namespace kallpa::ops

@@ -1,0 +1,121 @@
+// Q16 integer products for the block types of ops/q16_units.h on AVX-512 (BW, VL): the tiles of
+// ops/q16_units_tile.h with a block's 32 integers in one 512-bit register. The 32 quants are built
+// as bytes (mask registers take Q5_0/Q5_1's 32 high bits and Q5_K's as they are), widened in one
+// instruction, and multiplied with the activation block in one vpmaddwd; adding the register's two
+// halves gives each lane the products of elements 2l, 2l+1, 16+2l and 17+2l, the per-lane sums the
+// AVX2 kernel forms, so the same fold and float steps (accumulate_sums) give the same bits.
+#include <algorithm>
+#include <cstring>
+
+#include "ops/avx2_common.h"
+#include "ops/q16_avx2.h"
+#include "ops/q16_units.h"
+#include "ops/quant_kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+// GCC 12's AVX-512 headers initialise their "undefined" vectors from themselves, which
+// -W(maybe-)uninitialized reports at every inlined intrinsic (GCC bug 105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+// After the target pragma, at file scope: its templates compile for this file's ISA.
+#include "ops/q16_units_tile.h"
+
+namespace kallpa::ops::kernels {
+
+namespace {
+
+// Block c of the unit at u as its 32 integers wq (ops/q16_units.h) in int16.
+template <GgmlType T>
+inline __m512i widen_unit_block512(const std::byte* u, int c) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const __m256i sixteen = _mm256_set1_epi8(16);
+  __m256i q;
+  if constexpr (T == GgmlType::q5_0 || T == GgmlType::q5_1) {
+    constexpr std::size_t at = T == GgmlType::q5_0 ? 2 : 4;
+    std::uint32_t qh;
+    std::memcpy(&qh, u + at, 4);
+    const __m256i nib = nibbles32(u + at + 4);
+    // Q5_0: nibble - 16 where the high bit is clear; Q5_1: nibble + 16 where it is set.
+    q = T == GgmlType::q5_0 ? _mm256_mask_sub_epi8(nib, static_cast<__mmask32>(~qh), nib, sixteen)
+                            : _mm256_mask_add_epi8(nib, static_cast<__mmask32>(qh), nib, sixteen);
+  } else if constexpr (T == GgmlType::iq4_nl) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues)));
+    q = _mm256_shuffle_epi8(table, nibbles32(u + 2));
+  } else if constexpr (T == GgmlType::q4_k || T == GgmlType::q5_k) {
+    constexpr std::size_t qs_at = T == GgmlType::q5_k ? 48 : 16;
+    q = _mm256_and_si256(_mm256_srl_epi16(load32(u + qs_at + 32 * (c >> 1)), _mm_cvtsi32_si128(4 * (c & 1))), low4);
+    if constexpr (T == GgmlType::q5_k) {
+      const __mmask32 high = _mm256_test_epi8_mask(load32(u + 16), _mm256_set1_epi8(static_cast<char>(1 << c)));
+      q = _mm256_mask_add_epi8(q, high, q, sixteen);
+    }
+  } else {  // q6_k
+    const int h = c >> 2;
+    const __m256i lo = _mm256_and_si256(
+        _mm256_srl_epi16(load32(u + 64 * h + 32 * (c & 1)), _mm_cvtsi32_si128(4 * ((c >> 1) & 1))), low4);
+    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(load32(u + 128 + 32 * h), _mm_cvtsi32_si128(2 * (c & 3))),
+                                        _mm256_set1_epi8(3));
+    q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+    const auto* sc = reinterpret_cast<const std::int8_t*>(u + 192);
+    const __m512i scales =
+        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(sc[2 * c])), _mm256_set1_epi16(sc[2 * c + 1]), 1);
+    return _mm512_mullo_epi16(_mm512_cvtepi8_epi16(q), scales);
+  }
+  return _mm512_cvtepi8_epi16(q);
+}
+
+struct Avx512Widen {
+  using Block = __m512i;
+  static Block zero() { return _mm512_setzero_si512(); }
+  template <GgmlType T>
+  static Block widen(const std::byte* u, int c) {
+    return widen_unit_block512<T>(u, c);
+  }
+  static __m256 accumulate(const Block (&w)[4], const BlockQ16x& xb, __m256 d8, __m256 acc) {
+    const __m512i x = _mm512_loadu_si512(xb.qs);
+    __m256i v[4];
+    for (int r = 0; r < 4; ++r) {
+      const __m512i p = _mm512_madd_epi16(w[r], x);
+      v[r] = _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64(p, 1));
+    }
+    return accumulate_sums(v, xb, d8, acc);
+  }
+};
+
+}  // namespace
+
+void gemm_q16_units_avx512(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                           const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  gemm_q16_units_with<Avx512Widen>(type, w, row_bytes, nw, xq, nx, k, y, ldy);
+}
+
+}  // namespace kallpa::ops::kernels
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+#else  // not x86: the scalar kernel
+
+namespace kallpa::ops::kernels {
+
+void gemm_q16_units_avx512(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
+                           const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  gemm_q16_scalar(type, WeightLayout::rows, w, row_bytes, nw, xq, nx, k, y, ldy);
+}
+
+}  // namespace kallpa::ops::kernels
+
+#endif
