@@ -88,9 +88,11 @@ TEST(SpmTokenizer, EqualScoresMergeLeftmostFirst) {
 
 TEST(SpmTokenizer, MergesOnlyIntoNormalTokens) {
   SpmVocab v;
-  const TokenId x = v.add("<", TokenType::normal, -1), y = v.add("ctl>", TokenType::normal, -1);
+  const TokenId x = v.add("<", TokenType::normal, -1);
+  for (const char* piece : {"c", "t", "l", ">", "ct", "ctl"}) v.add(piece, TokenType::normal, -1);
+  const TokenId y = v.add("ctl>", TokenType::normal, -2);
   Tokenizer t = v.build();
-  // "<ctl>" as plain text: its pieces, never the CONTROL token 4.
+  // "<ctl>" as plain text: "<" + "ctl>" would spell the CONTROL token 4, which merges never make.
   EXPECT_EQ(enc(t, "<ctl>", {.add_special = false, .parse_special = false}), (std::vector<TokenId>{x, y}));
   EXPECT_EQ(enc(t, "<ctl>"), (std::vector<TokenId>{4}));
 }
@@ -150,11 +152,16 @@ TEST(SpmTokenizer, WithoutByteTokensTheMissingBytePolicyApplies) {
   d.token_types = {static_cast<std::int32_t>(TokenType::unknown), static_cast<std::int32_t>(TokenType::normal)};
   d.scores = {0, -1};
   d.unk_id = 0;
+  d.add_space_prefix = false;
   auto t = Tokenizer::create(d);
   ASSERT_TRUE(t.is_ok()) << t.status().to_string();
   EXPECT_EQ(enc(*t, "ab"), (std::vector<TokenId>{1}));
-  EXPECT_EQ(enc(*t, "ab", {.add_special = false, .missing_byte = MissingByte::unknown_token}),
-            (std::vector<TokenId>{1, 0}));
+  // One <unk> per code point, however many bytes it has.
+  EXPECT_EQ(enc(*t,
+                "a\xC3\xA9"
+                "b",
+                {.add_special = false, .missing_byte = MissingByte::unknown_token}),
+            (std::vector<TokenId>{1, 0, 0}));
   auto fail = t->encode("ab", {.add_special = false, .missing_byte = MissingByte::fail});
   ASSERT_FALSE(fail.is_ok());
   EXPECT_EQ(fail.status().code(), ErrorCode::unsupported);

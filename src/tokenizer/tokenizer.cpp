@@ -367,7 +367,11 @@ Status Tokenizer::Impl::spm_fragment(std::string_view fragment, bool space_prefi
         continue;
       }
     }
-    if (Status st = missing_bytes(piece, missing, out); !st) return st;
+    // A code point with no token: its <0xNN> byte tokens, or (a vocabulary without them) the
+    // policy applied once for the whole code point, as SentencePiece emits one <unk> per piece.
+    const bool spelled = std::all_of(piece.begin(), piece.end(),
+                                     [this](char c) { return byte_fallback[static_cast<std::uint8_t>(c)] >= 0; });
+    if (Status st = missing_bytes(spelled ? piece : piece.substr(0, 1), missing, out); !st) return st;
   }
   return {};
 }

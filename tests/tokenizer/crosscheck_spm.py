@@ -10,7 +10,7 @@ CONTROL tokens as special added tokens and the USER_DEFINED ones as added tokens
 same GGUF file itself (kallpa_tokenize_tool --gguf). Compared on the hand-written corpus of
 crosscheck.py (Unicode, emoji, CJK, code, whitespace runs, newlines, tabs), Gemma's control-token
 texts and seeded random mixtures: token ids, decode and streamed decode (both must give the text
-back byte for byte: byte fallback spells every byte).
+back byte for byte, byte fallback spelling every byte; a literal U+2581 comes back as a space).
 
 Exit status: 0 all equal; 1 any mismatch; 77 skipped (python packages or the model missing).
 
@@ -173,7 +173,9 @@ def main():
             report.fail("ids", text, kallpa_ids=got, hf_ids=want, first_difference=first,
                         kallpa_tokens=[hf.id_to_token(i) for i in got], hf_tokens=[hf.id_to_token(i) for i in want])
         hf_decoded = hf.decode(want, skip_special_tokens=False)
-        if res["decoded"] != text:
+        # Byte fallback spells every byte, so decoding gives the text back, except that a literal
+        # U+2581 in the input decodes as a space (it is SentencePiece's space mark), in both.
+        if res["decoded"] != text.replace("\u2581", " "):
             report.fail("decode round trip", text, kallpa_decoded=res["decoded"], hf_decoded=hf_decoded)
         if res["streamed"] != res["decoded"]:
             report.fail("streamed decode", text, streamed=res["streamed"], decoded=res["decoded"])
