@@ -202,6 +202,7 @@ TEST(SpmTokenizer, EndOfGenerationTokensComeFromTheIdsAndTheKnownTexts) {
   SpmVocab v;
   const TokenId im_end = v.add("<|im_end|>", TokenType::control, 0);
   const TokenId other = v.add("<|other|>", TokenType::control, 0);
+  const TokenId html = v.add("</s>", TokenType::user_defined, 0);  // an HTML tag in Gemma's vocabulary
   v.data.eot_id = other;
   Tokenizer t = v.build();
   EXPECT_TRUE(t.is_eog(1));  // eos
@@ -210,6 +211,7 @@ TEST(SpmTokenizer, EndOfGenerationTokensComeFromTheIdsAndTheKnownTexts) {
   EXPECT_TRUE(t.is_eog(other));  // eot id
   EXPECT_FALSE(t.is_eog(2));     // bos
   EXPECT_FALSE(t.is_eog(4));
+  EXPECT_FALSE(t.is_eog(html));  // an end-of-generation text, but not a CONTROL token
   EXPECT_EQ(t.eot_id(), other);
   EXPECT_TRUE(std::is_sorted(t.eog_ids().begin(), t.eog_ids().end()));
 }

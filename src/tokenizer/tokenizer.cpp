@@ -560,8 +560,13 @@ Result<Tokenizer> Tokenizer::create(TokenizerData data) {
   for (const auto& id : {impl->eos, impl->eot, impl->eom}) {
     if (id) impl->eog.push_back(*id);
   }
+  // Only CONTROL tokens: llama.cpp also takes a non-control token with one of these texts (and
+  // warns), which in Gemma's vocabulary makes the HTML tag "</s>" (USER_DEFINED) end generation.
   for (const std::string_view text : kEogTexts) {
-    if (const auto it = impl->token_to_id.find(text); it != impl->token_to_id.end()) impl->eog.push_back(it->second);
+    const auto it = impl->token_to_id.find(text);
+    if (it != impl->token_to_id.end() && impl->types[static_cast<std::size_t>(it->second)] == TokenType::control) {
+      impl->eog.push_back(it->second);
+    }
   }
   std::sort(impl->eog.begin(), impl->eog.end());
   impl->eog.erase(std::unique(impl->eog.begin(), impl->eog.end()), impl->eog.end());

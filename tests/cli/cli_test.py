@@ -302,7 +302,7 @@ def test_detokenize():
               "a JSON list of ids gives the same text", listed)
     expect_usage_error(["detokenize", "-m", model, "1", "99999999"], ["99999999"])
     expect_usage_error(["detokenize", "-m", model, "1,x2"], ["x2"])
-    expect_usage_error(["detokenize", "-m", model, "[]"], ["no token ids"])
+    expect_usage_error(["detokenize", "-m", model, ","], ["no token ids"])
     gemma = gemma_or_none()
     if gemma:
         r = run("tokenize", "-m", gemma, "--json", "<start_of_turn>user\nHello<end_of_turn>\n")

@@ -23,9 +23,10 @@
 // This is SentencePiece's BPE encoding (and llama.cpp's "SPM" tokenizer); decode turns "▁" back
 // into spaces.
 //
-// End of generation: is_eog() is true for eos, eot and eom ids and for the tokens whose text is one
-// llama.cpp treats as end of generation (<end_of_turn>, <|im_end|>, <|eot_id|>, <|endoftext|>,
-// <|end|>, ...; eog_texts()), whatever their ids.
+// End of generation: is_eog() is true for eos, eot and eom ids and for the CONTROL tokens whose
+// text is one llama.cpp treats as end of generation (<end_of_turn>, <|im_end|>, <|eot_id|>,
+// <|endoftext|>, <|end|>, ...; eog_texts()), whatever their ids. (llama.cpp takes such a text
+// even from a non-control token; Gemma's vocabulary has "</s>" as an ordinary HTML tag.)
 //
 // Byte-level BPE ("gpt2"): (1) special tokens (CONTROL, and USER_DEFINED) are matched verbatim in the text,
 // leftmost-longest, and split it into fragments; (2) each fragment is pre-tokenized by the
