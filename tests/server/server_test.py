@@ -572,6 +572,23 @@ def test_real_model_paris():
         check(text2 == text, f"streamed {text2!r} != {text!r}")
 
 
+def test_real_model_gemma_chat():
+    """Gemma-3-270M's file has no chat template: the server uses Gemma's turns and stops at
+    <end_of_turn>. Skipped until this build runs the gemma3 architecture."""
+    model = Path(ARGS.model_dir) / "gemma-3-270m-q4_k_m.gguf"
+    if not model.exists():
+        raise Skip(f"{model} not found (scripts/fetch_model.sh --model gemma3-270m)")
+    info = json.loads(subprocess.run([ARGS.kallpa, "info", "--json", str(model)], capture_output=True,
+                                     text=True, check=True).stdout)
+    if not info["supported"]:
+        raise Skip(f"this build cannot run gemma3 yet: {info['unsupported_reason']}")
+    with Server("real_model_gemma", model=model) as s:
+        text, r = chat_text(s.client(), seed=0, max_tokens=64, temperature=0)
+        check("Paris" in text, f"answer without Paris: {text!r}")
+        check(r.choices[0].finish_reason == "stop", f"it stops by itself at <end_of_turn>: {r.choices[0]!r}")
+        check("<end_of_turn>" not in text, f"the end-of-turn token is not part of the text: {text!r}")
+
+
 def test_device_opencl():
     # The same server with the model on the OpenCL device, strictly: every engine op and attention
     # there, none on the CPU (a fallback would be refused, not counted).

@@ -9,7 +9,8 @@
 //              tokenizer.ggml.* keys; ids may be null).
 // INPUT.json: {"texts": [str...], "chats": [[{"role", "content"}...]...],
 //              "add_special": bool, "parse_special": bool}
-// OUTPUT.json: {"pre": str, "jit": bool, "load_seconds": float, "encode_seconds": float, "bytes": int,
+// OUTPUT.json: {"pre": str, "jit": bool, "load_seconds": float (open_seconds of it: the GGUF parse),
+//               "encode_seconds": float, "bytes": int,
 //               "results": [{"ids", "pieces", "decoded", "streamed"}...],
 //               "chats": [{"text", "ids", "ids_structured"}...]}
 // Errors go to stderr with exit code 1 (2 for usage).
@@ -44,8 +45,12 @@ std::optional<std::int64_t> opt_id(const json& j, const char* key) {
 constexpr const char* kUsage =
     "usage: kallpa_tokenize_tool (--vocab VOCAB.json | --gguf MODEL.gguf) --input INPUT.json\n";
 
+double g_open_seconds = 0.0;  // of the last from_gguf: opening and parsing the file alone
+
 kallpa::Result<tk::Tokenizer> from_gguf(const std::string& path) {
+  const auto t0 = std::chrono::steady_clock::now();
   auto file = kallpa::model::GgufFile::open(path);
+  g_open_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!file) return file.status();
   return kallpa::model::tokenizer_from_gguf(**file);
 }
@@ -109,6 +114,7 @@ int run(int argc, char** argv) {
   out["pre"] = tok->pre_tokenizer_name();
   out["jit"] = tok->regex_jit();
   out["load_seconds"] = load_seconds;
+  out["open_seconds"] = g_open_seconds;
   std::vector<std::string> texts = in.value("texts", std::vector<std::string>{});
 
   // Timing pass first (encode only), then the detailed pass.
