@@ -387,12 +387,11 @@ def test_gemma_chat():
     info = json.loads(run("info", "--json", gemma).stdout)
     if not info["supported"]:
         raise Skip(f"this build cannot run gemma3 yet: {info['unsupported_reason']}")
-    r = run("generate", "-m", gemma, "--chat", "-p", "What is the capital of France?", "--temp", "0", "-n", "64",
-            "--log-level", "info")
+    r = run("generate", "-m", gemma, "--chat", "-p", "What is the capital of France?", "--temp", "0", "-n", "64")
     check(r.returncode == 0, "Gemma chats", r)
     check("Paris" in r.stdout, "the answer mentions Paris", r)
     check("finish: stop" in r.stderr, "it stops by itself (<end_of_turn>), not at the token limit", r)
-    check("Gemma" in r.stderr, "the log says the built-in Gemma format is used", r)
+    check("built-in Gemma turns (the file has no chat template)" in r.stderr, "stderr says the built-in format is used", r)
 
 
 def test_quarantine_journal():

@@ -141,6 +141,9 @@ int run_generate(const GenerateCliOptions& o, const GlobalOptions& global) {
     if (!o.system.empty()) messages.push_back({"system", o.system});
     messages.push_back({"user", o.prompt});
     prompt = tokenizer::encode_chat(engine->tokenizer(), engine->chat_format(), messages);
+    if (!o.quiet && engine->chat_format().kind != tokenizer::ChatFormatKind::file_template) {
+      fmt::print(stderr, "[chat prompt in {}]\n", engine->chat_format().description);
+    }
   } else {
     prompt = engine->tokenizer().encode(o.prompt);
   }
