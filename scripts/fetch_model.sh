@@ -31,7 +31,7 @@ while (($#)); do
   case "$1" in
     --model) (($# >= 2)) || die "--model needs a name (smollm2 or gemma3-270m)"; model_name="$2"; shift 2 ;;
     --model=*) model_name="${1#--model=}"; shift ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (try --help)" ;;
   esac
 done
