@@ -331,6 +331,9 @@ def test_info():
           f"KV cache size: {info['memory']}", r)
     eog = {e["text"] for e in info["tokenizer"]["end_of_generation"]}
     check({"<|im_end|>", "<|endoftext|>"} <= eog, f"SmolLM2 stops at <|im_end|> and <|endoftext|>: {eog}", r)
+    listed = json.loads(run("info", "--json", "--tensors", model).stdout)["tensor_list"]
+    check(len(listed) == 272 and {"name": "output_norm.weight", "type": "F32", "shape": "[576]", "bytes": 2304} in listed,
+          f"--tensors lists every tensor with its type: {listed[:3]}")
     text = run("info", model)
     check(text.returncode == 0 and "supported:     yes" in text.stdout and "Q4_1 x210" in text.stdout,
           "the text form", text)

@@ -24,6 +24,7 @@ namespace {
 struct InfoCliOptions {
   std::string model;
   bool json = false;
+  bool tensors = false;  // --tensors: every tensor's name, type and shape too
   std::int64_t context = EngineCliOptions{}.context;
 };
 
@@ -66,6 +67,16 @@ int run_info(const InfoCliOptions& o, const GlobalOptions&) {
   out["tensors"] = f.tensors().size();
   out["parameters"] = params;
   out["tensor_types"] = jt;
+  if (o.tensors) {
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const model::TensorView& t : f.tensors()) {
+      list.push_back({{"name", std::string(t.name)},
+                      {"type", std::string(ops::ggml_type_name(t.type))},
+                      {"shape", t.shape_string()},
+                      {"bytes", t.nbytes}});
+    }
+    out["tensor_list"] = list;
+  }
 
   const std::uint64_t context = meta_uint(f, arch + ".context_length", 0);
   out["context_length"] = context;
@@ -122,7 +133,13 @@ int run_info(const InfoCliOptions& o, const GlobalOptions&) {
   fmt::print("parameters:    {} in {} tensors\n", params, f.tensors().size());
   fmt::print("tensor types: ");
   for (const auto& [name, cb] : types) fmt::print(" {} x{} ({})", name, cb.first, mib(cb.second));
-  fmt::print("\ncontext:       {} tokens\n", context);
+  fmt::print("\n");
+  if (o.tensors) {
+    for (const model::TensorView& t : f.tensors()) {
+      fmt::print("  {:<40} {:<6} {}\n", t.name, ops::ggml_type_name(t.type), t.shape_string());
+    }
+  }
+  fmt::print("context:       {} tokens\n", context);
   if (jtok.contains("error")) {
     fmt::print("tokenizer:     cannot be read: {}\n", jtok["error"].get<std::string>());
   } else {
@@ -155,6 +172,7 @@ Command add_info_command(CLI::App& app) {
   sub->add_option("-m,--model-file", o->model, "The same, as an option");
   sub->add_option("--context", o->context, "KV cache capacity to size the memory for (as `generate --context`)")
       ->check(CLI::Range(16, 1 << 20));
+  sub->add_flag("--tensors", o->tensors, "Also list every tensor: name, type, shape");
   sub->add_flag("--json", o->json, "One JSON object");
   return {sub, [o](const GlobalOptions& g) { return run_info(*o, g); }};
 }
