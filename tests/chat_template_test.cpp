@@ -85,6 +85,34 @@ TEST(ChatTemplate, ErrorsAreTyped) {
   EXPECT_EQ(raising->render(in)->text, "ok");
 }
 
+// A model file's template is untrusted input: malformed syntax trees (which the engine checks
+// with assert(), gone in release builds) and nesting deep enough to overflow the stack are typed
+// errors, not crashes.
+TEST(ChatTemplate, MalformedAndTooDeepTemplatesAreRefused) {
+  REQUIRE_JINJA();
+  for (const char* src : {"{% for 1 in messages %}x{% endfor %}", "{{ messages | 1 }}",
+                          "{% if messages is 3 %}{% endif %}", "{% macro 1() %}{% endmacro %}"}) {
+    auto t = ChatTemplate::parse(src);
+    ASSERT_FALSE(t.is_ok()) << src;
+    EXPECT_EQ(t.status().code(), ErrorCode::invalid_argument) << src;
+  }
+  const std::string parens = "{{ " + std::string(20000, '(') + "1" + std::string(20000, ')') + " }}";
+  std::string blocks;
+  for (int i = 0; i < 20000; ++i) blocks += "{% if true %}";
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 20000; ++i) chain += " + 1";
+  chain += " }}";
+  for (const std::string& src : {parens, blocks, chain}) {
+    auto t = ChatTemplate::parse(src);
+    ASSERT_FALSE(t.is_ok());
+    EXPECT_EQ(t.status().code(), ErrorCode::unsupported);
+    EXPECT_EQ(t.status().field(), "tokenizer.chat_template");
+  }
+  // Within the limits, nesting renders.
+  const std::string ok = "{{ " + std::string(100, '(') + "1" + std::string(100, ')') + " }}";
+  EXPECT_EQ(render(ok, std::vector<ChatMessage>{}).text, "1");
+}
+
 TEST(ChatTemplate, GemmaBuiltInWritesGemmasTurns) {
   const std::vector<ChatMessage> msgs = {
       {"system", "Be brief."}, {"user", " Hi \n"}, {"assistant", "Hello!"}, {"user", "Bye"}};

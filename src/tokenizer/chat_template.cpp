@@ -48,10 +48,54 @@ struct ChatTemplate::Impl {
   jinja::program program;
 };
 
+namespace {
+
+// The engine parses and evaluates recursively, so a template nested deep enough overflows the
+// stack (about 10,000 levels of brackets, blocks or chained operators do). Real templates stay
+// far below these limits; a file that exceeds them is refused before the parser sees it.
+constexpr int kMaxNesting = 128;             // brackets, and {% if/for/macro/... %} blocks
+constexpr std::size_t kMaxTagTokens = 2048;  // tokens inside one {{ }} or {% %}
+
+Status check_nesting(const std::vector<jinja::token>& tokens) {
+  int brackets = 0, blocks = 0;
+  std::size_t in_tag = 0;
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const jinja::token& t = tokens[i];
+    switch (t.t) {
+      case jinja::token::open_paren:
+      case jinja::token::open_square_bracket:
+      case jinja::token::open_curly_bracket: ++brackets; break;
+      case jinja::token::close_paren:
+      case jinja::token::close_square_bracket:
+      case jinja::token::close_curly_bracket: --brackets; break;
+      case jinja::token::open_statement:
+      case jinja::token::open_expression: in_tag = 0; break;
+      case jinja::token::identifier:
+        if (i > 0 && tokens[i - 1].t == jinja::token::open_statement) {
+          const std::string& w = t.value;
+          if (w == "if" || w == "for" || w == "macro" || w == "call" || w == "filter" || w == "generation") ++blocks;
+          if (w.starts_with("end")) --blocks;
+        }
+        break;
+      default: break;
+    }
+    if (++in_tag > kMaxTagTokens || brackets > kMaxNesting || blocks > kMaxNesting) {
+      return Status(ErrorCode::unsupported, kField,
+                    "the template nests deeper than kallpa renders (more than " + std::to_string(kMaxNesting) +
+                        " levels of brackets or blocks, or " + std::to_string(kMaxTagTokens) +
+                        " tokens in one tag), near byte " + std::to_string(t.pos));
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
 Result<ChatTemplate> ChatTemplate::parse(std::string source) {
   try {
     jinja::lexer lexer;
     const jinja::lexer_result tokens = lexer.tokenize(source);
+    if (Status st = check_nesting(tokens.tokens); !st) return st;
     auto impl = std::make_unique<Impl>();
     impl->program = jinja::parse_from_tokens(tokens);
     impl->source = std::move(source);

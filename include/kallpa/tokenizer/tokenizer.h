@@ -21,7 +21,7 @@
 // leftmost among equal scores), until no pair is a token. A symbol that is no token becomes the
 // <0xNN> BYTE tokens of its UTF-8 bytes (byte fallback), else follows EncodeOptions::missing_byte.
 // This is SentencePiece's BPE encoding (and llama.cpp's "SPM" tokenizer); decode turns "▁" back
-// into spaces.
+// into spaces (a space add_space_prefix added included: decode does not strip it).
 //
 // End of generation: is_eog() is true for eos, eot and eom ids and for the CONTROL tokens whose
 // text is one llama.cpp treats as end of generation (<end_of_turn>, <|im_end|>, <|eot_id|>,
