@@ -573,8 +573,9 @@ def test_real_model_paris():
 
 
 def test_real_model_gemma_chat():
-    """Gemma-3-270M's file has no chat template: the server uses Gemma's turns and stops at
-    <end_of_turn>. Skipped until this build runs the gemma3 architecture."""
+    """Gemma-3-270M's file has no chat template: the server writes Gemma's turns. The file is the
+    pretrained model, which continues the turn rather than answering (llama.cpp too), so only the
+    prompt size and a clean, finished response are checked. Skipped until this build runs gemma3."""
     model = Path(ARGS.model_dir) / "gemma-3-270m-q4_k_m.gguf"
     if not model.exists():
         raise Skip(f"{model} not found (scripts/fetch_model.sh --model gemma3-270m)")
@@ -583,9 +584,11 @@ def test_real_model_gemma_chat():
     if not info["supported"]:
         raise Skip(f"this build cannot run gemma3 yet: {info['unsupported_reason']}")
     with Server("real_model_gemma", model=model) as s:
-        text, r = chat_text(s.client(), seed=0, max_tokens=64, temperature=0)
-        check("Paris" in text, f"answer without Paris: {text!r}")
-        check(r.choices[0].finish_reason == "stop", f"it stops by itself at <end_of_turn>: {r.choices[0]!r}")
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        text, r = chat_text(s.client(), seed=0, max_tokens=24, temperature=0, messages=messages)
+        # <bos> <start_of_turn> user \n What is the capital of France? <end_of_turn> \n <start_of_turn> model \n
+        check(r.usage.prompt_tokens == 16, f"the prompt in Gemma's turns: {r.usage}")
+        check(r.choices[0].finish_reason in ("stop", "length"), f"finished: {r.choices[0]!r}")
         check("<end_of_turn>" not in text, f"the end-of-turn token is not part of the text: {text!r}")
 
 
