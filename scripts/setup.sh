@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up kallpa on a fresh Debian 12 machine: installs the packages it needs (apt-get, only when
 # something is missing), makes .venv with the Python packages the cross-check tests use, fetches
-# the default model (SmolLM2-135M-Instruct Q4_1, pinned SHA-256) into models/, fetches the PJRT
+# the two default models (SmolLM2-135M-Instruct Q4_1 and Gemma-3-270M Q4_K_M, pinned SHA-256) into
+# models/, fetches the jinja engine's sources (scripts/fetch_jinja.sh, pinned SHA-256), the PJRT
 # header and CPU plugins (scripts/fetch_pjrt.sh, pinned SHA-256) into a cache, builds Release into
 # build/, installs the Python package (python/, `import kallpa`) into .venv from that build, and
 # runs the main job: a greedy chat answer from the model.
@@ -74,8 +75,13 @@ if [[ "${KALLPA_NO_TORCH:-0}" != 1 ]] &&
   echo "setup: could not install PyTorch; the Python package's torch tests will be skipped" >&2
 fi
 
-# 3. The default model (idempotent; verified by SHA-256).
-bash scripts/fetch_model.sh >/dev/null
+# 3. The default models (idempotent; verified by SHA-256).
+bash scripts/fetch_model.sh --model smollm2 >/dev/null
+bash scripts/fetch_model.sh --model gemma3-270m >/dev/null
+
+# 3b. llama.cpp's Jinja engine for the chat templates GGUF files carry, into third_party/
+#     (idempotent; pinned SHA-256; docs/chat-templates.md).
+bash scripts/fetch_jinja.sh >/dev/null
 
 # 4. The PJRT C API header and two XLA CPU plugins (API 0.115 and 0.81) for the pjrt backend and
 #    its tests, into a cache outside the repo (idempotent; pinned SHA-256); with

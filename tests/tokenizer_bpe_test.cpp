@@ -427,7 +427,7 @@ TEST(Tokenizer, BadMetadataIsATypedError) {
   }
   {
     VocabBuilder v;
-    v.data.model = "llama";
+    v.data.model = "t5";  // Unigram: not supported
     const Status st = create_status(v.data);
     EXPECT_EQ(st.code(), ErrorCode::unsupported);
     EXPECT_EQ(st.field(), "tokenizer.ggml.model");

@@ -22,6 +22,11 @@ Result<tokenizer::Tokenizer> tokenizer_from_gguf(const GgufFile& file) {
     if (!types) return types.status();
     data.token_types = std::move(*types);
   }
+  if (file.has("tokenizer.ggml.scores")) {
+    auto scores = file.get_numeric_array<float>("tokenizer.ggml.scores");
+    if (!scores) return scores.status();
+    data.scores = std::move(*scores);
+  }
   if (file.has("tokenizer.ggml.merges")) {
     auto merges = file.get_string_array("tokenizer.ggml.merges");
     if (!merges) return merges.status();
@@ -46,9 +51,16 @@ Result<tokenizer::Tokenizer> tokenizer_from_gguf(const GgufFile& file) {
       !(s = id("tokenizer.ggml.eos_token_id", &data.eos_id)) ||
       !(s = id("tokenizer.ggml.unknown_token_id", &data.unk_id)) ||
       !(s = id("tokenizer.ggml.padding_token_id", &data.pad_id)) ||
+      !(s = id("tokenizer.ggml.eot_token_id", &data.eot_id)) ||
+      !(s = id("tokenizer.ggml.eom_token_id", &data.eom_id)) ||
       !(s = flag("tokenizer.ggml.add_bos_token", &data.add_bos)) ||
       !(s = flag("tokenizer.ggml.add_eos_token", &data.add_eos))) {
     return s;
+  }
+  if (file.has("tokenizer.ggml.add_space_prefix")) {
+    bool prefix = true;
+    if (!(s = flag("tokenizer.ggml.add_space_prefix", &prefix))) return s;
+    data.add_space_prefix = prefix;
   }
   return tokenizer::Tokenizer::create(std::move(data));
 }
@@ -58,6 +70,13 @@ tokenizer::ChatMlOptions chat_options_from_gguf(const GgufFile& file) {
     if (auto opts = tokenizer::chatml_options_from_template(*tmpl); opts) return *opts;
   }
   return {};
+}
+
+tokenizer::ChatFormat chat_format_from_gguf(const GgufFile& file, const tokenizer::Tokenizer& tokenizer) {
+  std::string_view source, architecture;
+  if (auto tmpl = file.get_string("tokenizer.chat_template"); tmpl) source = *tmpl;
+  if (auto arch = file.get_string("general.architecture"); arch) architecture = *arch;
+  return tokenizer::choose_chat_format(tokenizer, architecture, source);
 }
 
 }  // namespace kallpa::model

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "kallpa/model/gguf_tokenizer.h"
 #include "ops/fallback_ops.h"
@@ -66,6 +67,12 @@ Result<std::unique_ptr<Engine>> Engine::load(std::shared_ptr<const model::GgufFi
   if (!tok) return tok.status();
   e->tokenizer_.emplace(std::move(*tok));
   e->chat_ = model::chat_options_from_gguf(*file);
+  e->chat_format_ = model::chat_format_from_gguf(*file, *e->tokenizer_);
+  if (e->chat_format_.kind == tokenizer::ChatFormatKind::file_template) {
+    spdlog::debug("chat format: {}", e->chat_format_.description);
+  } else {
+    spdlog::info("chat format: {}", e->chat_format_.description);
+  }
   if (e->tokenizer_->vocab_size() != e->model_->config().vocab_size) {
     return Status::invalid("tokenizer.ggml.tokens",
                            fmt::format("{} tokens, but the model's output has {} rows", e->tokenizer_->vocab_size(),
@@ -181,13 +188,13 @@ Result<GenerateResult> generate(Session& session, std::span<const std::int32_t> 
     result.text += text;
     if (on_text && !text.empty()) on_text(text);
   };
-  const auto eos = engine.tokenizer().eos_id();
   result.finish_reason = "length";
   while (result.generated_tokens < options.max_tokens) {
     if (session.position() >= context) break;
     auto next = session.sample();
     if (!next) return next.status();
-    if (options.stop_at_eos && eos && *next == *eos) {
+    if (options.on_token) options.on_token(*next, session.logits());
+    if (options.stop_at_eos && engine.tokenizer().is_eog(*next)) {
       result.finish_reason = "stop";
       break;
     }

@@ -234,7 +234,6 @@ void Scheduler::loop() {
 }
 
 void Scheduler::emit_token(Active& a, std::int32_t token) {
-  const auto eos = engine_.tokenizer().eos_id();
   auto emit = [&](std::string_view text, std::int32_t tokens) {
     if (a.callbacks.on_token) a.callbacks.on_token(text, tokens);
   };
@@ -243,7 +242,7 @@ void Scheduler::emit_token(Active& a, std::int32_t token) {
     if (!a.held.empty()) emit(a.held, 0);
     a.held.clear();
   };
-  if (a.request.stop_at_eos && eos && token == *eos) {
+  if (a.request.stop_at_eos && engine_.tokenizer().is_eog(token)) {
     flush();
     finish(a, "stop");
     return;

@@ -76,8 +76,7 @@ ApiError failure(const runtime::Completion& c) {
 }
 
 Result<std::vector<std::int32_t>> tokenize(const runtime::Engine& engine, const CompletionRequest& r) {
-  if (r.endpoint == Endpoint::chat)
-    return tokenizer::encode_chatml(engine.tokenizer(), r.messages, engine.chat_options());
+  if (r.endpoint == Endpoint::chat) return tokenizer::encode_chat(engine.tokenizer(), engine.chat_format(), r.messages);
   if (r.prompt_is_tokens) return r.prompt_tokens;
   // A raw completion prompt is the caller's whole input: special-token text in it is meant.
   return engine.tokenizer().encode(r.prompt, {.add_special = true, .parse_special = true});

@@ -4,7 +4,6 @@
 #include <array>
 #include <functional>
 #include <limits>
-#include <unordered_map>
 
 #include "tokenizer/byte_level.h"
 #include "tokenizer/pre_tokenizer.h"
@@ -17,11 +16,6 @@ using detail::PreTokenizer;
 using detail::Span;
 
 namespace {
-
-struct StringHash {
-  using is_transparent = void;
-  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
-};
 
 std::uint64_t pair_key(TokenId a, TokenId b) {
   return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a)) << 32) | static_cast<std::uint32_t>(b);
@@ -68,6 +62,22 @@ std::string byte_level_decode(std::string_view text) {
       out.append(text.substr(i, st.len));
     }
     i += st.len;
+  }
+  return out;
+}
+
+// A SentencePiece NORMAL token's text with its U+2581 marks turned back into spaces.
+std::string spm_decode(std::string_view text) {
+  constexpr std::string_view mark = "\xE2\x96\x81";
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size();) {
+    if (text.substr(i, mark.size()) == mark) {
+      out.push_back(' ');
+      i += mark.size();
+    } else {
+      out.push_back(text[i++]);
+    }
   }
   return out;
 }
@@ -126,6 +136,56 @@ class MergeTable {
   int shift_ = 60;
 };
 
+// Text -> id over the vocabulary: open addressing on (hash, id) pairs, comparing against the
+// vocabulary's own strings. One flat array instead of a node per token: building it for Gemma's
+// 262,144 tokens costs a fraction of std::unordered_map's inserts, and lookups (the SentencePiece
+// merge loop's hot spot) touch one cache line before the string itself.
+class TokenIndex {
+ public:
+  // Indexes every non-empty token; of equal texts the last one wins (as HF and llama.cpp).
+  void build(const std::vector<std::string>& tokens) {
+    tokens_ = &tokens;
+    std::size_t cap = 16;
+    while (cap < 2 * tokens.size()) cap <<= 1;
+    slots_.assign(cap, Slot{0, -1});
+    mask_ = cap - 1;
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      if (tokens[i].empty()) continue;
+      const std::uint64_t h = hash(tokens[i]);
+      for (std::size_t k = h & mask_;; k = (k + 1) & mask_) {
+        Slot& slot = slots_[k];
+        if (slot.id < 0 || (slot.hash == static_cast<std::uint32_t>(h >> 32) &&
+                            (*tokens_)[static_cast<std::size_t>(slot.id)] == tokens[i])) {
+          slot = {static_cast<std::uint32_t>(h >> 32), static_cast<TokenId>(i)};
+          break;
+        }
+      }
+    }
+  }
+  // The token whose text is s, or -1.
+  TokenId find(std::string_view s) const {
+    if (slots_.empty()) return -1;
+    const std::uint64_t h = hash(s);
+    for (std::size_t k = h & mask_;; k = (k + 1) & mask_) {
+      const Slot& slot = slots_[k];
+      if (slot.id < 0) return -1;
+      if (slot.hash == static_cast<std::uint32_t>(h >> 32) && (*tokens_)[static_cast<std::size_t>(slot.id)] == s) {
+        return slot.id;
+      }
+    }
+  }
+
+ private:
+  struct Slot {
+    std::uint32_t hash;  // the hash's high half: most mismatches end here, without the string
+    TokenId id;          // -1: empty
+  };
+  static std::uint64_t hash(std::string_view s) { return std::hash<std::string_view>{}(s)*0x9E3779B97F4A7C15ULL; }
+  const std::vector<std::string>* tokens_ = nullptr;
+  std::vector<Slot> slots_;
+  std::size_t mask_ = 0;
+};
+
 struct Special {
   std::string text;
   TokenId id;
@@ -135,16 +195,21 @@ struct Special {
 }  // namespace
 
 struct Tokenizer::Impl {
+  std::string model;
+  bool spm = false;  // SentencePiece BPE by scores ("llama"), else byte-level BPE by merges
+  bool add_space_prefix = false;
+  std::vector<float> scores;  // spm only
+  std::vector<TokenId> eog;   // sorted
   std::vector<std::string> tokens;
   std::vector<TokenType> types;
   std::vector<std::string> bytes;  // what each token decodes to
-  std::unordered_map<std::string, TokenId, StringHash, std::equal_to<>> token_to_id;
+  TokenIndex token_to_id;
   std::array<TokenId, 256> byte_token{};     // token of each byte's byte-level symbol, or -1
   std::array<TokenId, 256> byte_fallback{};  // <0xNN> BYTE token, or -1
   MergeTable merges;
   std::array<std::vector<Special>, 256> specials;  // by first byte, longest first
   std::optional<PreTokenizer> pre;
-  std::optional<TokenId> bos, eos, unk, pad;
+  std::optional<TokenId> bos, eos, unk, pad, eot, eom;
   bool add_bos = false, add_eos = false;
 
   std::optional<std::pair<std::size_t, TokenId>> match_special(std::string_view s, std::size_t i,
@@ -160,6 +225,9 @@ struct Tokenizer::Impl {
 
   Status bpe(std::string_view piece, MissingByte missing, std::vector<TokenId>& out) const;
   Status encode_fragment(std::string_view text, Span range, MissingByte missing, std::vector<TokenId>& out) const;
+  Status spm_fragment(std::string_view fragment, bool space_prefix, MissingByte missing,
+                      std::vector<TokenId>& out) const;
+  Status missing_bytes(std::string_view bytes, MissingByte missing, std::vector<TokenId>& out) const;
 };
 
 namespace {
@@ -227,7 +295,15 @@ Status Tokenizer::Impl::bpe(std::string_view piece, MissingByte missing, std::ve
       out.push_back(s.id);
       continue;
     }
-    const auto byte = static_cast<std::uint8_t>(piece[s.pos]);
+    if (Status st = missing_bytes(piece.substr(s.pos, 1), missing, out); !st) return st;
+  }
+  return {};
+}
+
+// Bytes with no token of their own: their <0xNN> tokens, else as the policy says.
+Status Tokenizer::Impl::missing_bytes(std::string_view bytes_in, MissingByte missing, std::vector<TokenId>& out) const {
+  for (const char c : bytes_in) {
+    const auto byte = static_cast<std::uint8_t>(c);
     if (byte_fallback[byte] >= 0) {
       out.push_back(byte_fallback[byte]);
     } else if (missing == MissingByte::unknown_token) {
@@ -235,8 +311,110 @@ Status Tokenizer::Impl::bpe(std::string_view piece, MissingByte missing, std::ve
     } else if (missing == MissingByte::fail) {
       return Status(ErrorCode::unsupported, "text",
                     "byte 0x" + std::string(1, "0123456789ABCDEF"[byte >> 4]) + "0123456789ABCDEF"[byte & 15] +
-                        " has no token (neither its byte-level symbol nor <0xNN> is in the vocabulary)");
+                        " has no token (neither its symbol nor <0xNN> is in the vocabulary)");
     }
+  }
+  return {};
+}
+
+namespace {
+
+constexpr std::string_view kSpmSpace = "\xE2\x96\x81";  // U+2581 LOWER ONE EIGHTH BLOCK
+
+void append_spm_escaped(std::string& out, std::string_view text) {
+  for (const char c : text) {
+    if (c == ' ') {
+      out.append(kSpmSpace);
+    } else {
+      out.push_back(c);
+    }
+  }
+}
+
+std::string spm_escape(std::string_view text) {
+  std::string out;
+  out.reserve(text.size() + 8);
+  append_spm_escaped(out, text);
+  return out;
+}
+
+struct SpmSymbol {
+  std::uint32_t begin, len;
+  std::int32_t prev, next;
+};
+
+struct SpmCandidate {
+  float score;
+  std::int32_t left;
+  std::uint32_t len;  // of the merged text, to recognise a stale candidate
+  // The heap's top is the highest score, then the leftmost.
+  bool operator<(const SpmCandidate& o) const { return score != o.score ? score < o.score : left > o.left; }
+};
+
+}  // namespace
+
+Status Tokenizer::Impl::spm_fragment(std::string_view fragment, bool space_prefix, MissingByte missing,
+                                     std::vector<TokenId>& out) const {
+  if (fragment.empty()) return {};
+  thread_local std::string text;
+  thread_local std::vector<SpmSymbol> syms;
+  thread_local std::vector<SpmCandidate> heap;
+  text.clear();
+  if (space_prefix) text.append(kSpmSpace);
+  append_spm_escaped(text, fragment);
+  syms.clear();
+  for (std::size_t i = 0; i < text.size();) {  // one symbol per code point (the text is valid UTF-8)
+    const std::size_t len = std::max<std::size_t>(1, detail::utf8_step(text, i).len);
+    const auto n = static_cast<std::int32_t>(syms.size());
+    syms.push_back({static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(len), n - 1, n + 1});
+    i += len;
+  }
+  syms.back().next = -1;
+
+  heap.clear();
+  auto try_push = [&](std::int32_t left) {
+    if (left < 0) return;
+    const SpmSymbol& l = syms[static_cast<std::size_t>(left)];
+    if (l.next < 0) return;
+    const SpmSymbol& r = syms[static_cast<std::size_t>(l.next)];
+    const TokenId id = token_to_id.find(std::string_view(text).substr(l.begin, l.len + r.len));
+    if (id < 0 || types[static_cast<std::size_t>(id)] != TokenType::normal) return;
+    heap.push_back({scores[static_cast<std::size_t>(id)], left, l.len + r.len});
+    std::push_heap(heap.begin(), heap.end());
+  };
+  for (std::int32_t i = 0; i + 1 < static_cast<std::int32_t>(syms.size()); ++i) try_push(i);
+
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end());
+    const SpmCandidate c = heap.back();
+    heap.pop_back();
+    SpmSymbol& l = syms[static_cast<std::size_t>(c.left)];
+    if (l.len == 0 || l.next < 0) continue;  // absorbed, or nothing to its right any more
+    SpmSymbol& r = syms[static_cast<std::size_t>(l.next)];
+    if (l.len + r.len != c.len) continue;  // stale: a neighbour changed since the candidate was made
+    l.len += r.len;
+    r.len = 0;
+    l.next = r.next;
+    if (r.next >= 0) syms[static_cast<std::size_t>(r.next)].prev = c.left;
+    try_push(l.prev);
+    try_push(c.left);
+  }
+
+  for (std::int32_t i = 0; i >= 0; i = syms[static_cast<std::size_t>(i)].next) {
+    const SpmSymbol& sym = syms[static_cast<std::size_t>(i)];
+    const std::string_view piece = std::string_view(text).substr(sym.begin, sym.len);
+    if (const TokenId id = token_to_id.find(piece); id >= 0) {
+      const TokenType t = types[static_cast<std::size_t>(id)];
+      if (t == TokenType::normal || t == TokenType::user_defined || t == TokenType::unused) {
+        out.push_back(id);
+        continue;
+      }
+    }
+    // A code point with no token: its <0xNN> byte tokens, or (a vocabulary without them) the
+    // policy applied once for the whole code point, as SentencePiece emits one <unk> per piece.
+    const bool spelled = std::all_of(piece.begin(), piece.end(),
+                                     [this](char c) { return byte_fallback[static_cast<std::uint8_t>(c)] >= 0; });
+    if (Status st = missing_bytes(spelled ? piece : piece.substr(0, 1), missing, out); !st) return st;
   }
   return {};
 }
@@ -260,12 +438,48 @@ Tokenizer::~Tokenizer() = default;
 
 std::vector<std::string> known_pre_tokenizers() { return PreTokenizer::known_names(); }
 
+namespace {
+
+constexpr std::array<std::string_view, 22> kEogTexts = {
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\xEF\xBD\x9C"
+    "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",  // <｜end▁of▁sentence｜>
+    "[e~[",
+};
+
+}  // namespace
+
+std::span<const std::string_view> eog_texts() { return kEogTexts; }
+
 Result<Tokenizer> Tokenizer::create(TokenizerData data) {
-  if (data.model != "gpt2") {
+  if (data.model != "gpt2" && data.model != "llama") {
     return Status(ErrorCode::unsupported, "tokenizer.ggml.model",
-                  "tokenizer model '" + data.model + "' is not supported (only byte-level BPE, \"gpt2\")");
+                  "tokenizer model '" + data.model +
+                      "' is not supported (byte-level BPE \"gpt2\" and SentencePiece BPE \"llama\" are)");
   }
   auto impl = std::make_unique<Impl>();
+  impl->model = data.model;
+  impl->spm = data.model == "llama";
+  impl->add_space_prefix = impl->spm && data.add_space_prefix.value_or(true);
   const std::size_t n = data.tokens.size();
   if (n == 0) return Status::invalid("tokenizer.ggml.tokens", "the vocabulary is empty");
   if (n > static_cast<std::size_t>(std::numeric_limits<TokenId>::max())) {
@@ -276,18 +490,27 @@ Result<Tokenizer> Tokenizer::create(TokenizerData data) {
                                                             std::to_string(n) + " tokens");
   }
 
-  auto pre = PreTokenizer::create(data.pre);
-  if (!pre) return pre.status();
-  impl->pre.emplace(std::move(pre).value());
+  if (impl->spm) {
+    if (!data.scores.empty() && data.scores.size() != n) {
+      return Status::invalid("tokenizer.ggml.scores",
+                             std::to_string(data.scores.size()) + " scores for " + std::to_string(n) + " tokens");
+    }
+    impl->scores = std::move(data.scores);
+    impl->scores.resize(n, 0.0f);
+  } else {
+    auto pre = PreTokenizer::create(data.pre);
+    if (!pre) return pre.status();
+    impl->pre.emplace(std::move(pre).value());
+  }
 
   impl->types.resize(n, TokenType::normal);
   impl->bytes.resize(n);
   impl->byte_token.fill(-1);
   impl->byte_fallback.fill(-1);
-  impl->token_to_id.reserve(n);
+  impl->tokens = std::move(data.tokens);
   for (std::size_t i = 0; i < n; ++i) {
     const auto id = static_cast<TokenId>(i);
-    const std::string& text = data.tokens[i];
+    const std::string& text = impl->tokens[i];
     if (!data.token_types.empty()) {
       const std::int32_t t = data.token_types[i];
       if (t < 0 || t > static_cast<std::int32_t>(TokenType::byte)) {
@@ -310,28 +533,28 @@ Result<Tokenizer> Tokenizer::create(TokenizerData data) {
         if (impl->byte_fallback[static_cast<std::size_t>(b)] < 0) impl->byte_fallback[static_cast<std::size_t>(b)] = id;
         break;
       }
-      default: impl->bytes[i] = byte_level_decode(text); break;
+      default: impl->bytes[i] = impl->spm ? spm_decode(text) : byte_level_decode(text); break;
     }
-    if (!text.empty()) impl->token_to_id[text] = id;  // a duplicate text: the last one wins (as HF and llama.cpp)
     if ((impl->types[i] == TokenType::control || impl->types[i] == TokenType::user_defined) && !text.empty()) {
       impl->specials[static_cast<std::uint8_t>(text[0])].push_back(
           {text, id, impl->types[i] == TokenType::user_defined});
     }
   }
+  impl->token_to_id.build(impl->tokens);
   for (auto& bucket : impl->specials) {
     std::stable_sort(bucket.begin(), bucket.end(),
                      [](const Special& a, const Special& b) { return a.text.size() > b.text.size(); });
   }
-  {
+  if (!impl->spm) {
     const ByteLevel& bl = ByteLevel::get();
     for (std::size_t b = 0; b < 256; ++b) {
       std::string sym;
       detail::append_utf8(sym, bl.byte_to_cp[b]);
-      const auto it = impl->token_to_id.find(sym);
-      if (it != impl->token_to_id.end()) impl->byte_token[b] = it->second;
+      impl->byte_token[b] = impl->token_to_id.find(sym);
     }
   }
 
+  if (impl->spm) data.merges.clear();  // SentencePiece merges by score; merges, if any, are not used
   impl->merges.reserve(data.merges.size());
   for (std::size_t i = 0; i < data.merges.size(); ++i) {
     const std::string& m = data.merges[i];
@@ -341,24 +564,23 @@ Result<Tokenizer> Tokenizer::create(TokenizerData data) {
       return Status::invalid(field(), "merge '" + m + "' is not two tokens separated by a space");
     }
     const std::string_view left(m.data(), sp), right(m.data() + sp + 1, m.size() - sp - 1);
-    const auto l = impl->token_to_id.find(left), r = impl->token_to_id.find(right);
-    if (l == impl->token_to_id.end() || r == impl->token_to_id.end()) {
-      return Status::invalid(field(), "merge '" + m + "' refers to '" +
-                                          std::string(l == impl->token_to_id.end() ? left : right) +
-                                          "', which is not a token");
+    const TokenId l = impl->token_to_id.find(left), r = impl->token_to_id.find(right);
+    if (l < 0 || r < 0) {
+      return Status::invalid(
+          field(), "merge '" + m + "' refers to '" + std::string(l < 0 ? left : right) + "', which is not a token");
     }
     std::string joined;
     joined.reserve(m.size() - 1);
     joined.append(left).append(right);
-    const auto res = impl->token_to_id.find(joined);
-    if (res == impl->token_to_id.end()) {
+    const TokenId res = impl->token_to_id.find(joined);
+    if (res < 0) {
       return Status::invalid(field(), "merge '" + m + "' gives '" + joined + "', which is not a token");
     }
     if (i > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
       return Status::invalid("tokenizer.ggml.merges", "too many merges");
     }
     // A repeated merge keeps its first (lowest) rank, as llama.cpp does.
-    impl->merges.insert(pair_key(l->second, r->second), Merge{static_cast<std::int32_t>(i), res->second});
+    impl->merges.insert(pair_key(l, r), Merge{static_cast<std::int32_t>(i), res});
   }
 
   auto special = [n](const std::optional<std::int64_t>& v, const char* key, std::optional<TokenId>& dst) -> Status {
@@ -374,6 +596,21 @@ Result<Tokenizer> Tokenizer::create(TokenizerData data) {
   if (Status st = special(data.eos_id, "tokenizer.ggml.eos_token_id", impl->eos); !st) return st;
   if (Status st = special(data.unk_id, "tokenizer.ggml.unknown_token_id", impl->unk); !st) return st;
   if (Status st = special(data.pad_id, "tokenizer.ggml.padding_token_id", impl->pad); !st) return st;
+  if (Status st = special(data.eot_id, "tokenizer.ggml.eot_token_id", impl->eot); !st) return st;
+  if (Status st = special(data.eom_id, "tokenizer.ggml.eom_token_id", impl->eom); !st) return st;
+  for (const auto& id : {impl->eos, impl->eot, impl->eom}) {
+    if (id) impl->eog.push_back(*id);
+  }
+  // Only CONTROL tokens: llama.cpp also takes a non-control token with one of these texts (and
+  // warns), which in Gemma's vocabulary makes the HTML tag "</s>" (USER_DEFINED) end generation.
+  for (const std::string_view text : kEogTexts) {
+    const TokenId id = impl->token_to_id.find(text);
+    if (id >= 0 && impl->types[static_cast<std::size_t>(id)] == TokenType::control) {
+      impl->eog.push_back(id);
+    }
+  }
+  std::sort(impl->eog.begin(), impl->eog.end());
+  impl->eog.erase(std::unique(impl->eog.begin(), impl->eog.end()), impl->eog.end());
   if (data.add_bos && !impl->bos) {
     return Status::invalid("tokenizer.ggml.add_bos_token", "add_bos is set but there is no bos_token_id");
   }
@@ -382,7 +619,6 @@ Result<Tokenizer> Tokenizer::create(TokenizerData data) {
   }
   impl->add_bos = data.add_bos;
   impl->add_eos = data.add_eos;
-  impl->tokens = std::move(data.tokens);
   return Tokenizer(std::move(impl));
 }
 
@@ -403,27 +639,53 @@ Result<std::string_view> checked_text(std::string_view text, InvalidUtf8 policy,
 }  // namespace
 
 Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text, const EncodeOptions& options) const {
+  return encode(text, options, {});
+}
+
+Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text, const EncodeOptions& options,
+                                               std::span<const TextRange> plain) const {
   std::string storage;
-  auto checked = checked_text(text, options.invalid_utf8, storage);
+  auto checked = checked_text(text, plain.empty() ? options.invalid_utf8 : InvalidUtf8::reject, storage);
   if (!checked) return checked.status();
   const std::string_view s = *checked;
+  for (std::size_t k = 0; k < plain.size(); ++k) {
+    if (plain[k].begin > plain[k].end || plain[k].end > s.size() || (k > 0 && plain[k].begin < plain[k - 1].end)) {
+      return Status::invalid("plain[" + std::to_string(k) + "]", "ranges must be sorted, disjoint and inside the text");
+    }
+  }
+  std::size_t next_plain = 0;  // the first range that ends after the position being matched
+  auto overlaps_plain = [&](std::size_t begin, std::size_t end) {
+    while (next_plain < plain.size() && plain[next_plain].end <= begin) ++next_plain;
+    return next_plain < plain.size() && plain[next_plain].begin < end;
+  };
 
   std::vector<TokenId> ids;
   ids.reserve(s.size() / 3 + 4);
   if (options.add_special && impl_->add_bos) ids.push_back(*impl_->bos);
+  // SentencePiece's space prefix goes before the text and after each special token (llama.cpp).
+  bool after_special = true;
+  auto fragment = [&](std::size_t begin, std::size_t end) -> Status {
+    if (end <= begin) return {};
+    if (!impl_->spm) return impl_->encode_fragment(s, {begin, end}, options.missing_byte, ids);
+    const bool prefix = impl_->add_space_prefix && after_special;
+    after_special = false;
+    return impl_->spm_fragment(s.substr(begin, end - begin), prefix, options.missing_byte, ids);
+  };
   std::size_t frag = 0, i = 0;
   while (i < s.size()) {
-    const auto m = impl_->match_special(s, i, options.parse_special);
+    auto m = impl_->match_special(s, i, options.parse_special);
+    if (m && overlaps_plain(i, i + m->first)) m.reset();
     if (!m) {
       ++i;
       continue;
     }
-    if (Status st = impl_->encode_fragment(s, {frag, i}, options.missing_byte, ids); !st) return st;
+    if (Status st = fragment(frag, i); !st) return st;
     ids.push_back(m->second);
+    after_special = true;
     i += m->first;
     frag = i;
   }
-  if (Status st = impl_->encode_fragment(s, {frag, s.size()}, options.missing_byte, ids); !st) return st;
+  if (Status st = fragment(frag, s.size()); !st) return st;
   if (options.add_special && impl_->add_eos) ids.push_back(*impl_->eos);
   return ids;
 }
@@ -433,6 +695,7 @@ Result<std::vector<std::string>> Tokenizer::pre_tokenize(std::string_view text) 
   auto checked = checked_text(text, InvalidUtf8::replace, storage);
   if (!checked) return checked.status();
   const std::string_view s = *checked;
+  if (impl_->spm) return std::vector<std::string>{spm_escape(s)};
   std::vector<Span> spans;
   if (!s.empty()) {
     if (Status st = impl_->pre->split(s, {0, s.size()}, spans); !st) return st;
@@ -471,9 +734,9 @@ Result<std::string> Tokenizer::decode(std::span<const TokenId> ids, const Decode
 std::size_t Tokenizer::vocab_size() const noexcept { return impl_->tokens.size(); }
 
 std::optional<TokenId> Tokenizer::token_id(std::string_view token_text) const {
-  const auto it = impl_->token_to_id.find(token_text);
-  if (it == impl_->token_to_id.end()) return std::nullopt;
-  return it->second;
+  const TokenId id = impl_->token_to_id.find(token_text);
+  if (id < 0) return std::nullopt;
+  return id;
 }
 
 namespace {
@@ -501,10 +764,18 @@ std::optional<TokenId> Tokenizer::bos_id() const noexcept { return impl_->bos; }
 std::optional<TokenId> Tokenizer::eos_id() const noexcept { return impl_->eos; }
 std::optional<TokenId> Tokenizer::unk_id() const noexcept { return impl_->unk; }
 std::optional<TokenId> Tokenizer::pad_id() const noexcept { return impl_->pad; }
+std::optional<TokenId> Tokenizer::eot_id() const noexcept { return impl_->eot; }
+std::optional<TokenId> Tokenizer::eom_id() const noexcept { return impl_->eom; }
+const std::vector<TokenId>& Tokenizer::eog_ids() const noexcept { return impl_->eog; }
+bool Tokenizer::is_eog(TokenId id) const noexcept {
+  return std::binary_search(impl_->eog.begin(), impl_->eog.end(), id);
+}
+bool Tokenizer::add_space_prefix() const noexcept { return impl_->add_space_prefix; }
+const std::string& Tokenizer::model_name() const noexcept { return impl_->model; }
 bool Tokenizer::add_bos() const noexcept { return impl_->add_bos; }
 bool Tokenizer::add_eos() const noexcept { return impl_->add_eos; }
-const std::string& Tokenizer::pre_tokenizer_name() const noexcept { return impl_->pre->name(); }
-bool Tokenizer::regex_jit() const noexcept { return impl_->pre->jit(); }
+const std::string& Tokenizer::pre_tokenizer_name() const noexcept { return impl_->pre ? impl_->pre->name() : kEmpty; }
+bool Tokenizer::regex_jit() const noexcept { return impl_->pre && impl_->pre->jit(); }
 
 // ---- StreamDecoder ----
 

@@ -2,12 +2,15 @@
 // Face tokenizers (tests/tokenizer/crosscheck.py), without needing the GGUF loader.
 //
 //   kallpa_tokenize_tool --vocab VOCAB.json --input INPUT.json  > OUTPUT.json
+//   kallpa_tokenize_tool --gguf MODEL.gguf --input INPUT.json    (the tokenizer the GGUF file carries)
 //
-// VOCAB.json: {"model", "pre", "tokens", "token_types", "merges", "bos_id", "eos_id", "unk_id",
-//              "pad_id", "add_bos", "add_eos"} (the GGUF tokenizer.ggml.* keys; ids may be null).
+// VOCAB.json: {"model", "pre", "tokens", "token_types", "merges" or "scores", "bos_id", "eos_id",
+//              "unk_id", "pad_id", "add_bos", "add_eos", "add_space_prefix"} (the GGUF
+//              tokenizer.ggml.* keys; ids may be null).
 // INPUT.json: {"texts": [str...], "chats": [[{"role", "content"}...]...],
 //              "add_special": bool, "parse_special": bool}
-// OUTPUT.json: {"pre": str, "jit": bool, "encode_seconds": float, "bytes": int,
+// OUTPUT.json: {"pre": str, "jit": bool, "load_seconds": float (open_seconds of it: the GGUF parse),
+//               "encode_seconds": float, "bytes": int,
 //               "results": [{"ids", "pieces", "decoded", "streamed"}...],
 //               "chats": [{"text", "ids", "ids_structured"}...]}
 // Errors go to stderr with exit code 1 (2 for usage).
@@ -19,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kallpa/model/gguf_tokenizer.h"
 #include "kallpa/tokenizer/chat.h"
 #include "kallpa/tokenizer/tokenizer.h"
 
@@ -38,41 +42,68 @@ std::optional<std::int64_t> opt_id(const json& j, const char* key) {
   return j[key].get<std::int64_t>();
 }
 
-int run(int argc, char** argv) {
-  std::string vocab_path, input_path;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--vocab" && i + 1 < argc) {
-      vocab_path = argv[++i];
-    } else if (a == "--input" && i + 1 < argc) {
-      input_path = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: kallpa_tokenize_tool --vocab VOCAB.json --input INPUT.json\n");
-      return 2;
-    }
-  }
-  if (vocab_path.empty() || input_path.empty()) {
-    std::fprintf(stderr, "usage: kallpa_tokenize_tool --vocab VOCAB.json --input INPUT.json\n");
-    return 2;
-  }
+constexpr const char* kUsage =
+    "usage: kallpa_tokenize_tool (--vocab VOCAB.json | --gguf MODEL.gguf) --input INPUT.json\n";
+
+double g_open_seconds = 0.0;  // of the last from_gguf: opening and parsing the file alone
+
+kallpa::Result<tk::Tokenizer> from_gguf(const std::string& path) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto file = kallpa::model::GgufFile::open(path);
+  g_open_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!file) return file.status();
+  return kallpa::model::tokenizer_from_gguf(**file);
+}
+
+kallpa::Result<tk::Tokenizer> from_vocab_json(const std::string& vocab_path) {
   const json v = read_json(vocab_path);
   tk::TokenizerData data;
   data.model = v.value("model", std::string("gpt2"));
   data.pre = v.value("pre", std::string("default"));
   data.tokens = v.at("tokens").get<std::vector<std::string>>();
   if (v.contains("token_types")) data.token_types = v["token_types"].get<std::vector<std::int32_t>>();
-  data.merges = v.at("merges").get<std::vector<std::string>>();
+  if (v.contains("merges")) data.merges = v["merges"].get<std::vector<std::string>>();
+  if (v.contains("scores")) data.scores = v["scores"].get<std::vector<float>>();
+  if (v.contains("add_space_prefix") && !v["add_space_prefix"].is_null()) {
+    data.add_space_prefix = v["add_space_prefix"].get<bool>();
+  }
   data.bos_id = opt_id(v, "bos_id");
   data.eos_id = opt_id(v, "eos_id");
   data.unk_id = opt_id(v, "unk_id");
   data.pad_id = opt_id(v, "pad_id");
+  data.eot_id = opt_id(v, "eot_id");
+  data.eom_id = opt_id(v, "eom_id");
   data.add_bos = v.value("add_bos", false);
   data.add_eos = v.value("add_eos", false);
-  auto tok = tk::Tokenizer::create(std::move(data));
+  return tk::Tokenizer::create(std::move(data));
+}
+
+int run(int argc, char** argv) {
+  std::string vocab_path, gguf_path, input_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--vocab" && i + 1 < argc) {
+      vocab_path = argv[++i];
+    } else if (a == "--gguf" && i + 1 < argc) {
+      gguf_path = argv[++i];
+    } else if (a == "--input" && i + 1 < argc) {
+      input_path = argv[++i];
+    } else {
+      std::fprintf(stderr, "%s", kUsage);
+      return 2;
+    }
+  }
+  if (vocab_path.empty() == gguf_path.empty() || input_path.empty()) {
+    std::fprintf(stderr, "%s", kUsage);
+    return 2;
+  }
+  const auto load_start = std::chrono::steady_clock::now();
+  auto tok = gguf_path.empty() ? from_vocab_json(vocab_path) : from_gguf(gguf_path);
   if (!tok) {
     std::fprintf(stderr, "kallpa_tokenize_tool: %s\n", tok.status().to_string().c_str());
     return 1;
   }
+  const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
   const json in = read_json(input_path);
   tk::EncodeOptions eo;
@@ -82,6 +113,8 @@ int run(int argc, char** argv) {
   json out;
   out["pre"] = tok->pre_tokenizer_name();
   out["jit"] = tok->regex_jit();
+  out["load_seconds"] = load_seconds;
+  out["open_seconds"] = g_open_seconds;
   std::vector<std::string> texts = in.value("texts", std::vector<std::string>{});
 
   // Timing pass first (encode only), then the detailed pass.

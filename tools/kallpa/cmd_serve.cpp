@@ -60,6 +60,7 @@ int run_serve(ServeCliOptions& o, const GlobalOptions& global) {
   }
   fmt::print("kallpa serve: listening on http://{}:{} (model {})\n", o.server.host, *port, o.server.model_name);
   std::fflush(stdout);
+  fmt::print(stderr, "kallpa serve: chat prompts in {}\n", engine->chat_format().description);
 
   std::atomic<bool> finished{false};
   std::thread signal_thread([&] {

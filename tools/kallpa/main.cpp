@@ -25,16 +25,17 @@ int main(int argc, char** argv) {
     GlobalOptions global;
     add_global_options(app, global);
     const std::vector<Command> commands = {
-        add_demo_command(app),  add_backends_command(app), add_devices_command(app), add_conformance_command(app),
-        add_bench_command(app), add_generate_command(app), add_chat_command(app),    add_tokenize_command(app),
-        add_serve_command(app), add_pjrt_command(app)};
+        add_demo_command(app),       add_backends_command(app), add_devices_command(app), add_conformance_command(app),
+        add_bench_command(app),      add_generate_command(app), add_chat_command(app),    add_tokenize_command(app),
+        add_detokenize_command(app), add_info_command(app),     add_serve_command(app),   add_pjrt_command(app)};
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
       if (app.get_subcommands().empty() && !app.remaining().empty()) {
         // `kallpa frobnicate`: say so, rather than CLI11's "a subcommand is required".
         fmt::print(stderr,
-                   "kallpa: unknown command '{}' (commands: generate, chat, tokenize, serve, demo, backends, "
+                   "kallpa: unknown command '{}' (commands: generate, chat, tokenize, detokenize, info, serve, demo, "
+                   "backends, "
                    "conformance, bench, pjrt)\n"
                    "Run with --help for more information.\n",
                    app.remaining().front());

@@ -21,6 +21,7 @@
 #include "kallpa/ops/ops.h"
 #include "kallpa/runtime/sampler.h"
 #include "kallpa/tokenizer/chat.h"
+#include "kallpa/tokenizer/chat_template.h"
 #include "kallpa/tokenizer/tokenizer.h"
 
 namespace kallpa::runtime {
@@ -59,6 +60,9 @@ class Engine {
   Dispatcher& dispatcher() noexcept { return *dispatcher_; }
   const tokenizer::Tokenizer& tokenizer() const noexcept { return *tokenizer_; }
   const tokenizer::ChatMlOptions& chat_options() const noexcept { return chat_; }
+  // How chat prompts are made: the file's template, or a built-in format when it has none (logged
+  // at load).
+  const tokenizer::ChatFormat& chat_format() const noexcept { return chat_format_; }
   // Per-backend attention calls and latency since load.
   const StatsObserver& attention_stats() const noexcept { return *stats_; }
   // Ops the device lacked that ran on the CPU since load, by op name (empty on the CPU).
@@ -75,6 +79,7 @@ class Engine {
   std::shared_ptr<StatsObserver> stats_;
   std::optional<tokenizer::Tokenizer> tokenizer_;
   tokenizer::ChatMlOptions chat_;
+  tokenizer::ChatFormat chat_format_;
 };
 
 // One conversation's state: a sequence in the engine's KV cache, the tokens so far, the sampler
@@ -118,14 +123,16 @@ class Session {
 struct GenerateOptions {
   std::int64_t max_tokens = 128;
   std::vector<std::string> stop;  // stop strings (not included in the text)
-  bool stop_at_eos = true;
+  bool stop_at_eos = true;        // stop at every end-of-generation token (Tokenizer::is_eog)
+  // Called after each sampled token, before it is fed, with the logits it was sampled from.
+  std::function<void(std::int32_t token, std::span<const float> logits)> on_token;
 };
 
 struct GenerateResult {
   std::string text;
   std::int64_t prompt_tokens = 0;
   std::int64_t generated_tokens = 0;
-  std::string finish_reason;  // "stop" (EOS or a stop string) or "length"
+  std::string finish_reason;  // "stop" (an end-of-generation token or a stop string) or "length"
   double prefill_seconds = 0.0;
   double decode_seconds = 0.0;
 };
@@ -134,7 +141,7 @@ struct GenerateResult {
 // streamed text must be held back, since the next token may complete the stop string.
 std::size_t held_back(std::string_view text, const std::vector<std::string>& stops);
 
-// Feeds the prompt, then samples and feeds until EOS, a stop string, max_tokens or the context
+// Feeds the prompt, then samples and feeds until an end-of-generation token, a stop string, max_tokens or the context
 // limit (an error when even the prompt does not fit). on_text receives text as it becomes final
 // (never text that could still turn out to be part of a stop string).
 Result<GenerateResult> generate(Session& session, std::span<const std::int32_t> prompt, const GenerateOptions& options,

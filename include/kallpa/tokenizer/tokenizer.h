@@ -1,17 +1,34 @@
-// Byte-level BPE tokenizer (GPT-2 style), built from the plain data a GGUF file's tokenizer
-// metadata carries. It does not depend on the GGUF loader: whoever reads the file copies the keys
-// into a TokenizerData and calls Tokenizer::create().
+// The two tokenizer models GGUF files use, built from the plain data a GGUF file's tokenizer
+// metadata carries: byte-level BPE (GPT-2 style, tokenizer.ggml.model "gpt2": SmolLM2, Llama 3,
+// Qwen) and SentencePiece BPE ("llama": Gemma, Llama 2, Mistral). It does not depend on the GGUF
+// loader: whoever reads the file copies the keys into a TokenizerData and calls Tokenizer::create().
 //
 //   GGUF key                        TokenizerData field
-//   tokenizer.ggml.model            model          ("gpt2" is the only one supported)
+//   tokenizer.ggml.model            model          ("gpt2" or "llama")
 //   tokenizer.ggml.pre              pre            ("smollm", "gpt2", "default", ...; see below)
 //   tokenizer.ggml.tokens           tokens
 //   tokenizer.ggml.token_type       token_types    (may be empty: every token is NORMAL)
-//   tokenizer.ggml.merges           merges         ("left right", by rank: index 0 merges first)
-//   tokenizer.ggml.bos_token_id     bos_id         (likewise eos, unknown, padding)
+//   tokenizer.ggml.scores           scores         ("llama" only: higher merges first)
+//   tokenizer.ggml.merges           merges         ("gpt2" only: "left right", by rank)
+//   tokenizer.ggml.bos_token_id     bos_id         (likewise eos, eot, eom, unknown, padding)
 //   tokenizer.ggml.add_bos_token    add_bos        (likewise add_eos_token)
+//   tokenizer.ggml.add_space_prefix add_space_prefix ("llama" only; absent: true, as llama.cpp)
 //
-// Encoding: (1) special tokens (CONTROL, and USER_DEFINED) are matched verbatim in the text,
+// SentencePiece BPE ("llama"): special tokens are split off as below; in each remaining fragment
+// spaces become U+2581 ("▁"), with one "▁" prepended when add_space_prefix is set and the fragment
+// opens the text or follows a special token. The fragment starts as one symbol per code point; the
+// adjacent pair whose concatenation is the NORMAL token with the highest score merges first (the
+// leftmost among equal scores), until no pair is a token. A symbol that is no token becomes the
+// <0xNN> BYTE tokens of its UTF-8 bytes (byte fallback), else follows EncodeOptions::missing_byte.
+// This is SentencePiece's BPE encoding (and llama.cpp's "SPM" tokenizer); decode turns "▁" back
+// into spaces (a space add_space_prefix added included: decode does not strip it).
+//
+// End of generation: is_eog() is true for eos, eot and eom ids and for the CONTROL tokens whose
+// text is one llama.cpp treats as end of generation (<end_of_turn>, <|im_end|>, <|eot_id|>,
+// <|endoftext|>, <|end|>, ...; eog_texts()), whatever their ids. (llama.cpp takes such a text
+// even from a non-control token; Gemma's vocabulary has "</s>" as an ordinary HTML tag.)
+//
+// Byte-level BPE ("gpt2"): (1) special tokens (CONTROL, and USER_DEFINED) are matched verbatim in the text,
 // leftmost-longest, and split it into fragments; (2) each fragment is pre-tokenized by the
 // regular expressions the pre-tokenizer names (PCRE2, Unicode properties, JIT when available);
 // (3) each piece's bytes are mapped to the GPT-2 byte-level alphabet and merged by rank.
@@ -65,12 +82,14 @@ struct TokenizerData {
   std::string pre = "default";
   std::vector<std::string> tokens;
   std::vector<std::int32_t> token_types;  // empty, or one per token
+  std::vector<float> scores;              // empty, or one per token
   std::vector<std::string> merges;
   // Absent: nullopt. Present ids must lie in [0, tokens.size()) (GGUF stores them as uint32; pass
   // the raw value, an out-of-range one is reported, not truncated).
-  std::optional<std::int64_t> bos_id, eos_id, unk_id, pad_id;
+  std::optional<std::int64_t> bos_id, eos_id, unk_id, pad_id, eot_id, eom_id;
   bool add_bos = false;
   bool add_eos = false;
+  std::optional<bool> add_space_prefix;  // nullopt: the model's default (true for "llama")
 };
 
 enum class InvalidUtf8 {
@@ -92,6 +111,12 @@ struct EncodeOptions {
   MissingByte missing_byte = MissingByte::drop;
 };
 
+// A byte range [begin, end) of a text.
+struct TextRange {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+};
+
 struct DecodeOptions {
   bool skip_special = false;  // true: CONTROL tokens (BOS, EOS, <|im_start|>, ...) give no text
 };
@@ -104,11 +129,15 @@ struct DecodeOptions {
 // mix of four expressions; kallpa uses GPT-2's, which is what byte-level BPE vocabularies expect.)
 std::vector<std::string> known_pre_tokenizers();
 
+// The token texts that end generation wherever a vocabulary has them (llama.cpp's list).
+std::span<const std::string_view> eog_texts();
+
 class Tokenizer {
  public:
   // Validates everything; a typed error names the metadata key (and index) at fault:
-  // unsupported model or pre-tokenizer, token_type count or value, a merge without a space or
-  // whose parts or result are not tokens, special ids out of range, add_bos without bos_id.
+  // unsupported model or pre-tokenizer, token_type or score count, a token_type value, a merge
+  // without a space or whose parts or result are not tokens, special ids out of range, add_bos
+  // without bos_id.
   static Result<Tokenizer> create(TokenizerData data);
 
   Tokenizer(Tokenizer&&) noexcept;
@@ -116,9 +145,15 @@ class Tokenizer {
   ~Tokenizer();
 
   Result<std::vector<TokenId>> encode(std::string_view text, const EncodeOptions& options = {}) const;
+  // As encode(), but no special token is read where it would overlap one of `plain` (sorted,
+  // disjoint byte ranges of text): there the text is ordinary text, whatever it spells. For
+  // prompts rendered from a chat template, whose messages must not inject control tokens. The
+  // ranges refer to the text as given: text that is not valid UTF-8 is invalid_argument here.
+  Result<std::vector<TokenId>> encode(std::string_view text, const EncodeOptions& options,
+                                      std::span<const TextRange> plain) const;
 
   // Pre-tokenization only (no special-token matching, no BPE): the pieces, as substrings of the
-  // (UTF-8 checked) input. For diagnostics and tests.
+  // (UTF-8 checked) input; for "llama", the whole text with spaces as U+2581. For diagnostics.
   Result<std::vector<std::string>> pre_tokenize(std::string_view text) const;
 
   // Text of ids (valid UTF-8; ill-formed byte sequences become U+FFFD). invalid_argument for an
@@ -140,10 +175,17 @@ class Tokenizer {
   std::optional<TokenId> eos_id() const noexcept;
   std::optional<TokenId> unk_id() const noexcept;
   std::optional<TokenId> pad_id() const noexcept;
+  std::optional<TokenId> eot_id() const noexcept;
+  std::optional<TokenId> eom_id() const noexcept;
+  // End-of-generation tokens (sorted): generation stops when it samples one of these.
+  const std::vector<TokenId>& eog_ids() const noexcept;
+  bool is_eog(TokenId id) const noexcept;
   bool add_bos() const noexcept;
   bool add_eos() const noexcept;
-  const std::string& pre_tokenizer_name() const noexcept;
-  bool regex_jit() const noexcept;  // whether PCRE2's JIT compiled the pre-tokenizer expressions
+  bool add_space_prefix() const noexcept;
+  const std::string& model_name() const noexcept;          // "gpt2" or "llama"
+  const std::string& pre_tokenizer_name() const noexcept;  // "" for "llama" (no pre-tokenizer)
+  bool regex_jit() const noexcept;                         // whether PCRE2's JIT compiled the pre-tokenizer expressions
 
  private:
   struct Impl;
