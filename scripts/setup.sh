@@ -80,8 +80,9 @@ bash scripts/fetch_model.sh --model smollm2 >/dev/null
 bash scripts/fetch_model.sh --model gemma3-270m >/dev/null
 
 # 3b. llama.cpp's Jinja engine for the chat templates GGUF files carry, into third_party/
-#     (idempotent; pinned SHA-256; docs/chat-templates.md).
-bash scripts/fetch_jinja.sh >/dev/null
+#     (idempotent; pinned SHA-256; docs/chat-templates.md). The venv's Python downloads it: pip
+#     reads the sdist's metadata with its build backend, scikit-build-core, which the venv has.
+PYTHON=.venv/bin/python3 bash scripts/fetch_jinja.sh >/dev/null
 
 # 4. The PJRT C API header and two XLA CPU plugins (API 0.115 and 0.81) for the pjrt backend and
 #    its tests, into a cache outside the repo (idempotent; pinned SHA-256); with
