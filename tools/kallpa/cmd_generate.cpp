@@ -159,10 +159,11 @@ int run_generate(const GenerateCliOptions& o, const GlobalOptions& global) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
   };
+  // The step counter outlives the generation, which calls on_token by reference to it.
+  const tokenizer::Tokenizer& tok = engine->tokenizer();
+  std::int64_t step = 0;
   if (o.logits_top > 0) {
     // One JSON object per line and step; the text itself is not printed.
-    const tokenizer::Tokenizer& tok = engine->tokenizer();
-    std::int64_t step = 0;
     gen.on_token = [&](std::int32_t token, std::span<const float> logits) {
       nlohmann::json line = top_logits(tok, token, logits, o.logits_top);
       line["step"] = step++;
