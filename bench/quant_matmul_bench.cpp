@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <tuple>
 #include <vector>
@@ -70,6 +71,19 @@ bool time_matmul(benchmark::State& state, const WeightMatrix& wm, const std::vec
   return true;
 }
 
+// The rows4 copy of `wm` in `packed` (which it sizes), as the engine loads it; nullopt (and the
+// benchmark skipped with an error) when repacking fails.
+std::optional<WeightMatrix> repacked_rows4(benchmark::State& state, const WeightMatrix& wm, std::size_t bytes,
+                                           std::vector<std::byte>& packed) {
+  packed.resize(bytes);
+  auto r = repack_rows4(wm, packed.data());
+  if (!r) {
+    state.SkipWithError("repack failed");
+    return std::nullopt;
+  }
+  return *r;
+}
+
 void BM_QuantMatmul(benchmark::State& state) {
   const std::int64_t rows = state.range(0), cols = state.range(1), batch = state.range(2);
   const auto act = static_cast<MatmulOptions::Activations>(state.range(3));
@@ -88,12 +102,8 @@ void BM_QuantMatmul(benchmark::State& state) {
   WeightMatrix wm{t, w.data(), rows, cols, row_size(t, cols)};
   std::vector<std::byte> packed;
   if (version == 2) {
-    packed.resize(w.size());
-    auto r = repack_rows4(wm, packed.data());
-    if (!r) {
-      state.SkipWithError("repack failed");
-      return;
-    }
+    auto r = repacked_rows4(state, wm, w.size(), packed);
+    if (!r) return;
     wm = *r;
   }
   const auto x = synthetic_values(2, static_cast<std::size_t>(batch * cols), 1.0f);
@@ -240,12 +250,8 @@ void BM_GemmaMatmul(benchmark::State& state) {
   WeightMatrix wm{t, w.data(), rows, cols, row_size(t, cols)};
   std::vector<std::byte> packed;
   if (can_repack_rows4(wm)) {
-    packed.resize(w.size());
-    auto r = repack_rows4(wm, packed.data());
-    if (!r) {
-      state.SkipWithError("repack failed");
-      return;
-    }
+    auto r = repacked_rows4(state, wm, w.size(), packed);
+    if (!r) return;
     wm = *r;
   }
   const auto x = synthetic_values(2, static_cast<std::size_t>(batch * cols), 1.0f);
