@@ -163,14 +163,15 @@ def skip(reason):
     sys.exit(SKIP)
 
 
-def find_model(arg):
+def find_model(arg, env="KALLPA_MODEL", model_file=MODEL_FILE):
+    """The model: the argument, else $env, else model_file in $KALLPA_MODEL_DIR or models/."""
     if arg:
         return arg
-    if os.environ.get("KALLPA_MODEL"):
-        return os.environ["KALLPA_MODEL"]
+    if os.environ.get(env):
+        return os.environ[env]
     if os.environ.get("KALLPA_MODEL_DIR"):
-        return os.path.join(os.environ["KALLPA_MODEL_DIR"], MODEL_FILE)
-    return os.path.join(REPO, "models", MODEL_FILE)
+        return os.path.join(os.environ["KALLPA_MODEL_DIR"], model_file)
+    return os.path.join(REPO, "models", model_file)
 
 
 def read_gguf_tokenizer(path, gguf):

@@ -30,7 +30,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from crosscheck import CORPUS, SKIP, Report, pkg_version, random_corpus  # noqa: E402
+from crosscheck import CORPUS, Report, find_model, pkg_version, random_corpus, skip  # noqa: E402
 
 MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -54,21 +54,6 @@ GEMMA_CORPUS = [
     " leading space",
     "trailing space ",
 ]
-
-
-def skip(reason):
-    print(f"SKIP: {reason}")
-    sys.exit(SKIP)
-
-
-def find_model(arg):
-    if arg:
-        return arg
-    if os.environ.get("KALLPA_GEMMA_MODEL"):
-        return os.environ["KALLPA_GEMMA_MODEL"]
-    if os.environ.get("KALLPA_MODEL_DIR"):
-        return os.path.join(os.environ["KALLPA_MODEL_DIR"], MODEL_FILE)
-    return os.path.join(REPO, "models", MODEL_FILE)
 
 
 def read_vocab(path, gguf):
@@ -131,7 +116,7 @@ def main():
     except ImportError as e:
         skip(f"python package missing ({e.name}): pip install -r scripts/requirements.txt")
 
-    model = find_model(args.model)
+    model = find_model(args.model, "KALLPA_GEMMA_MODEL", MODEL_FILE)
     if not os.path.isfile(model):
         skip(f"model not found at {model} (run scripts/fetch_model.sh --model gemma3-270m)")
     if not os.access(args.tool, os.X_OK):
