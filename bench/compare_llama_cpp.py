@@ -44,7 +44,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-CACHE = Path(os.environ.get("KALLPA_LLAMA_CPP_CACHE", Path.home() / ".cache" / "kallpa" / "llama.cpp"))
+# Where bench/build_llama_cpp.sh builds the pinned llama.cpp (the same version and cache folder).
+LLAMA_CPP_VERSION = "0.3.36"
+CACHE = Path(os.environ.get("KALLPA_LLAMA_CPP_CACHE",
+                            Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kallpa" / "llama.cpp"))
 
 
 def load_bindings(bindings: Path, lib_dir: Path):
@@ -151,13 +154,13 @@ def main():
     prompt.add_argument("--text", help="a prompt to tokenize with llama.cpp's tokenizer (\\n for newlines)")
     ap.add_argument("--tokens", type=int, default=32, help="greedy tokens to generate")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--llama-cpp", type=Path, default=CACHE / "build-0.3.36" / "bin")
+    ap.add_argument("--llama-cpp", type=Path, default=CACHE / f"build-{LLAMA_CPP_VERSION}" / "bin")
     ap.add_argument("--bindings", type=Path, default=None)
     ap.add_argument("--tool", type=Path, default=ROOT / "build" / "tests" / "engine" / "kallpa_logits_tool")
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
     a = ap.parse_args()
-    bindings = a.bindings or next(iter(glob.glob(str(CACHE / "src-0.3.36" / "*" / "llama_cpp"))), None)
+    bindings = a.bindings or next(iter(glob.glob(str(CACHE / f"src-{LLAMA_CPP_VERSION}" / "*" / "llama_cpp"))), None)
     if bindings is None or not (a.llama_cpp / "libllama.so").exists():
         sys.exit(f"llama.cpp not found (libllama.so in {a.llama_cpp}, bindings {bindings}): bench/build_llama_cpp.sh")
     L = load_bindings(Path(bindings), a.llama_cpp)

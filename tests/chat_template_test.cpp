@@ -99,10 +99,14 @@ TEST(ChatTemplate, MalformedAndTooDeepTemplatesAreRefused) {
   const std::string parens = "{{ " + std::string(20000, '(') + "1" + std::string(20000, ')') + " }}";
   std::string blocks;
   for (int i = 0; i < 20000; ++i) blocks += "{% if true %}";
+  // {% set %} blocks count as blocks: their {% endset %} must not pay for nested ifs.
+  std::string set_blocks;
+  for (int i = 0; i < 20000; ++i) set_blocks += "{% set x %}{% endset %}";
+  for (int i = 0; i < 20000; ++i) set_blocks += "{% if true %}";
   std::string chain = "{{ 1";
   for (int i = 0; i < 20000; ++i) chain += " + 1";
   chain += " }}";
-  for (const std::string& src : {parens, blocks, chain}) {
+  for (const std::string& src : {parens, blocks, set_blocks, chain}) {
     auto t = ChatTemplate::parse(src);
     ASSERT_FALSE(t.is_ok());
     EXPECT_EQ(t.status().code(), ErrorCode::unsupported);
@@ -111,6 +115,7 @@ TEST(ChatTemplate, MalformedAndTooDeepTemplatesAreRefused) {
   // Within the limits, nesting renders.
   const std::string ok = "{{ " + std::string(100, '(') + "1" + std::string(100, ')') + " }}";
   EXPECT_EQ(render(ok, std::vector<ChatMessage>{}).text, "1");
+  EXPECT_EQ(render("{% set x = 2 %}{% set y %}a{% endset %}{{ y }}{{ x }}", std::vector<ChatMessage>{}).text, "a2");
 }
 
 TEST(ChatTemplate, GemmaBuiltInWritesGemmasTurns) {

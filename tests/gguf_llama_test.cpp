@@ -17,6 +17,7 @@
 #include "kallpa/model/gguf.h"
 #include "kallpa/model/llama.h"
 #include "kallpa/ops/quant.h"
+#include "support/model_files.h"
 #include "support/synthetic_llama.h"
 
 namespace {
@@ -242,19 +243,8 @@ TEST(GgufLlama, MissingTensorsBadShapesAndTypes) {
   }
 }
 
-// The real model, when scripts/fetch_model.sh has fetched it (or $KALLPA_MODEL names it).
-std::string real_model_path() {
-  if (const char* p = std::getenv("KALLPA_MODEL"); p != nullptr && *p != '\0') return p;
-  for (const std::filesystem::path& dir :
-       {std::filesystem::path(__FILE__).parent_path().parent_path() / "models", std::filesystem::path("models")}) {
-    const auto p = dir / "SmolLM2-135M-Instruct.Q4_1.gguf";
-    if (std::filesystem::exists(p)) return p.string();
-  }
-  return {};
-}
-
 TEST(GgufLlama, RealSmolLM2LoadsAndValidates) {
-  const std::string path = real_model_path();
+  const std::string path = kallpa::test_support::smollm2_path();
   if (path.empty()) {
     GTEST_SKIP() << "SmolLM2-135M-Instruct.Q4_1.gguf not found (run scripts/fetch_model.sh, or set KALLPA_MODEL)";
   }

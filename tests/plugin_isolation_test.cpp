@@ -107,7 +107,7 @@ std::vector<float> reference_output(DenseF32Problem& t) {
   return want;
 }
 
-TEST(IsolatedPlugin, AnswersLikeTheSamePluginInProcessOnTheQuickSuite) {
+TEST(IsolatedPlugin, PassesTheQuickSuiteThroughTheArena) {
   Gallery g(false);
   PluginLoadReport rep = load_plugin(fault_plugin("good"), g.registry, isolated());
   ASSERT_TRUE(rep.status) << rep.status.to_string();
@@ -291,7 +291,10 @@ TEST(IsolatedPlugin, AThrowingPluginFailsItsCallsButKeepsItsHost) {
 }
 
 TEST(IsolatedPlugin, ALostHostIsRestartedAfterItsBackoff) {
-  setenv("KALLPA_FAULT_AFTER", "1", 1);
+  setenv("KALLPA_FAULT_AFTER", "1", 1);  // read by each host at its start
+  struct UnsetFaultAfter {               // also when an assertion below returns early
+    ~UnsetFaultAfter() { unsetenv("KALLPA_FAULT_AFTER"); }
+  } unset_fault_after;
   Gallery g(false);  // unchecked, and never quarantined below: the host must come back
   PluginLoadReport rep = load_plugin(fault_plugin("segv"), g.registry, isolated());
   ASSERT_TRUE(rep.status) << rep.status.to_string();
@@ -313,7 +316,6 @@ TEST(IsolatedPlugin, ALostHostIsRestartedAfterItsBackoff) {
   EXPECT_EQ(counter(backend, "host_starts"), 2.0);
   EXPECT_EQ(counter(backend, "hosts_lost"), 1.0);
   EXPECT_EQ(g.registry.info("fault-segv")->health, Health::unchecked);
-  unsetenv("KALLPA_FAULT_AFTER");  // read by each host at its start
 }
 
 TEST(IsolatedPlugin, AMissingHostIsAClearErrorAtLoad) {

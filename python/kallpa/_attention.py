@@ -86,14 +86,24 @@ def _backend_list(backend: str | Sequence[str] | None) -> list[str] | None:
     return [n.strip() for n in names]
 
 
-def _empty(like: Any, shape: tuple[int, ...], dtype: Any = None) -> Any:
-    """A new array in `like`'s framework, on its device (a host NumPy array for frameworks other than
-    NumPy and PyTorch: pass out= for those)."""
+def _empty(like: Any, shape: tuple[int, ...], float32: bool = False) -> Any:
+    """A new array in `like`'s framework, on its device, of `like`'s dtype or float32 (a host NumPy
+    array for frameworks other than NumPy and PyTorch: pass out= for those)."""
     if _torch_tensor(like):
         import torch
 
-        return torch.empty(shape, dtype=like.dtype if dtype is None else torch.float32, device=like.device)
-    return np.empty(shape, dtype=like.dtype if dtype is None else np.float32)
+        return torch.empty(shape, dtype=torch.float32 if float32 else like.dtype, device=like.device)
+    return np.empty(shape, dtype=np.float32 if float32 else like.dtype)
+
+
+def _o_shape(q_shape: tuple[int, ...], v_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """o: q's shape with v's head dimension."""
+    return (*q_shape[:-1], v_shape[-1])
+
+
+def _lse_shape(q_shape: tuple[int, ...], packed: bool) -> tuple[int, ...]:
+    """lse: [Hq, Tq] for packed q, [B, Hq, Sq] otherwise."""
+    return (q_shape[1], q_shape[0]) if packed else (q_shape[0], q_shape[2], q_shape[1])
 
 
 def _check_writable(a: Any, name: str) -> None:
@@ -111,9 +121,8 @@ def _call(q, k, v, *, causal, window, softcap, alibi_slopes, scale, cu_seqlens_q
         raise InvalidArgumentError("q.rank", f"is {q.ndim}; q must be {layout}", str(q.ndim))
     if v.ndim < 1:
         raise InvalidArgumentError("v.rank", "is 0; v must be [B, Skv, Hkv, Dv], [Tkv, Hkv, Dv] or paged", "0")
-    o_shape = (*q.shape[:-1], v.shape[-1])
     if out is None:
-        out = _empty(q, o_shape)
+        out = _empty(q, _o_shape(q.shape, v.shape))
     elif _torch_tensor(out):
         if out.requires_grad:
             raise InvalidArgumentError("out", "requires grad; kallpa writes it in place", "requires_grad=True")
@@ -123,8 +132,7 @@ def _call(q, k, v, *, causal, window, softcap, alibi_slopes, scale, cu_seqlens_q
         _check_writable(out, "out")
     lse = None
     if return_lse:
-        lse_shape = (q.shape[1], q.shape[0]) if packed_q else (q.shape[0], q.shape[2], q.shape[1])
-        lse = _empty(q, lse_shape, dtype="float32")
+        lse = _empty(q, _lse_shape(q.shape, packed_q), float32=True)
     left, right = _window(window)
     indices = (_index(cu_seqlens_q, "cu_seqlens_q", 1), _index(cu_seqlens_k, "cu_seqlens_k", 1),
                _index(block_table, "block_table", 2), _index(seqlens_k, "seqlens_k", 1))

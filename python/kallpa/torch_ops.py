@@ -9,6 +9,7 @@ from typing import Optional
 
 import torch
 
+from ._attention import _lse_shape, _o_shape
 from ._attention import attention as _attention
 
 
@@ -42,12 +43,11 @@ def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 
 
 def _o_like(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+    return q.new_empty(_o_shape(q.shape, v.shape))
 
 
 def _lse_like(q: torch.Tensor, packed: bool) -> torch.Tensor:
-    shape = (q.shape[1], q.shape[0]) if packed else (q.shape[0], q.shape[2], q.shape[1])
-    return q.new_empty(shape, dtype=torch.float32)
+    return q.new_empty(_lse_shape(q.shape, packed), dtype=torch.float32)
 
 
 @attention.register_fake

@@ -16,11 +16,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <unordered_map>
 
@@ -29,6 +31,7 @@
 
 #include "core/plugin_backend.h"
 #include "core/plugin_wire.h"
+#include "kallpa/device.h"
 
 extern char** environ;  // NOLINT: POSIX, for posix_spawn
 
@@ -375,11 +378,13 @@ class IsolatedPluginBackend final : public AttentionBackend {
       const void* from;
       std::int64_t offset, bytes;
     };
-    std::vector<Staged> inputs;
+    // q, k, v and at most five index arrays: a fixed list, so a run allocates nothing here.
+    std::array<Staged, 8> inputs{};
+    std::size_t staged = 0;
     const auto place = [&](const void* from, std::int64_t bytes) {
       const std::int64_t offset = round_up(at, 64);
       at = offset + bytes;
-      inputs.push_back({from, offset, bytes});
+      inputs[staged++] = {from, offset, bytes};
       return offset;
     };
     const auto describe = [](const TensorView& t, std::int64_t offset) {
@@ -393,9 +398,7 @@ class IsolatedPluginBackend final : public AttentionBackend {
       }
       return w;
     };
-    const auto stage_view = [&](const TensorView& t) {
-      return describe(t, place(t.data, wire::view_span(t) * static_cast<std::int64_t>(dtype_size(t.dtype))));
-    };
+    const auto stage_view = [&](const TensorView& t) { return describe(t, place(t.data, view_byte_extent(t).second)); };
     const auto stage_array = [&](const void* data, std::int64_t count, std::size_t size) -> std::int64_t {
       if (data == nullptr) return -1;
       return place(data, count * static_cast<std::int64_t>(size));
@@ -417,7 +420,7 @@ class IsolatedPluginBackend final : public AttentionBackend {
 
     const std::int64_t page = page_bytes();
     const auto guarded = [&](const TensorView& t) {
-      const std::int64_t bytes = wire::view_span(t) * static_cast<std::int64_t>(dtype_size(t.dtype));
+      const std::int64_t bytes = view_byte_extent(t).second;
       wire::Region r;
       r.guard_before = round_up(at, page);
       r.end = round_up(r.guard_before + page + bytes, page);
@@ -434,7 +437,7 @@ class IsolatedPluginBackend final : public AttentionBackend {
     at += page;  // the last guard
     if (Status s = reserve_locked(at); !s) return s;
     request.arena_bytes = arena_bytes_;
-    for (const Staged& s : inputs) {
+    for (const Staged& s : std::span(inputs.data(), staged)) {
       if (s.bytes > 0) std::memcpy(arena_ + s.offset, s.from, static_cast<std::size_t>(s.bytes));
     }
     // o and lse start as the caller's, so an element the plugin never writes comes back unchanged

@@ -2,20 +2,12 @@
 
 #include <cstring>
 
+#include "kallpa/device.h"
+
 namespace kallpa::detail::wire {
 
-std::int64_t view_span(const TensorView& view) noexcept {
-  if (view.rank == 0) return 0;
-  std::int64_t last = 0;
-  for (int d = 0; d < view.rank; ++d) {
-    if (view.shape[static_cast<std::size_t>(d)] == 0) return 0;
-    last += (view.shape[static_cast<std::size_t>(d)] - 1) * view.stride[static_cast<std::size_t>(d)];
-  }
-  return last + 1;
-}
-
 void copy_elements(const TensorView& from, const TensorView& to) noexcept {
-  if (view_span(from) == 0) return;
+  if (from.rank == 0 || view_byte_extent(from).second == 0) return;
   const std::size_t size = dtype_size(from.dtype);
   const int rank = from.rank;
   std::array<std::int64_t, kMaxRank> shape{1, 1, 1, 1}, sf{0, 0, 0, 0}, st{0, 0, 0, 0};

@@ -31,7 +31,6 @@ struct Hello {
   char name[72] = {};
   char version[128] = {};
   char description[256] = {};
-  std::int32_t device_kind = 0;
   std::int32_t priority = 0;
 };
 
@@ -89,10 +88,6 @@ struct GuardFault {
 static_assert(std::is_trivially_copyable_v<Hello> && std::is_trivially_copyable_v<SupportsRequest> &&
               std::is_trivially_copyable_v<RunRequest> && std::is_trivially_copyable_v<Reply> &&
               std::is_trivially_copyable_v<GuardFault>);
-
-// Element extent [0, span) that a view's elements occupy (strides are non-negative once
-// validated); 0 for a view with no element.
-std::int64_t view_span(const TensorView& view) noexcept;
 
 // Copies the elements of `from` to the same logical positions of `to` (same shape and dtype, any
 // strides), touching nothing between them.

@@ -6,22 +6,18 @@
 #include <cstring>
 
 #include "kallpa/half.h"
+#include "ops/q16_units.h"
 #include "ops/quant_kernels.h"
 
 namespace kallpa::ops::kernels {
 
 namespace {
 
-float half_at(const std::byte* p) noexcept {
-  std::uint16_t h;
-  std::memcpy(&h, p, 2);
-  return f16_to_f32(h);
-}
 const std::uint8_t* bytes_at(const std::byte* p) noexcept { return reinterpret_cast<const std::uint8_t*>(p); }
 
 void dequant_q5_0(const std::byte* src, float* dst, std::int64_t nb) {
   for (std::int64_t b = 0; b < nb; ++b, src += kQ5_0Bytes, dst += kQK) {
-    const float d = half_at(src);
+    const float d = unit_half(src);
     std::uint32_t qh;
     std::memcpy(&qh, src + 2, 4);
     const std::uint8_t* qs = bytes_at(src + 6);
@@ -35,8 +31,8 @@ void dequant_q5_0(const std::byte* src, float* dst, std::int64_t nb) {
 
 void dequant_q5_1(const std::byte* src, float* dst, std::int64_t nb) {
   for (std::int64_t b = 0; b < nb; ++b, src += kQ5_1Bytes, dst += kQK) {
-    const float d = half_at(src);
-    const float m = half_at(src + 2);
+    const float d = unit_half(src);
+    const float m = unit_half(src + 2);
     std::uint32_t qh;
     std::memcpy(&qh, src + 4, 4);
     const std::uint8_t* qs = bytes_at(src + 8);
@@ -50,7 +46,7 @@ void dequant_q5_1(const std::byte* src, float* dst, std::int64_t nb) {
 
 void dequant_iq4_nl(const std::byte* src, float* dst, std::int64_t nb) {
   for (std::int64_t b = 0; b < nb; ++b, src += kIq4NlBytes, dst += kQK) {
-    const float d = half_at(src);
+    const float d = unit_half(src);
     const std::uint8_t* qs = bytes_at(src + 2);
     for (int j = 0; j < kQK; ++j) {
       const int nibble = j < 16 ? qs[j] & 0x0f : qs[j - 16] >> 4;
@@ -63,8 +59,8 @@ void dequant_q2_k(const std::byte* src, float* dst, std::int64_t nb) {
   for (std::int64_t b = 0; b < nb; ++b, src += kQ2KBytes, dst += kQK_K) {
     const std::uint8_t* scales = bytes_at(src);
     const std::uint8_t* qs = bytes_at(src + 16);
-    const float d = half_at(src + 80);
-    const float dmin = half_at(src + 82);
+    const float d = unit_half(src + 80);
+    const float dmin = unit_half(src + 82);
     for (int e = 0; e < kQK_K; ++e) {
       const int sc = scales[e / 16];
       const float dl = d * static_cast<float>(sc & 0x0f);
@@ -80,7 +76,7 @@ void dequant_q3_k(const std::byte* src, float* dst, std::int64_t nb) {
     const std::uint8_t* hmask = bytes_at(src);
     const std::uint8_t* qs = bytes_at(src + 32);
     const std::uint8_t* s = bytes_at(src + 96);
-    const float d = half_at(src + 108);
+    const float d = unit_half(src + 108);
     for (int e = 0; e < kQK_K; ++e) {
       const int j = e / 16;  // 16 six-bit scales: low 4 bits in bytes 0..7, high 2 in bytes 8..11
       const int lo = j < 8 ? s[j] & 0x0f : s[j - 8] >> 4;
@@ -95,8 +91,8 @@ void dequant_q3_k(const std::byte* src, float* dst, std::int64_t nb) {
 
 void dequant_q4_k(const std::byte* src, float* dst, std::int64_t nb) {
   for (std::int64_t b = 0; b < nb; ++b, src += kQ4KBytes, dst += kQK_K) {
-    const float d = half_at(src);
-    const float dmin = half_at(src + 2);
+    const float d = unit_half(src);
+    const float dmin = unit_half(src + 2);
     const std::uint8_t* qs = bytes_at(src + 16);
     for (int c = 0; c < 8; ++c) {
       const KScaleMin sm = kquant_scale_min(bytes_at(src + 4), c);
@@ -112,8 +108,8 @@ void dequant_q4_k(const std::byte* src, float* dst, std::int64_t nb) {
 
 void dequant_q5_k(const std::byte* src, float* dst, std::int64_t nb) {
   for (std::int64_t b = 0; b < nb; ++b, src += kQ5KBytes, dst += kQK_K) {
-    const float d = half_at(src);
-    const float dmin = half_at(src + 2);
+    const float d = unit_half(src);
+    const float dmin = unit_half(src + 2);
     const std::uint8_t* qh = bytes_at(src + 16);
     const std::uint8_t* qs = bytes_at(src + 48);
     for (int c = 0; c < 8; ++c) {
@@ -133,7 +129,7 @@ void dequant_q6_k(const std::byte* src, float* dst, std::int64_t nb) {
     const std::uint8_t* ql = bytes_at(src);
     const std::uint8_t* qh = bytes_at(src + 128);
     const auto* scales = reinterpret_cast<const std::int8_t*>(src + 192);
-    const float d = half_at(src + 208);
+    const float d = unit_half(src + 208);
     for (int e = 0; e < kQK_K; ++e) {
       const int h = e / 128, r = e % 128;
       const int lo = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0f;

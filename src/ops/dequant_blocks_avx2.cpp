@@ -41,23 +41,6 @@ inline void store_q32(__m256i q, __m256 dl, __m256 dl2, __m256 ml, __m256 ml2, f
   _mm256_storeu_ps(dst + 24, _mm256_fmsub_ps(q3, dl2, ml2));
 }
 
-// A 32-element block's 16 quant bytes as 32 bytes: byte j < 16 the low nibble of byte j, byte
-// j >= 16 the high nibble of byte j - 16 (ggml's order for Q4_0/Q5_*/IQ4_NL).
-inline __m256i nibbles32(const std::byte* qs) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
-}
-
-// Bit j of a 32-bit word as byte j: 0x10 where set, 0 where clear.
-inline __m256i bits32_as_0x10(std::uint32_t bits) {
-  const __m256i spread =
-      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
-                          _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
-  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
-}
-
 // Q5_0 (MinAdded false): (q - 16) * d; Q5_1 (true): q * d + m.
 template <bool MinAdded>
 void dequant_q5(const std::byte* src, float* dst, std::int64_t nb) {

@@ -41,7 +41,9 @@ inline void widen_unit_block(const std::byte* u, int c, __m256i& w0, __m256i& w1
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   if constexpr (T == GgmlType::q5_0 || T == GgmlType::q5_1) {
     constexpr std::size_t at = T == GgmlType::q5_0 ? 2 : 4;
-    __m256i q = _mm256_or_si256(nibbles32(u + at + 4), high_bits32(u + at));
+    std::uint32_t qh;
+    std::memcpy(&qh, u + at, 4);
+    __m256i q = _mm256_or_si256(nibbles32(u + at + 4), bits32_as_0x10(qh));
     if constexpr (T == GgmlType::q5_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
     widen_i8(q, w0, w1);
   } else if constexpr (T == GgmlType::iq4_nl) {

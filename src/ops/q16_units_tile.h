@@ -27,25 +27,6 @@ namespace {  // NOLINT: one copy per including file, compiled for its ISA (see a
 
 inline __m256i load32(const std::byte* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// The 16 bytes of a Q4-ordered block as 32 nibbles in element order (byte j: element j's low
-// nibble, element j + 16's high one).
-inline __m256i nibbles32(const std::byte* qs) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0f));
-}
-
-// Byte j = 0x10 where bit j of qh is set, else 0.
-inline __m256i high_bits32(const std::byte* p) {
-  std::uint32_t qh;
-  std::memcpy(&qh, p, 4);
-  // Byte j takes qh's byte j / 8, then keeps bit j % 8 of it.
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int>(qh)),
-      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
-  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
-}
-
 // Activation rows swept per pass over a tile's blocks (their accumulators: 64 x 48 bytes in L1).
 constexpr std::int64_t kSweepRows = 64;
 

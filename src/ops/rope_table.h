@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <mutex>
 #include <span>
 #include <vector>
 
@@ -31,7 +30,7 @@ class RopeTable {
 
   // Makes rows [0, end) ready for (n_rot, theta, freq_scale, freq_factors) and returns the inverse
   // frequencies (pair i: freq_scale * theta^(-2i / n_rot) / freq_factors[i]). Not thread-safe: the
-  // caller holds lock() from here until it is done reading rows.
+  // caller serialises prepare() and the reads of rows that follow it.
   const std::vector<float>& prepare(std::int64_t n_rot, float theta, std::int64_t end, float freq_scale = 1.0f,
                                     std::span<const float> freq_factors = {}) {
     if (!holds(n_rot, theta, freq_scale, freq_factors)) {
@@ -62,7 +61,6 @@ class RopeTable {
   const float* row(std::int64_t pos) const noexcept {
     return pos >= 0 && pos < rows_ ? cs_.data() + static_cast<std::size_t>(pos) * 2 * inv_freq_.size() : nullptr;
   }
-  std::mutex& lock() noexcept { return mu_; }
   // Whether the table is prepared for these frequencies.
   bool holds(std::int64_t n_rot, float theta, float freq_scale, std::span<const float> freq_factors) const {
     return n_rot == n_rot_ && theta == theta_ && freq_scale == freq_scale_ &&
@@ -70,7 +68,6 @@ class RopeTable {
   }
 
  private:
-  std::mutex mu_;
   std::int64_t n_rot_ = -1;
   float theta_ = 0.0f;
   float freq_scale_ = 1.0f;

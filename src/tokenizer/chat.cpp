@@ -1,5 +1,7 @@
 #include "kallpa/tokenizer/chat.h"
 
+#include "kallpa/tokenizer/chat_template.h"
+
 namespace kallpa::tokenizer {
 namespace {
 
@@ -13,14 +15,7 @@ bool needs_default_system(std::span<const ChatMessage> messages, const ChatMlOpt
 }  // namespace
 
 std::string format_chatml(std::span<const ChatMessage> messages, const ChatMlOptions& options) {
-  std::string out;
-  auto turn = [&out](std::string_view role, std::string_view content) {
-    out.append(kImStart).append(role).append("\n").append(content).append(kImEnd).append("\n");
-  };
-  if (needs_default_system(messages, options)) turn("system", *options.default_system_prompt);
-  for (const ChatMessage& m : messages) turn(m.role, m.content);
-  if (options.add_generation_prompt) out.append(kImStart).append("assistant\n");
-  return out;
+  return render_chatml(messages, options).text;
 }
 
 Result<std::vector<TokenId>> encode_chatml(const Tokenizer& tokenizer, std::span<const ChatMessage> messages,

@@ -56,6 +56,14 @@ namespace {
 constexpr int kMaxNesting = 128;             // brackets, and {% if/for/macro/... %} blocks
 constexpr std::size_t kMaxTagTokens = 2048;  // tokens inside one {{ }} or {% %}
 
+// Whether the `set` at tokens[i] opens a block ({% set x %}...{% endset %}): no `=` before its %}.
+bool is_block_set(const std::vector<jinja::token>& tokens, std::size_t i) {
+  for (std::size_t j = i + 1; j < tokens.size() && tokens[j].t != jinja::token::close_statement; ++j) {
+    if (tokens[j].t == jinja::token::equals) return false;
+  }
+  return true;
+}
+
 Status check_nesting(const std::vector<jinja::token>& tokens) {
   int brackets = 0, blocks = 0;
   std::size_t in_tag = 0;
@@ -73,7 +81,10 @@ Status check_nesting(const std::vector<jinja::token>& tokens) {
       case jinja::token::identifier:
         if (i > 0 && tokens[i - 1].t == jinja::token::open_statement) {
           const std::string& w = t.value;
-          if (w == "if" || w == "for" || w == "macro" || w == "call" || w == "filter" || w == "generation") ++blocks;
+          if (w == "if" || w == "for" || w == "macro" || w == "call" || w == "filter" || w == "generation" ||
+              (w == "set" && is_block_set(tokens, i))) {
+            ++blocks;
+          }
           if (w.starts_with("end")) --blocks;
         }
         break;
@@ -182,8 +193,6 @@ RenderedChat render_gemma(std::span<const ChatMessage> messages, bool add_genera
   return out;
 }
 
-namespace {
-
 RenderedChat render_chatml(std::span<const ChatMessage> messages, const ChatMlOptions& options) {
   RenderedChat out;
   auto turn = [&out](std::string_view role, std::string_view content, bool from_message) {
@@ -200,6 +209,8 @@ RenderedChat render_chatml(std::span<const ChatMessage> messages, const ChatMlOp
   if (options.add_generation_prompt) append(out, "<|im_start|>assistant\n", false);
   return out;
 }
+
+namespace {
 
 std::string special_text(const Tokenizer& tokenizer, std::optional<TokenId> id) {
   return id ? tokenizer.token_text(*id) : std::string();

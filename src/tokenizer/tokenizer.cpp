@@ -137,9 +137,9 @@ class MergeTable {
 };
 
 // Text -> id over the vocabulary: open addressing on (hash, id) pairs, comparing against the
-// vocabulary's own strings. One flat array instead of a node per token: building it for Gemma's
-// 262,144 tokens costs a fraction of std::unordered_map's inserts, and lookups (the SentencePiece
-// merge loop's hot spot) touch one cache line before the string itself.
+// vocabulary's own strings: one allocation for the whole vocabulary instead of a node per token
+// (bench/results/tokenizer-spm.md), and a lookup (the SentencePiece merge loop's hot spot) reads
+// one slot before the string itself.
 class TokenIndex {
  public:
   // Indexes every non-empty token; of equal texts the last one wins (as HF and llama.cpp).
@@ -467,8 +467,6 @@ constexpr std::array<std::string_view, 22> kEogTexts = {
 };
 
 }  // namespace
-
-std::span<const std::string_view> eog_texts() { return kEogTexts; }
 
 Result<Tokenizer> Tokenizer::create(TokenizerData data) {
   if (data.model != "gpt2" && data.model != "llama") {

@@ -151,12 +151,6 @@ std::uint64_t anon_rss_bytes() {
   return (resident - shared) * static_cast<std::uint64_t>(page_bytes());
 }
 
-void copy_message(char (&to)[wire::kMessageBytes], std::string_view text) {
-  const std::size_t n = std::min(text.size(), sizeof to - 1);
-  std::memcpy(to, text.data(), n);
-  to[n] = '\0';
-}
-
 template <std::size_t N>
 void copy_text(char (&to)[N], std::string_view text) {
   const std::size_t n = std::min(text.size(), N - 1);
@@ -185,16 +179,16 @@ class Host {
         std::memcpy(&request, buffer, sizeof request);
         const Support verdict = backend_.supports(request.signature);
         reply.code = static_cast<std::int32_t>(verdict.ok ? ErrorCode::ok : ErrorCode::unsupported);
-        copy_message(reply.message, verdict.why_not);
+        copy_text(reply.message, verdict.why_not);
       } else if (op == wire::Op::run && n == static_cast<ssize_t>(sizeof(wire::RunRequest))) {
         wire::RunRequest request;
         std::memcpy(&request, buffer, sizeof request);
         const Status status = run(request);
         reply.code = static_cast<std::int32_t>(status.code());
-        copy_message(reply.message, status.message());
+        copy_text(reply.message, status.message());
       } else {
         reply.code = static_cast<std::int32_t>(ErrorCode::internal);
-        copy_message(reply.message, "malformed request to the plugin host");
+        copy_text(reply.message, "malformed request to the plugin host");
       }
       reply.anon_rss_bytes = anon_rss_bytes();
       if (send(wire::kSocketFd, &reply, sizeof reply, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof reply)) return;
@@ -309,7 +303,7 @@ int host_main(int argc, char** argv) {
   }
   if (!opened) {
     hello.code = static_cast<std::int32_t>(opened.status().code());
-    copy_message(hello.message, opened.status().message());
+    copy_text(hello.message, opened.status().message());
     send(wire::kSocketFd, &hello, sizeof hello, MSG_NOSIGNAL);
     return 0;
   }
@@ -317,7 +311,6 @@ int host_main(int argc, char** argv) {
   copy_text(hello.name, backend.name());
   copy_text(hello.version, backend.version());
   copy_text(hello.description, backend.description());
-  hello.device_kind = static_cast<std::int32_t>(backend.device_kind());
   hello.priority = backend.priority();
   if (send(wire::kSocketFd, &hello, sizeof hello, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof hello)) return 1;
   Host(backend, guard_pages).serve();

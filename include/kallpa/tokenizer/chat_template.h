@@ -80,6 +80,9 @@ struct ChatFormat {
 RenderedChat render_gemma(std::span<const ChatMessage> messages, bool add_generation_prompt,
                           std::string_view bos_token);
 
+// ChatML (chat.h's layout), with message text marked in from_messages.
+RenderedChat render_chatml(std::span<const ChatMessage> messages, const ChatMlOptions& options);
+
 // The prompt text of a chat in the given format.
 Result<RenderedChat> render_chat(const Tokenizer& tokenizer, const ChatFormat& format,
                                  std::span<const ChatMessage> messages, bool add_generation_prompt = true);

@@ -25,7 +25,7 @@
 //
 // End of generation: is_eog() is true for eos, eot and eom ids and for the CONTROL tokens whose
 // text is one llama.cpp treats as end of generation (<end_of_turn>, <|im_end|>, <|eot_id|>,
-// <|endoftext|>, <|end|>, ...; eog_texts()), whatever their ids. (llama.cpp takes such a text
+// <|endoftext|>, <|end|>, ...), whatever their ids. (llama.cpp takes such a text
 // even from a non-control token; Gemma's vocabulary has "</s>" as an ordinary HTML tag.)
 //
 // Byte-level BPE ("gpt2"): (1) special tokens (CONTROL, and USER_DEFINED) are matched verbatim in the text,
@@ -128,9 +128,6 @@ struct DecodeOptions {
 // (llama.cpp maps "default", the name converters write for an unrecognised tokenizer, to a legacy
 // mix of four expressions; kallpa uses GPT-2's, which is what byte-level BPE vocabularies expect.)
 std::vector<std::string> known_pre_tokenizers();
-
-// The token texts that end generation wherever a vocabulary has them (llama.cpp's list).
-std::span<const std::string_view> eog_texts();
 
 class Tokenizer {
  public:
