@@ -41,11 +41,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kFirstBackoff{1000}, kMaxBackoff{60000};
 
-std::int64_t page_bytes() {
-  static const std::int64_t page = sysconf(_SC_PAGESIZE);
-  return page;
-}
-
 std::int64_t round_up(std::int64_t x, std::int64_t a) { return (x + a - 1) / a * a; }
 
 std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
@@ -345,10 +340,10 @@ class IsolatedPluginBackend final : public AttentionBackend {
   // Grows the arena to at least `bytes` (both sides map the whole memfd; the host remaps when the
   // size in a request changes).
   Status reserve_locked(std::int64_t bytes) const {
-    bytes = std::max(bytes, page_bytes());
+    bytes = std::max(bytes, wire::page_bytes());
     if (static_cast<std::size_t>(bytes) <= arena_bytes_) return {};
     const auto grown =
-        static_cast<std::size_t>(round_up(std::max<std::int64_t>(bytes, 2 * arena_bytes_), page_bytes()));
+        static_cast<std::size_t>(round_up(std::max<std::int64_t>(bytes, 2 * arena_bytes_), wire::page_bytes()));
     if (ftruncate(arena_fd_, static_cast<off_t>(grown)) != 0) {
       return Status(ErrorCode::out_of_memory, name_,
                     fmt::format("cannot size the shared arena to {} bytes: {}", grown, errno_text(errno)));
@@ -387,18 +382,9 @@ class IsolatedPluginBackend final : public AttentionBackend {
       inputs[staged++] = {from, offset, bytes};
       return offset;
     };
-    const auto describe = [](const TensorView& t, std::int64_t offset) {
-      wire::Tensor w;
-      w.offset = offset;
-      w.rank = t.rank;
-      w.dtype = static_cast<std::int32_t>(t.dtype);
-      for (int d = 0; d < kMaxRank; ++d) {
-        w.shape[d] = t.shape[static_cast<std::size_t>(d)];
-        w.stride[d] = t.stride[static_cast<std::size_t>(d)];
-      }
-      return w;
+    const auto stage_view = [&](const TensorView& t) {
+      return wire::describe(t, place(t.data, view_byte_extent(t).second));
     };
-    const auto stage_view = [&](const TensorView& t) { return describe(t, place(t.data, view_byte_extent(t).second)); };
     const auto stage_array = [&](const void* data, std::int64_t count, std::size_t size) -> std::int64_t {
       if (data == nullptr) return -1;
       return place(data, count * static_cast<std::int64_t>(size));
@@ -418,7 +404,7 @@ class IsolatedPluginBackend final : public AttentionBackend {
     request.seqlens_k = stage_array(p.seqlens_k, batch, sizeof(std::int32_t));
     request.alibi_slopes = stage_array(p.alibi_slopes, vp.hq(), sizeof(float));
 
-    const std::int64_t page = page_bytes();
+    const std::int64_t page = wire::page_bytes();
     const auto guarded = [&](const TensorView& t) {
       const std::int64_t bytes = view_byte_extent(t).second;
       wire::Region r;
@@ -429,10 +415,10 @@ class IsolatedPluginBackend final : public AttentionBackend {
       return r;
     };
     request.o_region = guarded(p.o);
-    request.o = describe(p.o, request.o_region.begin);
+    request.o = wire::describe(p.o, request.o_region.begin);
     if (p.lse.present()) {
       request.lse_region = guarded(p.lse);
-      request.lse = describe(p.lse, request.lse_region.begin);
+      request.lse = wire::describe(p.lse, request.lse_region.begin);
     }
     at += page;  // the last guard
     if (Status s = reserve_locked(at); !s) return s;

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include <unistd.h>
+
 #include "kallpa/device.h"
 
 namespace kallpa::detail::wire {
@@ -38,6 +40,36 @@ void copy_elements(const TensorView& from, const TensorView& to) noexcept {
       }
     }
   }
+}
+
+std::int64_t page_bytes() noexcept {
+  static const std::int64_t page = sysconf(_SC_PAGESIZE);
+  return page;
+}
+
+Tensor describe(const TensorView& t, std::int64_t offset) noexcept {
+  Tensor w;
+  w.offset = offset;
+  w.rank = t.rank;
+  w.dtype = static_cast<std::int32_t>(t.dtype);
+  for (int d = 0; d < kMaxRank; ++d) {
+    w.shape[d] = t.shape[static_cast<std::size_t>(d)];
+    w.stride[d] = t.stride[static_cast<std::size_t>(d)];
+  }
+  return w;
+}
+
+TensorView view_in_arena(const Tensor& t, unsigned char* arena_base) noexcept {
+  TensorView v;
+  if (t.offset < 0) return v;
+  v.data = arena_base + t.offset;
+  v.dtype = static_cast<DType>(t.dtype);
+  v.rank = t.rank;
+  for (int d = 0; d < kMaxRank; ++d) {
+    v.shape[static_cast<std::size_t>(d)] = t.shape[d];
+    v.stride[static_cast<std::size_t>(d)] = t.stride[d];
+  }
+  return v;
 }
 
 }  // namespace kallpa::detail::wire

@@ -93,4 +93,12 @@ static_assert(std::is_trivially_copyable_v<Hello> && std::is_trivially_copyable_
 // strides), touching nothing between them.
 void copy_elements(const TensorView& from, const TensorView& to) noexcept;
 
+// The system's page size: both sides lay the arena's guard pages out by it.
+std::int64_t page_bytes() noexcept;
+
+// A tensor as the wire describes it, at `offset` in the arena, and the view it names again on the
+// other side (an absent tensor, offset -1, gives an empty view).
+Tensor describe(const TensorView& t, std::int64_t offset) noexcept;
+TensorView view_in_arena(const Tensor& t, unsigned char* arena_base) noexcept;
+
 }  // namespace kallpa::detail::wire

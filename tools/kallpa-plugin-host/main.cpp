@@ -39,11 +39,6 @@ namespace {
 
 namespace wire = detail::wire;
 
-std::int64_t page_bytes() {
-  static const std::int64_t page = sysconf(_SC_PAGESIZE);
-  return page;
-}
-
 // ---- guard pages: what the SIGSEGV handler reads (lock-free atomics are async-signal-safe) ----
 
 struct Guard {
@@ -53,7 +48,7 @@ struct Guard {
 Guard g_guards[3];  // indexed by wire::Buffer
 
 void report_guard_hit(std::uintptr_t address) {
-  const std::uintptr_t page = static_cast<std::uintptr_t>(page_bytes());
+  const std::uintptr_t page = static_cast<std::uintptr_t>(wire::page_bytes());
   for (int b = 0; b < 3; ++b) {
     const Guard& g = g_guards[b];
     const std::uintptr_t begin = g.begin.load(), end = g.end.load(), before = g.before.load();
@@ -115,7 +110,7 @@ struct GuardedWorkspace {
   std::size_t capacity = 0;  // usable bytes between the guards
 
   void* get(std::size_t bytes) {
-    const std::size_t page = static_cast<std::size_t>(page_bytes());
+    const std::size_t page = static_cast<std::size_t>(wire::page_bytes());
     const std::size_t want = (bytes + 63) / 64 * 64;
     if (want > capacity || base == nullptr) {
       if (base != nullptr) munmap(base, capacity + 2 * page);
@@ -148,7 +143,7 @@ std::uint64_t anon_rss_bytes() {
   const int got = std::fscanf(f, "%llu %llu %llu", &size, &resident, &shared);
   std::fclose(f);
   if (got != 3 || shared > resident) return 0;
-  return (resident - shared) * static_cast<std::uint64_t>(page_bytes());
+  return (resident - shared) * static_cast<std::uint64_t>(wire::page_bytes());
 }
 
 template <std::size_t N>
@@ -196,18 +191,7 @@ class Host {
   }
 
  private:
-  TensorView view(const wire::Tensor& t) const {
-    TensorView v;
-    if (t.offset < 0) return v;
-    v.data = arena_.base + t.offset;
-    v.dtype = static_cast<DType>(t.dtype);
-    v.rank = t.rank;
-    for (int d = 0; d < kMaxRank; ++d) {
-      v.shape[static_cast<std::size_t>(d)] = t.shape[d];
-      v.stride[static_cast<std::size_t>(d)] = t.stride[d];
-    }
-    return v;
-  }
+  TensorView view(const wire::Tensor& t) const { return wire::view_in_arena(t, arena_.base); }
 
   template <typename T>
   const T* array(std::int64_t offset) const {
@@ -217,7 +201,7 @@ class Host {
   // Fences (or releases) the guard pages of o and lse in this process's view of the arena.
   void fence(const wire::RunRequest& r, bool on) {
     const int prot = on ? PROT_NONE : PROT_READ | PROT_WRITE;
-    const auto page = static_cast<std::size_t>(page_bytes());
+    const auto page = static_cast<std::size_t>(wire::page_bytes());
     const wire::Region* regions[2] = {&r.o_region, r.lse.offset >= 0 ? &r.lse_region : nullptr};
     for (int b = 0; b < 2; ++b) {
       Guard& g = g_guards[b];
