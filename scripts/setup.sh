@@ -22,7 +22,7 @@ KALLPA_APT_PACKAGES=(
   cmake g++ make pkg-config python3 python3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
-  libhwy-dev libopenblas-dev libpcre2-dev
+  libhwy-dev libopenblas-dev libpcre2-dev libicu-dev
   python3-venv python3-pip
   libcpp-httplib-dev
   pocl-opencl-icd ocl-icd-opencl-dev opencl-headers opencl-clhpp-headers clinfo
@@ -78,6 +78,7 @@ fi
 # 3. The default models (idempotent; verified by SHA-256).
 bash scripts/fetch_model.sh --model smollm2 >/dev/null
 bash scripts/fetch_model.sh --model gemma3-270m >/dev/null
+bash scripts/fetch_model.sh --model minilm >/dev/null
 
 # 3b. llama.cpp's Jinja engine for the chat templates GGUF files carry, into third_party/
 #     (idempotent; pinned SHA-256; docs/chat-templates.md). The venv's Python downloads it: pip

@@ -140,23 +140,6 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufF
 
 LlamaModel::~LlamaModel() = default;
 
-Status LlamaModel::Scratch::reserve(ops::Ops& ops, std::int64_t floats, const char* what) {
-  if (floats <= size_ && ops_ == &ops) return {};
-  reset();
-  auto p = ops.allocate(static_cast<std::size_t>(floats) * sizeof(float), what);
-  if (!p) return p.status();
-  ops_ = &ops;
-  data_ = static_cast<float*>(*p);
-  size_ = floats;
-  return {};
-}
-
-void LlamaModel::Scratch::reset() noexcept {
-  if (ops_ != nullptr) ops_->free(data_);
-  data_ = nullptr;
-  size_ = 0;
-}
-
 std::int64_t LlamaModel::matmul_weights_per_token() const noexcept {
   auto count = [](const ops::WeightMatrix& w) { return w.rows * w.cols; };
   std::int64_t total = count(output_);

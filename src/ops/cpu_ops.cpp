@@ -253,6 +253,28 @@ class CpuOps final : public Ops {
     return {};
   }
 
+  Status layernorm(const float* x, const float* weight, const float* bias, float eps, float* y, std::int64_t rows,
+                   std::int64_t dim) override {
+    for_rows(rows, dim, [&](std::int64_t r) {
+      const float* xr = x + r * dim;
+      float* yr = y + r * dim;
+      double sum = 0.0;
+      for (std::int64_t i = 0; i < dim; ++i) sum += xr[i];
+      const double mean = sum / double(dim);
+      double squares = 0.0;
+      for (std::int64_t i = 0; i < dim; ++i) squares += (xr[i] - mean) * (xr[i] - mean);
+      const auto inv = static_cast<float>(1.0 / std::sqrt(squares / double(dim) + double(eps)));
+      const auto m = static_cast<float>(mean);
+      for (std::int64_t i = 0; i < dim; ++i) yr[i] = (xr[i] - m) * inv * weight[i] + bias[i];
+    });
+    return {};
+  }
+
+  Status gelu_erf(float* x, std::int64_t n) override {
+    for (std::int64_t i = 0; i < n; ++i) x[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.70710678118654752f));
+    return {};
+  }
+
   Status scale(float* x, float s, std::int64_t n) override {
     for (std::int64_t i = 0; i < n; ++i) x[i] *= s;
     return {};

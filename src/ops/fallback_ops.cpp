@@ -142,6 +142,29 @@ Status FallbackOps::geglu(const float* gate, const float* up_in, float* out, std
   return up(out, *hg);
 }
 
+Status FallbackOps::layernorm(const float* x, const float* weight, const float* bias, float eps, float* y,
+                              std::int64_t rows, std::int64_t dim) {
+  Status s = device_->layernorm(x, weight, bias, eps, y, rows, dim);
+  if (!fall_back(s, "layernorm")) return s;
+  auto hx = down(x, rows * dim);
+  auto hw = down(weight, dim);
+  auto hb = down(bias, dim);
+  if (!hx) return hx.status();
+  if (!hw) return hw.status();
+  if (!hb) return hb.status();
+  if (!(s = cpu_->layernorm(hx->data(), hw->data(), hb->data(), eps, hx->data(), rows, dim))) return s;
+  return up(y, *hx);
+}
+
+Status FallbackOps::gelu_erf(float* x, std::int64_t n) {
+  Status s = device_->gelu_erf(x, n);
+  if (!fall_back(s, "gelu_erf")) return s;
+  auto hx = down(x, n);
+  if (!hx) return hx.status();
+  if (!(s = cpu_->gelu_erf(hx->data(), n))) return s;
+  return up(x, *hx);
+}
+
 Status FallbackOps::scale(float* x, float factor, std::int64_t n) {
   Status s = device_->scale(x, factor, n);
   if (!fall_back(s, "scale")) return s;

@@ -53,6 +53,9 @@ class FallbackOps final : public Ops {
                   std::int64_t n_rot, const RopeParams& params) override;
   Status swiglu(const float* gate, const float* up, float* out, std::int64_t n) override;
   Status geglu(const float* gate, const float* up, float* out, std::int64_t n) override;
+  Status layernorm(const float* x, const float* weight, const float* bias, float eps, float* y, std::int64_t rows,
+                   std::int64_t dim) override;
+  Status gelu_erf(float* x, std::int64_t n) override;
   Status scale(float* x, float s, std::int64_t n) override;
   Status add_bias(float* x, const float* bias, std::int64_t rows, std::int64_t dim) override;
   Status add(float* x, const float* y, std::int64_t n) override;

@@ -25,6 +25,14 @@ Status Ops::geglu(const float*, const float*, float*, std::int64_t) {
   return Status(ErrorCode::unsupported, "geglu", fmt::format("{} has no GELU-gated product", device_name()));
 }
 
+Status Ops::layernorm(const float*, const float*, const float*, float, float*, std::int64_t, std::int64_t) {
+  return Status(ErrorCode::unsupported, "layernorm", fmt::format("{} has no layer norm", device_name()));
+}
+
+Status Ops::gelu_erf(float*, std::int64_t) {
+  return Status(ErrorCode::unsupported, "gelu_erf", fmt::format("{} has no exact GELU", device_name()));
+}
+
 Status Ops::scale(float*, float, std::int64_t) {
   return Status(ErrorCode::unsupported, "scale", fmt::format("{} has no scaling op", device_name()));
 }

@@ -70,6 +70,7 @@ Command add_generate_command(CLI::App& app);
 Command add_chat_command(CLI::App& app);
 Command add_tokenize_command(CLI::App& app);
 Command add_detokenize_command(CLI::App& app);
+Command add_embed_command(CLI::App& app);
 Command add_info_command(CLI::App& app);
 Command add_serve_command(CLI::App& app);
 Command add_pjrt_command(CLI::App& app);

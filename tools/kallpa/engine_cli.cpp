@@ -96,6 +96,36 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
       ->envname("KALLPA_DEVICE");
 }
 
+std::unique_ptr<runtime::Embedder> load_embedder(const std::string& folder, const std::string& device,
+                                                 const GlobalOptions& global, int* code) {
+  runtime::EmbedderOptions options;
+  options.model_path = folder.empty() ? default_embedding_model_path() : folder;
+  if (options.model_path.empty()) {
+    print_error("", Status(ErrorCode::not_found, "embedding model",
+                           fmt::format("no model given and {} not found; run `bash scripts/fetch_model.sh --model "
+                                       "minilm` or set KALLPA_EMBEDDING_MODEL",
+                                       kDefaultEmbeddingModel)));
+    *code = kExitUsage;
+    return nullptr;
+  }
+  auto dispatch = dispatch_options(global, BackendRegistry::global());
+  if (!dispatch) {
+    print_error("", dispatch.status());
+    *code = kExitUsage;
+    return nullptr;
+  }
+  options.attention = *dispatch;
+  options.device = device;
+  options.strict_device = global.strict;
+  auto embedder = runtime::Embedder::load(options);
+  if (!embedder) {
+    print_error(fmt::format("cannot load {}", options.model_path), embedder.status());
+    *code = embedder.status().code() == ErrorCode::not_found ? kExitUsage : kExitFailure;
+    return nullptr;
+  }
+  return std::move(*embedder);
+}
+
 std::unique_ptr<runtime::Engine> load_engine(const EngineCliOptions& o, const GlobalOptions& global, int* code) {
   if (o.threads > 0) setenv("KALLPA_THREADS", std::to_string(o.threads).c_str(), 1);  // before the pool starts
   runtime::EngineOptions options;

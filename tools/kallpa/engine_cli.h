@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli.h"
+#include "kallpa/runtime/embedder.h"
 #include "kallpa/runtime/engine.h"
 
 namespace kallpa::cli {
@@ -27,6 +28,11 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& options);
 // (usage for a missing model or a bad --attention, failure otherwise). Shows progress on stderr
 // when the load takes longer than a second.
 std::unique_ptr<runtime::Engine> load_engine(const EngineCliOptions& options, const GlobalOptions& global, int* code);
+
+// The sentence encoder at `folder` ("" : the default one) on `device`, with --attention/--strict;
+// nullptr after printing why (and *code set) when it cannot be loaded.
+std::unique_ptr<runtime::Embedder> load_embedder(const std::string& folder, const std::string& device,
+                                                 const GlobalOptions& global, int* code);
 
 // The attention backend that served the most successful calls since load ("-" when none), for
 // summary lines and reports.

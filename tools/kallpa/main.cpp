@@ -27,18 +27,20 @@ int main(int argc, char** argv) {
     const std::vector<Command> commands = {
         add_demo_command(app),       add_backends_command(app), add_devices_command(app), add_conformance_command(app),
         add_bench_command(app),      add_generate_command(app), add_chat_command(app),    add_tokenize_command(app),
-        add_detokenize_command(app), add_info_command(app),     add_serve_command(app),   add_pjrt_command(app)};
+        add_detokenize_command(app), add_info_command(app),     add_serve_command(app),   add_pjrt_command(app),
+        add_embed_command(app)};
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
       if (app.get_subcommands().empty() && !app.remaining().empty()) {
         // `kallpa frobnicate`: say so, rather than CLI11's "a subcommand is required".
-        fmt::print(stderr,
-                   "kallpa: unknown command '{}' (commands: generate, chat, tokenize, detokenize, info, serve, demo, "
-                   "backends, "
-                   "conformance, bench, pjrt)\n"
-                   "Run with --help for more information.\n",
-                   app.remaining().front());
+        fmt::print(
+            stderr,
+            "kallpa: unknown command '{}' (commands: generate, chat, tokenize, detokenize, embed, info, serve, demo, "
+            "backends, "
+            "conformance, bench, pjrt)\n"
+            "Run with --help for more information.\n",
+            app.remaining().front());
         return kExitUsage;
       }
       const int code = app.exit(e);  // prints help, the version, or the error with a hint

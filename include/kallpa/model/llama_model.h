@@ -19,6 +19,7 @@
 #include "kallpa/ops/kv_cache.h"
 #include "kallpa/ops/ops.h"
 #include "kallpa/ops/quant.h"
+#include "kallpa/ops/scratch.h"
 
 namespace kallpa::model {
 
@@ -81,20 +82,6 @@ class LlamaModel {
     // Optional (data == nullptr when the architecture has none): f32 vectors.
     ops::WeightMatrix bq, bk, bv, q_norm, k_norm, post_attention_norm, post_ffw_norm;
   };
-  // f32 activations in the ops' memory, grown on demand (the contents do not survive growth).
-  class Scratch {
-   public:
-    ~Scratch() { reset(); }
-    Status reserve(ops::Ops& ops, std::int64_t floats, const char* what);
-    float* get() const noexcept { return data_; }
-    void reset() noexcept;
-
-   private:
-    ops::Ops* ops_ = nullptr;
-    float* data_ = nullptr;
-    std::int64_t size_ = 0;
-  };
-
   LlamaModel() = default;
   // The batch's paged-attention geometry (offsets, KV lengths, block table), the same for every
   // layer, so built once per forward pass.
@@ -115,7 +102,7 @@ class LlamaModel {
   std::vector<std::shared_ptr<const void>> placed_;  // keeps the device's copies alive
 
   // Activations: x (residual), h (normed), q/k/v, att, ffn gate/up, tmp, logits of the wanted rows.
-  Scratch x_, h_, q_, k_, v_, att_, gate_, up_, tmp_, logits_;
+  ops::Scratch x_, h_, q_, k_, v_, att_, gate_, up_, tmp_, logits_;
   std::vector<std::int32_t> tokens_, positions_, cu_q_, block_table_, seqlens_k_;
   std::vector<std::int64_t> kv_slots_, wanted_rows_;  // cache slot of each row; rows whose logits are wanted
   std::int32_t max_blocks_ = 0;

@@ -105,6 +105,14 @@ class Ops {
   // out = gelu(gate) * up with GELU's tanh approximation, 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715
   // g^3))), element-wise (out may alias gate). Default: unsupported.
   virtual Status geglu(const float* gate, const float* up, float* out, std::int64_t n);
+  // y = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias, per row of `dim` (x and y may alias;
+  // weight and bias are `dim` f32 values; the variance is the population one, as BERT's). Default:
+  // unsupported.
+  virtual Status layernorm(const float* x, const float* weight, const float* bias, float eps, float* y,
+                           std::int64_t rows, std::int64_t dim);
+  // x = gelu(x) in its exact form, x * (1 + erf(x / sqrt 2)) / 2, element-wise (BERT's "gelu").
+  // Default: unsupported.
+  virtual Status gelu_erf(float* x, std::int64_t n);
   // x *= s, element-wise. Default: unsupported.
   virtual Status scale(float* x, float s, std::int64_t n);
   // Row r of x (rows x dim) += bias (dim floats in this memory). Default: unsupported.
