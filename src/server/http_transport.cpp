@@ -55,7 +55,7 @@ struct HttpTransport::Impl {
 
   void accept();
   void on_accept(const error_code& ec, tcp::socket socket);
-  void release(const std::string& client, std::list<std::weak_ptr<Session>>::iterator it);
+  void release(const std::string& client, bool counted, std::list<std::weak_ptr<Session>>::iterator it);
   bool stopping() {
     std::lock_guard lock(mu);
     return stopping_;
@@ -88,10 +88,11 @@ class Session : public std::enable_shared_from_this<Session> {
   Session(HttpTransport::Impl& t, tcp::socket socket, std::string client)
       : t_(t), stream_(std::move(socket)), buffer_(t.options.max_header_bytes + 65536), client_(std::move(client)) {}
 
-  ~Session() { t_.release(client_, registration_); }
+  ~Session() { t_.release(client_, counted_, registration_); }
 
   void start(std::list<std::weak_ptr<Session>>::iterator registration, int refuse_status) {
     registration_ = registration;
+    counted_ = refuse_status == 0;
     if (refuse_status != 0) {
       refuse(refuse_status, refuse_status == 429 ? fmt::format("more than {} connections from {}",
                                                                t_.options.max_connections_per_client, client_)
@@ -238,7 +239,12 @@ class Session : public std::enable_shared_from_this<Session> {
     copy_headers(msg, res_);
     msg.body() = std::move(res_.body);
     msg.keep_alive(keep_alive_);
-    msg.prepare_payload();
+    try {
+      msg.prepare_payload();  // throws for a body on a status that may have none (1xx, 204, 304)
+    } catch (const std::exception&) {
+      msg.body().clear();
+      msg.prepare_payload();
+    }
     std::ostringstream os;
     os << msg;
     const std::string bytes = os.str();
@@ -353,6 +359,7 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_;
   std::string client_;
   std::list<std::weak_ptr<Session>>::iterator registration_;
+  bool counted_ = false;  // against its client's bound (a refused connection is not)
   std::optional<http::request_parser<http::string_body>> parser_;
   bool first_ = true;
   bool keep_alive_ = false;
@@ -392,17 +399,18 @@ void HttpTransport::Impl::on_accept(const error_code& ec, tcp::socket socket) {
       refuse = 429;
     }
     ++open;
-    ++per_client[client];
+    if (refuse == 0) ++per_client[client];
     registration = sessions.insert(sessions.end(), session);
   }
   session->start(registration, refuse);
   accept();
 }
 
-void HttpTransport::Impl::release(const std::string& client, std::list<std::weak_ptr<Session>>::iterator it) {
+void HttpTransport::Impl::release(const std::string& client, bool counted,
+                                  std::list<std::weak_ptr<Session>>::iterator it) {
   std::lock_guard lock(mu);
   --open;
-  if (auto c = per_client.find(client); c != per_client.end() && --c->second <= 0) per_client.erase(c);
+  if (auto c = per_client.find(client); counted && c != per_client.end() && --c->second <= 0) per_client.erase(c);
   sessions.erase(it);
 }
 

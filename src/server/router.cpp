@@ -5,9 +5,8 @@ namespace kallpa::server {
 void Router::add(const char* method, const std::string& pattern, Handler handler) {
   Route r;
   r.method = method;
-  r.pattern = pattern;
-  r.is_regex = pattern.find_first_of("()[]*+?\\") != std::string::npos;
-  if (r.is_regex) r.regex = std::regex(pattern);
+  r.is_prefix = !pattern.empty() && pattern.back() == '*';
+  r.pattern = r.is_prefix ? pattern.substr(0, pattern.size() - 1) : pattern;
   r.handler = std::move(handler);
   routes_.push_back(std::move(r));
 }
@@ -16,19 +15,16 @@ Router::Outcome Router::dispatch(HttpRequest& req, HttpResponse& res, std::strin
   bool path_known = false;
   std::string methods;
   for (const Route& r : routes_) {
-    std::smatch m;
-    if (r.is_regex ? !std::regex_match(req.path, m, r.regex) : req.path != r.pattern) continue;
+    const bool match =
+        r.is_prefix ? req.path.size() > r.pattern.size() && req.path.rfind(r.pattern, 0) == 0 : req.path == r.pattern;
+    if (!match) continue;
     path_known = true;
     if (r.method != req.method) {
       if (methods.find(r.method) == std::string::npos) methods += methods.empty() ? r.method : ", " + r.method;
       continue;
     }
-    req.matches.clear();
-    if (r.is_regex) {
-      for (const auto& sub : m) req.matches.push_back(sub.str());
-    } else {
-      req.matches.push_back(req.path);
-    }
+    req.matches = {req.path};
+    if (r.is_prefix) req.matches.push_back(req.path.substr(r.pattern.size()));
     r.handler(req, res);
     return Outcome::handled;
   }

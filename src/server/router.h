@@ -1,9 +1,9 @@
-// The server's routes: a method and a path (exact, or a regular expression whose captures land in
-// HttpRequest::matches), tried in the order they were added.
+// The server's routes: a method and a path, tried in the order they were added. A path is exact, or
+// ends in `*`: a prefix, and the rest of the path (at least one character) lands in
+// HttpRequest::matches[1]. (No regular expressions: <regex> alone costs seconds of compile time.)
 #pragma once
 
 #include <functional>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -26,9 +26,8 @@ class Router {
  private:
   struct Route {
     std::string method;
-    std::string pattern;
-    bool is_regex = false;
-    std::regex regex;
+    std::string pattern;  // a prefix when is_prefix
+    bool is_prefix = false;
     Handler handler;
   };
   void add(const char* method, const std::string& pattern, Handler handler);

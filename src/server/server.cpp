@@ -265,7 +265,7 @@ Server::Server(runtime::Engine& engine, ServerOptions options)
   s.routes.Get("/v1/models", [&s](const HttpRequest&, HttpResponse& res) {
     write_json(res, 200, models_body(s.options.model_name, s.created));
   });
-  s.routes.Get(R"(/v1/models/(.+))", [&s](const HttpRequest& req, HttpResponse& res) {
+  s.routes.Get("/v1/models/*", [&s](const HttpRequest& req, HttpResponse& res) {
     const std::string id = req.matches[1];
     if (id != s.options.model_name) {
       ApiError e;
