@@ -38,6 +38,12 @@ std::chrono::steady_clock::duration seconds(double s) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
 }
 
+// A read that ended because the client left or its deadline passed: nothing to answer.
+bool ended_without_request(const error_code& ec) {
+  return ec == beast::error::timeout || ec == http::error::end_of_stream || ec == http::error::partial_message ||
+         ec == net::error::eof || ec == net::error::connection_reset || ec == net::error::operation_aborted;
+}
+
 constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
 // After the last response on a connection: how long, and how much, the client's late bytes are
 // read and dropped before the socket is closed, so that closing with unread data does not reset
@@ -138,10 +144,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec == http::error::body_limit) {
       return refuse(413, fmt::format("the request body exceeds {} bytes", t_.options.max_body_bytes));
     }
-    if (ec == beast::error::timeout || ec == http::error::end_of_stream || ec == net::error::eof ||
-        ec == net::error::connection_reset || ec == net::error::operation_aborted) {
-      return close();
-    }
+    if (ended_without_request(ec)) return close();
     if (ec) return refuse(400, fmt::format("malformed request: {}", ec.message()));
     const auto& m = parser_->get();
     const auto fields = static_cast<std::size_t>(std::distance(m.begin(), m.end()));
@@ -168,10 +171,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (ec == http::error::body_limit) {
         return self->refuse(413, fmt::format("the request body exceeds {} bytes", self->t_.options.max_body_bytes));
       }
-      if (ec == beast::error::timeout || ec == http::error::end_of_stream || ec == net::error::eof ||
-          ec == net::error::connection_reset || ec == net::error::operation_aborted) {
-        return self->close();
-      }
+      if (ended_without_request(ec)) return self->close();
       if (ec) return self->refuse(400, fmt::format("malformed request body: {}", ec.message()));
       self->dispatch();
     });

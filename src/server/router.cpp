@@ -26,6 +26,7 @@ Router::Outcome Router::dispatch(HttpRequest& req, HttpResponse& res, std::strin
     req.matches = {req.path};
     if (r.is_prefix) req.matches.push_back(req.path.substr(r.pattern.size()));
     r.handler(req, res);
+    if (res.status < 0) res.status = 200;  // a route that only set a body or a stream
     return Outcome::handled;
   }
   if (allowed) *allowed = methods;

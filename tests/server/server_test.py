@@ -583,12 +583,16 @@ def rss_kib(pid):
 
 def still_open(sock):
     """True while the server has neither closed nor reset the connection (nothing is read)."""
+    timeout = sock.gettimeout()
+    sock.settimeout(0)  # a socket with a timeout would wait for data instead
     try:
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        return sock.recv(1, socket.MSG_PEEK) != b""
     except BlockingIOError:
         return True
     except OSError:
         return False
+    finally:
+        sock.settimeout(timeout)
 
 
 def raw_exchange(port, data, timeout=30):
@@ -804,6 +808,8 @@ def test_http_details():
         _, hdrs, r = s.request("POST", "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2},
                                {**auth, "X-Request-Id": "trace-42.a_b"})
         check(hdrs.get("X-Request-Id") == "trace-42.a_b", f"X-Request-Id {hdrs.get('X-Request-Id')}")
+        # The line is written once the response is out, which can be a moment after the client read it.
+        wait_for(lambda: any(e["id"] == "trace-42.a_b" for e in access_log(s)), "the access-log line")
         entry = [e for e in access_log(s) if e["id"] == "trace-42.a_b"]
         check(entry and entry[0]["completion_id"] == r["id"] and r["id"].startswith("chatcmpl-"), f"log {entry}")
         _, hdrs, _ = s.request("GET", "/health", None, {"X-Request-Id": "x" * 200})
