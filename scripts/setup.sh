@@ -24,7 +24,7 @@ KALLPA_APT_PACKAGES=(
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
   libhwy-dev libopenblas-dev libpcre2-dev libicu-dev
   python3-venv python3-pip
-  libcpp-httplib-dev
+  libboost1.74-dev
   pocl-opencl-icd ocl-icd-opencl-dev opencl-headers opencl-clhpp-headers clinfo
 )
 

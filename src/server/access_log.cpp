@@ -16,6 +16,7 @@ std::string format_access_log(const AccessLogEntry& e) {
                         std::chrono::floor<std::chrono::milliseconds>(std::chrono::system_clock::now()));
   j["event"] = "http_request";
   j["id"] = e.id;
+  if (!e.completion_id.empty()) j["completion_id"] = e.completion_id;
   j["method"] = e.method;
   j["path"] = e.path;
   j["route"] = e.route;

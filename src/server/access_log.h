@@ -10,7 +10,8 @@
 namespace kallpa::server {
 
 struct AccessLogEntry {
-  std::string id;  // the X-Request-Id the response carried
+  std::string id;             // the X-Request-Id the response carried
+  std::string completion_id;  // the chatcmpl-/cmpl- id of a generation ("" when none)
   std::string method;
   std::string path;
   std::string route;   // the matched route, or "unmatched"

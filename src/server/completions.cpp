@@ -84,7 +84,7 @@ Result<std::vector<std::int32_t>> tokenize(const runtime::Engine& engine, const 
 
 }  // namespace
 
-void Server::Impl::handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, Endpoint endpoint) {
   const auto arrival = Clock::now();
   auto in_flight = std::make_shared<InFlight>(*this);  // before the draining check: see drain()
   if (draining.load()) {
@@ -117,6 +117,17 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
                                  "context_length_exceeded"));
     return;
   }
+  // An explicit max_tokens that the context cannot hold is refused, as OpenAI does; the default
+  // one ends at the context's end instead (finish_reason "length").
+  if (const std::int64_t context_length = engine.config().context_length;
+      r.max_tokens_given && n_prompt + r.max_tokens > context_length) {
+    write_error(res, bad_request("max_tokens",
+                                 fmt::format("the prompt has {} tokens and max_tokens is {}: {} in all, over the "
+                                             "context of {} tokens",
+                                             n_prompt, r.max_tokens, n_prompt + r.max_tokens, context_length),
+                                 "context_length_exceeded"));
+    return;
+  }
   if (!r.seed_given) r.sampling.seed = (std::uint64_t{std::random_device{}()} << 32) | std::random_device{}();
 
   runtime::RequestOptions ro;
@@ -136,16 +147,17 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
   }
   g->handle = *handle;
 
-  auto ctx = context(res);
+  ResponseMeta meta;
+  meta.endpoint = endpoint;
+  meta.id = fmt::format("{}-{}-{}", endpoint == Endpoint::chat ? "chatcmpl" : "cmpl", id_prefix, (*handle)->id());
+  auto ctx = context(req);
   if (ctx) {
     std::lock_guard lock(ctx->mu);
     ctx->generation = true;
     ctx->stream = r.stream;
     ctx->prompt_tokens = n_prompt;
+    ctx->completion_id = meta.id;
   }
-  ResponseMeta meta;
-  meta.endpoint = endpoint;
-  meta.id = fmt::format("{}-{}-{}", endpoint == Endpoint::chat ? "chatcmpl" : "cmpl", id_prefix, (*handle)->id());
   meta.model = options.model_name;
   meta.created =
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -161,10 +173,28 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
 
   if (!r.stream) {
     runtime::Completion c;
+    bool hung_up = false;
     {
       std::unique_lock lock(g->mu);
-      g->cv.wait(lock, [&] { return g->done; });
+      // The client is looked at while it waits: one that hangs up frees its sequence now.
+      while (!g->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return g->done; })) {
+        if (!hung_up && req.client_gone && req.client_gone()) {
+          hung_up = true;
+          lock.unlock();  // cancel() may finish the request, whose callback takes this lock
+          g->handle->cancel();
+          lock.lock();
+        }
+      }
       c = g->completion;
+    }
+    if (hung_up) {
+      record("client_disconnected");
+      ApiError e;
+      e.status = 499;  // nginx's "client closed request": no one reads it, the access log does
+      e.code = "client_closed_request";
+      e.message = "the client closed the connection before the response";
+      write_error(res, e);
+      return;
     }
     record(c.finish_reason);
     if (c.finish_reason != "stop" && c.finish_reason != "length") {
@@ -183,7 +213,7 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
   auto role_sent = std::make_shared<bool>(false);
   res.set_chunked_content_provider(
       std::string(kSseContentType),
-      [g, meta, include_usage, role_sent, record, in_flight](std::size_t, httplib::DataSink& sink) {
+      [g, meta, include_usage, role_sent, record, in_flight](std::size_t, DataSink& sink) {
         std::string out;
         if (meta.endpoint == Endpoint::chat && !*role_sent) {
           out += sse_event(stream_chunk(meta, "", "", /*role_delta=*/true));

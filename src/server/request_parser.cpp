@@ -167,6 +167,7 @@ CompletionRequest parse(const json& body, Endpoint endpoint, const RequestLimits
     fail("max_tokens", fmt::format("is {}, must be in [1, {}] on this server", *max_tokens, limits.max_tokens));
   }
   r.max_tokens = max_tokens.value_or(limits.max_tokens);
+  r.max_tokens_given = max_tokens.has_value();
 
   // OpenAI's defaults: temperature 1, nucleus off; kallpa's extra filters off unless asked for.
   runtime::SamplingParams& s = r.sampling;

@@ -30,6 +30,7 @@ struct CompletionRequest {
   std::vector<std::int32_t> prompt_tokens;       // completions, given as token ids
   bool prompt_is_tokens = false;
   std::int64_t max_tokens = 0;
+  bool max_tokens_given = false;  // false: the server's default, cut at the context's end
   runtime::SamplingParams sampling;
   bool seed_given = false;  // false: the caller picks a random seed
   std::vector<std::string> stop;

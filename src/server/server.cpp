@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "server/cors.h"
 #include "server/openai_responses.h"
 #include "server/server_impl.h"
 #include "server/sse.h"
@@ -40,7 +41,7 @@ const char* method_of(const std::string& path) {
   return route_of(path) == "unmatched" ? nullptr : "GET";
 }
 
-void write_json(httplib::Response& res, int status, const nlohmann::json& body) {
+void write_json(HttpResponse& res, int status, const nlohmann::json& body) {
   res.status = status;
   res.set_content(dump_json(body), "application/json");
 }
@@ -52,9 +53,16 @@ bool same_secret(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+// A client's X-Request-Id is kept when it is 1-128 visible ASCII characters; anything else could
+// break the access log's lines or grow them without bound, and is replaced.
+bool valid_request_id(std::string_view id) {
+  return !id.empty() && id.size() <= 128 &&
+         std::all_of(id.begin(), id.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+}
+
 }  // namespace
 
-void write_error(httplib::Response& res, const ApiError& error) {
+void write_error(HttpResponse& res, const ApiError& error) {
   write_json(res, error.status, error.to_json());
   if (error.retry_after_seconds > 0) res.set_header("Retry-After", std::to_string(error.retry_after_seconds));
 }
@@ -84,29 +92,28 @@ Server::Impl::Impl(runtime::Engine& e, ServerOptions o)
   scheduler = std::make_unique<runtime::Scheduler>(engine, options.scheduler);
 }
 
-std::shared_ptr<RequestContext> Server::Impl::context(const httplib::Response& res) {
-  const std::string id = res.get_header_value("X-Request-Id");
+std::shared_ptr<RequestContext> Server::Impl::context(const HttpRequest& req) {
   std::lock_guard lock(contexts_mu);
-  auto it = contexts.find(id);
+  auto it = contexts.find(req.serial);
   return it == contexts.end() ? nullptr : it->second;
 }
 
-void Server::Impl::begin_request(const httplib::Request& req, httplib::Response& res) {
+void Server::Impl::begin_request(const HttpRequest& req, HttpResponse& res) {
   auto ctx = std::make_shared<RequestContext>();
-  ctx->id = fmt::format("req-{}-{}", id_prefix, next_request.fetch_add(1));
+  const std::string sent = req.get_header_value("X-Request-Id");
+  ctx->id = valid_request_id(sent) ? sent : fmt::format("req-{}-{}", id_prefix, next_request.fetch_add(1));
   ctx->route = route_of(req.path);
   ctx->start = Clock::now();
   res.set_header("X-Request-Id", ctx->id);
   std::lock_guard lock(contexts_mu);
-  contexts[ctx->id] = std::move(ctx);
+  contexts[req.serial] = std::move(ctx);
 }
 
-void Server::Impl::end_request(const httplib::Request& req, const httplib::Response& res) {
+void Server::Impl::end_request(const HttpRequest& req, const HttpResponse& res) {
   std::shared_ptr<RequestContext> ctx;
   {
-    const std::string id = res.get_header_value("X-Request-Id");
     std::lock_guard lock(contexts_mu);
-    if (auto it = contexts.find(id); it != contexts.end()) {
+    if (auto it = contexts.find(req.serial); it != contexts.end()) {
       ctx = std::move(it->second);
       contexts.erase(it);
     }
@@ -121,6 +128,7 @@ void Server::Impl::end_request(const httplib::Request& req, const httplib::Respo
     e.id = ctx->id;
     e.latency_seconds = std::chrono::duration<double>(Clock::now() - ctx->start).count();
     std::lock_guard lock(ctx->mu);
+    e.completion_id = ctx->completion_id;
     if (ctx->generation) {
       e.stream = ctx->stream;
       e.prompt_tokens = ctx->prompt_tokens;
@@ -144,97 +152,120 @@ void Server::Impl::drain() {
     inflight_cv.wait(lock, [&] { return inflight == 0; });
   }
   lock.unlock();
-  // Only now: httplib ends unfinished streamed responses once its listening socket is closed.
-  // run() may not have entered its loop yet (a signal right after start): wait for it, since
-  // httplib's stop() does nothing before then.
-  while (in_run.load()) {
-    if (http.is_running()) {
-      http.stop();
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  http->stop();  // closes idle connections and the listener; run() returns
+}
+
+bool Server::Impl::authorized(const HttpRequest& req, HttpResponse& res) {
+  if (options.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return true;
+  const std::string auth = req.get_header_value("Authorization");
+  const std::string_view prefix = "Bearer ";
+  if (auth.rfind(prefix, 0) == 0 && same_secret(std::string_view(auth).substr(prefix.size()), options.api_key)) {
+    return true;
   }
+  ApiError e;
+  e.status = 401;
+  e.type = "authentication_error";
+  e.code = "invalid_api_key";
+  e.message = auth.empty() ? "missing API key: send Authorization: Bearer KEY" : "incorrect API key";
+  write_error(res, e);
+  return false;
+}
+
+void Server::Impl::handle(HttpRequest& req, HttpResponse& res) {
+  begin_request(req, res);
+  const Cors cors(options.cors_origins);
+  try {
+    if (req.method == "OPTIONS" && method_of(req.path) != nullptr) {
+      cors.preflight(req, method_of(req.path), res);  // before auth: browsers send no key in a preflight
+    } else if (authorized(req, res)) {
+      std::string allowed;
+      switch (routes.dispatch(req, res, &allowed)) {
+        case Router::Outcome::handled: break;
+        case Router::Outcome::wrong_method: {
+          ApiError e;
+          e.status = 405;
+          e.code = "method_not_allowed";
+          e.message = fmt::format("{} accepts {}, not {}", req.path, allowed, req.method);
+          write_error(res, e);
+          res.set_header("Allow", allowed);
+          break;
+        }
+        case Router::Outcome::no_route: {
+          ApiError e;
+          e.status = 404;
+          e.code = "unknown_route";
+          e.message = fmt::format("no route {} {}", req.method, req.path);
+          write_error(res, e);
+          break;
+        }
+      }
+    }
+  } catch (const std::exception& x) {
+    ApiError e;
+    e.status = 500;
+    e.type = "server_error";
+    e.code = "internal";
+    e.message = fmt::format("internal error: {}", x.what());
+    write_error(res, e);
+  }
+  cors.decorate(req, res);
+}
+
+void Server::Impl::answer_transport_error(const HttpRequest& req, HttpResponse& res) {
+  ApiError e;
+  e.status = res.status;
+  e.message = res.body;
+  switch (res.status) {
+    case 413: e.code = "body_too_large"; break;
+    case 431: e.code = "header_too_large"; break;
+    case 429:
+      e.code = "too_many_connections";
+      e.retry_after_seconds = 1;
+      break;
+    case 503:
+      e.type = "server_error";
+      e.code = "too_many_connections";
+      e.retry_after_seconds = 1;
+      break;
+    default: e.code = "bad_request"; break;
+  }
+  write_error(res, e);
+  Cors(options.cors_origins).decorate(req, res);
 }
 
 Server::Server(runtime::Engine& engine, ServerOptions options)
     : impl_(std::make_unique<Impl>(engine, std::move(options))) {
   Impl& s = *impl_;
   const ServerOptions& o = s.options;
-  const int threads =
+  TransportOptions t;
+  t.host = o.host;
+  t.port = o.port;
+  t.backlog = o.listen_backlog;
+  t.worker_threads =
       o.http_threads > 0 ? o.http_threads : static_cast<int>(o.scheduler.max_running + o.scheduler.max_queue + 8);
-  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
-  s.http.set_payload_max_length(o.max_body_bytes);
-  s.http.set_keep_alive_timeout(2);  // bounds how long an idle keep-alive connection delays exit
-  s.http.set_read_timeout(30);
-  s.http.set_write_timeout(30);
+  t.header_timeout_seconds = o.header_timeout_seconds;
+  t.body_timeout_seconds = o.body_timeout_seconds;
+  t.keep_alive_timeout_seconds = o.keep_alive_timeout_seconds;
+  t.write_timeout_seconds = o.write_timeout_seconds;
+  t.max_header_bytes = o.max_header_bytes;
+  t.max_header_fields = o.max_header_fields;
+  t.max_body_bytes = o.max_body_bytes;
+  t.max_connections_per_client = o.max_connections_per_client;
+  t.max_connections = o.max_connections;
+  s.http = std::make_unique<HttpTransport>(
+      t, [&s](HttpRequest& req, HttpResponse& res) { s.handle(req, res); },
+      [&s](const HttpRequest& req, HttpResponse& res) { s.answer_transport_error(req, res); },
+      [&s](const HttpRequest& req, const HttpResponse& res) { s.end_request(req, res); });
 
-  s.http.set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
-    s.begin_request(req, res);
-    if (!s.options.api_key.empty() && req.path.rfind("/v1/", 0) == 0) {
-      const std::string auth = req.get_header_value("Authorization");
-      const std::string_view prefix = "Bearer ";
-      if (auth.rfind(prefix, 0) != 0 || !same_secret(std::string_view(auth).substr(prefix.size()), s.options.api_key)) {
-        ApiError e;
-        e.status = 401;
-        e.type = "authentication_error";
-        e.code = "invalid_api_key";
-        e.message = auth.empty() ? "missing API key: send Authorization: Bearer KEY" : "incorrect API key";
-        write_error(res, e);
-        return httplib::Server::HandlerResponse::Handled;
-      }
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  s.http.set_error_handler(httplib::Server::HandlerWithResponse([&s](const httplib::Request& req,
-                                                                     httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // ours already
-    ApiError e;
-    e.status = res.status;
-    if (const char* allowed = method_of(req.path); res.status == 404 && allowed != nullptr && req.method != allowed) {
-      e.status = 405;
-      e.code = "method_not_allowed";
-      e.message = fmt::format("{} accepts {}, not {}", req.path, allowed, req.method);
-      res.set_header("Allow", allowed);
-    } else if (res.status == 404) {
-      e.code = "unknown_route";
-      e.message = fmt::format("no route {} {}", req.method, req.path);
-    } else if (res.status == 413) {
-      e.code = "body_too_large";
-      e.message = fmt::format("the request body exceeds {} bytes", s.options.max_body_bytes);
-    } else {
-      e.code = "http_error";
-      e.message = fmt::format("HTTP error {}", res.status);
-      if (res.status >= 500) e.type = "server_error";
-    }
-    write_error(res, e);
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  s.http.set_exception_handler([](const httplib::Request&, httplib::Response& res, const std::exception_ptr& ep) {
-    ApiError e;
-    e.status = 500;
-    e.type = "server_error";
-    e.code = "internal";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& x) {
-      e.message = fmt::format("internal error: {}", x.what());
-    } catch (...) {
-      e.message = "internal error";
-    }
-    write_error(res, e);
-  });
-  s.http.set_logger([&s](const httplib::Request& req, const httplib::Response& res) { s.end_request(req, res); });
-
-  s.http.Post("/v1/chat/completions", [&s](const httplib::Request& req, httplib::Response& res) {
-    s.handle_generation(req, res, Endpoint::chat);
-  });
-  s.http.Post("/v1/completions", [&s](const httplib::Request& req, httplib::Response& res) {
+  s.routes.Post("/v1/chat/completions",
+                [&s](const HttpRequest& req, HttpResponse& res) { s.handle_generation(req, res, Endpoint::chat); });
+  s.routes.Post("/v1/completions", [&s](const HttpRequest& req, HttpResponse& res) {
     s.handle_generation(req, res, Endpoint::completions);
   });
-  s.http.Get("/v1/models", [&s](const httplib::Request&, httplib::Response& res) {
+  s.routes.Get("/v1/models", [&s](const HttpRequest&, HttpResponse& res) {
     write_json(res, 200, models_body(s.options.model_name, s.created));
   });
-  s.http.Get(R"(/v1/models/(.+))", [&s](const httplib::Request& req, httplib::Response& res) {
+  s.routes.Get("/v1/models/*", [&s](const HttpRequest& req, HttpResponse& res) {
     const std::string id = req.matches[1];
     if (id != s.options.model_name) {
       ApiError e;
@@ -247,17 +278,16 @@ Server::Server(runtime::Engine& engine, ServerOptions options)
     }
     write_json(res, 200, model_body(s.options.model_name, s.created));
   });
-  s.http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-    write_json(res, 200, {{"status", "ok"}});
-  });
-  s.http.Get("/ready", [&s](const httplib::Request&, httplib::Response& res) {
+  s.routes.Get("/health", [](const HttpRequest&, HttpResponse& res) { write_json(res, 200, {{"status", "ok"}}); });
+  s.routes.Get("/ready", [&s](const HttpRequest&, HttpResponse& res) {
     if (s.draining.load()) {
       write_json(res, 503, {{"status", "draining"}});
     } else {
       write_json(res, 200, {{"status", "ready"}, {"model", s.options.model_name}});
     }
   });
-  s.http.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
+  s.routes.Get("/metrics", [&s](const HttpRequest&, HttpResponse& res) {
+    res.status = 200;
     res.set_content(s.metrics.render(s.scheduler->stats(), s.engine.attention_stats(), s.engine.op_fallbacks(),
                                      s.engine.dispatcher().registry()),
                     "text/plain; version=0.0.4; charset=utf-8");
@@ -280,29 +310,17 @@ Server::~Server() {
 
 Result<int> Server::bind() {
   Impl& s = *impl_;
-  int port = -1;
-  if (s.options.port == 0) {
-    port = s.http.bind_to_any_port(s.options.host);
-  } else if (s.http.bind_to_port(s.options.host, s.options.port)) {
-    port = s.options.port;
-  }
-  if (port <= 0) {
-    return Status(
-        ErrorCode::invalid_argument, "port",
-        fmt::format("cannot listen on {}:{} (in use, or the address is not local)", s.options.host, s.options.port));
-  }
+  auto port = s.http->bind();
+  if (!port) return port.status();
   s.bound = true;
-  return port;
+  return *port;
 }
 
 Status Server::run() {
   Impl& s = *impl_;
   if (!s.bound) return Status(ErrorCode::invalid_argument, "server", "run() before bind()");
-  s.in_run.store(true);
-  const bool ok = s.draining.load() || s.http.listen_after_bind();
-  s.in_run.store(false);
+  if (!s.draining.load()) s.http->run();
   s.join_drainer();
-  if (!ok && !s.draining.load()) return Status(ErrorCode::internal, "server", "the HTTP listener failed");
   return {};
 }
 

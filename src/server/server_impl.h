@@ -11,12 +11,13 @@
 #include <thread>
 #include <unordered_map>
 
-#include <httplib.h>
-
 #include "kallpa/server/server.h"
 #include "server/access_log.h"
 #include "server/api_error.h"
+#include "server/http_message.h"
+#include "server/http_transport.h"
 #include "server/request_parser.h"
+#include "server/router.h"
 #include "server/server_metrics.h"
 
 namespace kallpa::server {
@@ -25,7 +26,8 @@ using Clock = std::chrono::steady_clock;
 
 // What the access log and the metrics need to know about one HTTP request, filled in as it goes.
 struct RequestContext {
-  std::string id;
+  std::string id;             // X-Request-Id: the client's when it sent a valid one
+  std::string completion_id;  // chatcmpl-/cmpl-: the id the response body carries
   std::string route;
   Clock::time_point start;
   // Generation requests only (under mu).
@@ -41,11 +43,15 @@ struct Server::Impl {
   Impl(runtime::Engine& e, ServerOptions o);
 
   // Routes (completions.cpp).
-  void handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  void handle_generation(const HttpRequest& req, HttpResponse& res, Endpoint endpoint);
 
-  std::shared_ptr<RequestContext> context(const httplib::Response& res);
-  void begin_request(const httplib::Request& req, httplib::Response& res);
-  void end_request(const httplib::Request& req, const httplib::Response& res);
+  // Every request, on a worker thread (server.cpp): request id, CORS, auth, the route, errors.
+  void handle(HttpRequest& req, HttpResponse& res);
+  bool authorized(const HttpRequest& req, HttpResponse& res);
+  void answer_transport_error(const HttpRequest& req, HttpResponse& res);
+  std::shared_ptr<RequestContext> context(const HttpRequest& req);
+  void begin_request(const HttpRequest& req, HttpResponse& res);
+  void end_request(const HttpRequest& req, const HttpResponse& res);
   void drain();
 
   // Counts a generation request from before it checks for draining until its response is done,
@@ -64,11 +70,11 @@ struct Server::Impl {
   ServerMetrics metrics;
   AccessLog access_log;
   std::unique_ptr<runtime::Scheduler> scheduler;
-  httplib::Server http;
+  Router routes;
+  std::unique_ptr<HttpTransport> http;
   bool bound = false;
 
   std::atomic<bool> draining{false};
-  std::atomic<bool> in_run{false};
   std::mutex inflight_mu;
   std::condition_variable inflight_cv;
   std::int64_t inflight = 0;  // under inflight_mu
@@ -80,11 +86,11 @@ struct Server::Impl {
   void join_drainer();
 
   std::mutex contexts_mu;
-  std::unordered_map<std::string, std::shared_ptr<RequestContext>> contexts;
+  std::unordered_map<std::uint64_t, std::shared_ptr<RequestContext>> contexts;  // by HttpRequest::serial
   std::atomic<std::uint64_t> next_request{1};
   std::string id_prefix;
 };
 
-void write_error(httplib::Response& res, const ApiError& error);
+void write_error(HttpResponse& res, const ApiError& error);
 
 }  // namespace kallpa::server

@@ -17,6 +17,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -88,7 +89,7 @@ class Server:
         return box[0]
 
     def client(self, api_key="unused", **kw):
-        return openai.OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0, timeout=120, **kw)
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0, **{"timeout": 120, **kw})
 
     def request(self, method, path, body=None, headers=None):
         """Raw HTTP: (status, headers, parsed JSON body or text)."""
@@ -559,6 +560,284 @@ def test_sigterm_drains():
         code = s.stop()
         check(code == 0, f"exit code {code}\n{s.log_tail()}")
         check(body.rstrip().endswith("data: [DONE]") and '"error"' in body, f"stream end {body[-300:]!r}")
+
+
+# --- the transport: slow clients, limits, connection handling (docs/server.md, "Transport") ------
+
+def access_log(s):
+    """The server's access-log lines so far, parsed."""
+    s.log.flush()
+    out = []
+    for line in s.log_path.read_text().splitlines():
+        if line.startswith("{") and '"event":"http_request"' in line.replace(" ", ""):
+            out.append(json.loads(line))
+    return out
+
+
+def rss_kib(pid):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise Failure("no VmRSS")
+
+
+def still_open(sock):
+    """True while the server has neither closed nor reset the connection (nothing is read)."""
+    timeout = sock.gettimeout()
+    sock.settimeout(0)  # a socket with a timeout would wait for data instead
+    try:
+        return sock.recv(1, socket.MSG_PEEK) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.settimeout(timeout)
+
+
+def raw_exchange(port, data, timeout=30):
+    """Sends bytes on a new connection, reads until the server closes; returns what it sent back."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        sock.sendall(data)
+        got = b""
+        while True:
+            part = sock.recv(65536)
+            if not part:
+                return got
+            got += part
+    finally:
+        sock.close()
+
+
+def test_slow_clients():
+    # 200 connections that send part of a request line and then a byte now and then hold no
+    # thread: /health and a chat request are answered while every one of them is still open, and
+    # each is dropped at its header deadline.
+    with Server("slow_clients", "--max-connections-per-client", "1000", "--header-timeout", "20") as s:
+        socks = []
+        for _ in range(200):
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            c.sendall(b"POST /v1/chat/comp")
+            socks.append(c)
+        stop = threading.Event()
+
+        def trickle():
+            while not stop.is_set():
+                for c in socks:
+                    try:
+                        c.send(b"l")
+                    except OSError:
+                        pass
+                stop.wait(0.5)
+
+        dripper = threading.Thread(target=trickle, daemon=True)
+        dripper.start()
+        try:
+            time.sleep(1.0)
+            # The deadline is generous for a loaded machine; the old thread-per-connection server
+            # did not answer at all while these sockets were open.
+            conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+            conn.request("GET", "/health")
+            check(conn.getresponse().status == 200, "/health")
+            conn.close()
+            client = s.client(timeout=30)
+            text, r = chat_text(client, seed=1, max_tokens=4)
+            check(r.usage.completion_tokens > 0, "chat while 200 sockets trickle")
+            check(all(still_open(c) for c in socks), "a trickling socket was closed before its deadline")
+            wait_for(lambda: not any(still_open(c) for c in socks), "the trickling sockets to be dropped", timeout=60)
+        finally:
+            stop.set()
+            dripper.join()
+            for c in socks:
+                c.close()
+
+
+def test_header_limits():
+    with Server("header_limits", "--max-header-bytes", "16384", "--max-header-fields", "50") as s:
+        too_many = "".join(f"X-F{i}: v\r\n" for i in range(60))
+        reply = raw_exchange(s.port, f"GET /health HTTP/1.1\r\nHost: x\r\n{too_many}\r\n".encode())
+        check(reply.startswith(b"HTTP/1.1 431 "), f"60 fields: {reply[:80]!r}")
+        check(b'"header_too_large"' in reply, f"431 body: {reply[-200:]!r}")
+        ok = "".join(f"X-F{i}: v\r\n" for i in range(40))
+        reply = raw_exchange(s.port, f"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{ok}\r\n".encode())
+        check(reply.startswith(b"HTTP/1.1 200 "), f"40 fields: {reply[:80]!r}")
+        s.request("GET", "/health")
+        before = rss_kib(s.proc.pid)
+        # Four connections sending 500,000 header fields each (about 6 MB): each is answered 431
+        # once its first 16 KiB arrive; none of it is kept.
+        replies = [None] * 4
+
+        def flood(i):
+            sock = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+            try:
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+                line = b"".join(b"X-Flood-%d: %d\r\n" % (j, j) for j in range(1000))
+                try:
+                    for _ in range(500):
+                        sock.sendall(line)
+                except OSError:
+                    pass  # the server stopped reading: its answer is already on the way
+                got = b""
+                try:
+                    while len(got) < 12:
+                        part = sock.recv(4096)
+                        if not part:
+                            break
+                        got += part
+                except OSError:
+                    pass
+                replies[i] = got
+            finally:
+                sock.close()
+
+        threads = [threading.Thread(target=flood, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        check(all(r is not None and r.startswith(b"HTTP/1.1 431 ") for r in replies), f"floods: {replies}")
+        check(s.request("GET", "/health")[0] == 200, "/health after the floods")
+        after = rss_kib(s.proc.pid)
+        check(after - before < 32 * 1024, f"RSS grew from {before} KiB to {after} KiB")
+        statuses = [e["status"] for e in access_log(s)]
+        check(statuses.count(431) == 5, f"431s in the access log: {statuses}")
+
+
+def test_hangup_cancels():
+    # A non-streaming client that hangs up while its answer is computed: the generation stops, and
+    # the access log says 499 (client closed request), not 200.
+    with Server("hangup", fixture_shape=SLOW_FIXTURE) as s:
+        body = json.dumps({"messages": CHAT, "max_tokens": 3900, "temperature": 1.0, "ignore_eos": True}).encode()
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        wait_for(lambda: metric(s.metrics(), "kallpa_scheduler_running_sequences") == 1, "the generation to run")
+        sock.close()
+        wait_for(lambda: metric(s.metrics(), "kallpa_request_finish_total", reason="cancelled") == 1,
+                 "the abandoned request to be cancelled")
+        m = s.metrics()
+        check(metric(m, "kallpa_generation_tokens_total") < 3900, "the generation ran to max_tokens anyway")
+        check(metric(m, "kallpa_kv_cache_used_blocks") == 0, "KV blocks still used")
+        wait_for(lambda: any(e["path"] == "/v1/chat/completions" for e in access_log(s)), "the access-log line")
+        entry = [e for e in access_log(s) if e["path"] == "/v1/chat/completions"][0]
+        check(entry["status"] == 499 and entry["finish_reason"] == "client_disconnected", f"access log {entry}")
+
+
+def test_half_close():
+    # A client that shuts down its sending side after the request still reads the whole answer.
+    with Server("half_close", fixture_shape=SLOW_FIXTURE) as s:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        conn.request("POST", "/v1/completions",
+                     json.dumps({"prompt": "x", "max_tokens": 200, "ignore_eos": True, "temperature": 0}),
+                     {"Content-Type": "application/json"})
+        conn.sock.shutdown(socket.SHUT_WR)
+        r = conn.getresponse()
+        body = json.loads(r.read())
+        check(r.status == 200 and body["usage"]["completion_tokens"] == 200, f"half-closed: {r.status} {body}")
+        # HTTP/1.0 gets no interim response: its end of stream is a hang-up.
+        body = json.dumps({"prompt": "x", "max_tokens": 3, "temperature": 0}).encode()
+        reply = raw_exchange(s.port, b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        check(reply.startswith(b"HTTP/1.0 200 "), f"HTTP/1.0: {reply[:100]!r}")
+
+
+def test_second_server_same_port():
+    with Server("first") as s:
+        model = Path(ARGS.work) / "first" / "tiny.gguf"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KALLPA_") or k == "KALLPA_QUARANTINE_JOURNAL"}
+        second = subprocess.run([ARGS.kallpa, "serve", "-m", str(model), "--port", str(s.port), "--context", "4096"],
+                                capture_output=True, text=True, timeout=120, env=env)
+        check(second.returncode != 0, f"the second server started: {second.stdout!r}")
+        check("in use" in second.stderr and str(s.port) in second.stderr, f"error: {second.stderr[-500:]!r}")
+        check(s.request("GET", "/health")[0] == 200, "the first server still answers")
+
+
+def test_keep_alive_reuse():
+    # Requests on one reused connection, each sent shortly before the keep-alive timeout: none is
+    # lost, and the connection is the same one throughout.
+    with Server("keep_alive", "--keep-alive-timeout", "1") as s:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        first_sock = None
+        for i in range(16):
+            conn.request("POST", "/v1/completions", json.dumps({"prompt": f"n{i}", "max_tokens": 1}),
+                         {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            check(r.status == 200, f"request {i}: {r.status}")
+            r.read()
+            first_sock = first_sock or conn.sock
+            check(conn.sock is first_sock, f"request {i} needed a new connection")
+            time.sleep(0.6 + 0.1 * (i % 3))
+        # Past the timeout the server closes the idle connection.
+        time.sleep(1.5)
+        check(not still_open(first_sock), "an idle connection outlived the keep-alive timeout")
+        conn.close()
+
+
+def test_connections_per_client():
+    with Server("per_client", "--max-connections-per-client", "4") as s:
+        idle = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(4)]
+        time.sleep(0.2)
+        reply = raw_exchange(s.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        check(reply.startswith(b"HTTP/1.1 429 ") and b"too_many_connections" in reply, f"5th: {reply[:300]!r}")
+        idle.pop().close()
+        wait_for(lambda: raw_exchange(s.port, b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+                 .startswith(b"HTTP/1.1 200 "), "a slot to free up")
+        for c in idle:
+            c.close()
+        # The listen backlog: the kernel shows it as the listening socket's Send-Q.
+        ss = subprocess.run(["ss", "-ltnH", f"sport = :{s.port}"], capture_output=True, text=True)
+        if ss.returncode == 0 and ss.stdout.strip():
+            backlog = int(ss.stdout.split()[2])
+            somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+            check(backlog == min(1024, somaxconn), f"listen backlog {backlog}")
+
+
+def test_http_details():
+    with Server("http_details", "--cors-origin", "https://app.example", env={"KALLPA_API_KEY": "k"}) as s:
+        auth = {"Authorization": "Bearer k"}
+        # HTTP/1.0 has no chunked encoding: the stream ends where the connection does.
+        body = json.dumps({"prompt": "hi", "max_tokens": 3, "stream": True}).encode()
+        reply = raw_exchange(s.port, b"POST /v1/completions HTTP/1.0\r\nAuthorization: Bearer k\r\n"
+                                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(body), body))
+        head, _, payload = reply.partition(b"\r\n\r\n")
+        check(head.startswith(b"HTTP/1.0 200 ") and b"chunked" not in head.lower(), f"HTTP/1.0 head {head!r}")
+        check(payload.startswith(b"data: ") and payload.endswith(b"data: [DONE]\n\n"), f"HTTP/1.0 body {payload!r}")
+        # A client's X-Request-Id is kept (and logged with the completion id); a bad one is replaced.
+        _, hdrs, r = s.request("POST", "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2},
+                               {**auth, "X-Request-Id": "trace-42.a_b"})
+        check(hdrs.get("X-Request-Id") == "trace-42.a_b", f"X-Request-Id {hdrs.get('X-Request-Id')}")
+        # The line is written once the response is out, which can be a moment after the client read it.
+        wait_for(lambda: any(e["id"] == "trace-42.a_b" for e in access_log(s)), "the access-log line")
+        entry = [e for e in access_log(s) if e["id"] == "trace-42.a_b"]
+        check(entry and entry[0]["completion_id"] == r["id"] and r["id"].startswith("chatcmpl-"), f"log {entry}")
+        _, hdrs, _ = s.request("GET", "/health", None, {"X-Request-Id": "x" * 200})
+        check(hdrs.get("X-Request-Id", "").startswith("req-"), f"a 200-character id: {hdrs.get('X-Request-Id')}")
+        _, hdrs, _ = s.request("GET", "/health", None, {"X-Request-Id": "a b"})
+        check(hdrs.get("X-Request-Id", "").startswith("req-"), f"an id with a space: {hdrs.get('X-Request-Id')}")
+        # prompt + max_tokens over the context (4096): refused, naming both.
+        expect_error(s, "POST", "/v1/completions", {"prompt": "a " * 300, "max_tokens": 3900}, 400,
+                     "context_length_exceeded", "max_tokens", headers=auth)
+        # CORS: a preflight needs no key; only the configured origin is granted.
+        pre = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+               "Access-Control-Request-Headers": "authorization, content-type"}
+        status, hdrs, _ = s.request("OPTIONS", "/v1/chat/completions", None, pre)
+        check(status == 204 and hdrs.get("Access-Control-Allow-Origin") == "https://app.example",
+              f"preflight {status} {hdrs}")
+        check("POST" in hdrs.get("Access-Control-Allow-Methods", "") and
+              "authorization" in hdrs.get("Access-Control-Allow-Headers", ""), f"preflight grant {hdrs}")
+        status, hdrs, _ = s.request("OPTIONS", "/v1/chat/completions", None, {**pre, "Origin": "https://evil.example"})
+        check(status == 204 and "Access-Control-Allow-Origin" not in hdrs, f"other origin {status} {hdrs}")
+        status, hdrs, _ = s.request("GET", "/v1/models", None, {**auth, "Origin": "https://app.example"})
+        check(status == 200 and hdrs.get("Access-Control-Allow-Origin") == "https://app.example", f"GET {hdrs}")
+        expect_error(s, "OPTIONS", "/nowhere", None, 404, "unknown_route")
+    # An empty KALLPA_API_KEY is refused at start instead of silently serving without a key.
+    model = Path(ARGS.work) / "http_details" / "tiny.gguf"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KALLPA_") or k == "KALLPA_QUARANTINE_JOURNAL"}
+    r = subprocess.run([ARGS.kallpa, "serve", "-m", str(model), "--port", "0"], capture_output=True, text=True,
+                       timeout=120, env={**env, "KALLPA_API_KEY": ""})
+    check(r.returncode != 0 and "KALLPA_API_KEY" in r.stderr, f"empty key: {r.returncode} {r.stderr[-300:]!r}")
 
 
 def test_real_model_paris():

@@ -34,7 +34,17 @@ struct ServeCliOptions {
 
 int run_serve(ServeCliOptions& o, const GlobalOptions& global) {
   if (o.server.api_key.empty()) {
-    if (const char* key = std::getenv("KALLPA_API_KEY"); key && *key) o.server.api_key = key;
+    // Set but empty is a mistake (a missing secret in a deployment), not a wish to turn auth off:
+    // refused, so that the server never runs open by accident. Unset the variable to run without.
+    if (const char* key = std::getenv("KALLPA_API_KEY"); key != nullptr) {
+      if (*key == '\0') {
+        print_error("cannot start the server",
+                    Status(ErrorCode::invalid_argument, "KALLPA_API_KEY",
+                           "is set but empty; set a key, or unset it to serve without authentication"));
+        return kExitUsage;
+      }
+      o.server.api_key = key;
+    }
   }
   struct sigaction stop {};
   stop.sa_handler = on_stop_signal;
@@ -119,6 +129,30 @@ Command add_serve_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 3600.0));
   sub->add_option("--http-threads", s.http_threads, "HTTP worker threads (0: max-running + max-queue + 8)")
       ->check(CLI::Range(0, 4096));
+  sub->add_option("--listen-backlog", s.listen_backlog, "Connections the kernel queues before they are accepted")
+      ->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--header-timeout", s.header_timeout_seconds,
+                  "Seconds for a request's header, from its first byte (a new connection: from connect)")
+      ->check(CLI::Range(0.1, 3600.0));
+  sub->add_option("--body-timeout", s.body_timeout_seconds, "Seconds for a request's body, after its header")
+      ->check(CLI::Range(0.1, 3600.0));
+  sub->add_option("--keep-alive-timeout", s.keep_alive_timeout_seconds,
+                  "Seconds an idle connection stays open between requests")
+      ->check(CLI::Range(0.1, 3600.0));
+  sub->add_option("--write-timeout", s.write_timeout_seconds,
+                  "Seconds each write of a response may take (a client that stops reading is dropped)")
+      ->check(CLI::Range(0.1, 3600.0));
+  sub->add_option("--max-header-bytes", s.max_header_bytes, "Largest request line + header; more gets 431")
+      ->check(CLI::Range(1024, 1 << 24));
+  sub->add_option("--max-header-fields", s.max_header_fields, "Most header fields in a request; more get 431")
+      ->check(CLI::Range(8, 1 << 16));
+  sub->add_option("--max-connections-per-client", s.max_connections_per_client,
+                  "Open connections from one client address; more get 429 (behind a proxy: raise it)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--max-connections", s.max_connections, "Open connections in all; more get 503")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--cors-origin", s.cors_origins,
+                  "Origin browsers may call the API from (repeat for several; '*': any; default: none)");
   sub->add_flag("--no-access-log", o->no_access_log, "No per-request JSON lines on stderr");
   return {sub, [o](const GlobalOptions& g) { return run_serve(*o, g); }};
 }

@@ -7,7 +7,9 @@
 // /v1/* require `Authorization: Bearer KEY` when an API key is set; /health, /ready and /metrics
 // do not (probes and scrapers). Errors use OpenAI's body shape {"error": {message, type, param,
 // code}}: 400 malformed JSON, wrong types and values out of range, 401 bad key, 404 unknown route,
-// 413 body too large, 429 queue full and 503 draining (both with Retry-After), 500 engine failure.
+// 413 body too large, 429 queue full and 503 draining (both with Retry-After), 500 engine failure;
+// 431 header too large, 429/503 too many connections (from one address / in all). A client that
+// hangs up before its response is cancelled and logged as 499.
 //
 //   Server server(engine, options);
 //   int port = *server.bind();      // options.port 0: any free port
@@ -20,6 +22,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kallpa/runtime/engine.h"
 #include "kallpa/runtime/scheduler.h"
@@ -33,12 +36,23 @@ struct ServerOptions {
   std::string api_key;     // "": no authentication
   std::string model_name;  // the id /v1/models reports and responses carry
   std::size_t max_body_bytes = 1 << 20;
-  std::int64_t max_prompt_tokens = 0;   // 0: the model's context length - 1
-  std::int64_t max_tokens = 512;        // the largest max_tokens accepted, and the default
-  double drain_seconds = 30.0;          // after shutdown(): how long running requests may finish
-  int http_threads = 0;                 // 0: enough for every running and queued request, plus 8
-  std::FILE* access_log = stderr;       // one JSON line per request; nullptr: none
-  runtime::SchedulerOptions scheduler;  // batch size, max running, queue length
+  std::int64_t max_prompt_tokens = 0;  // 0: the model's context length - 1
+  std::int64_t max_tokens = 512;       // the largest max_tokens accepted, and the default
+  double drain_seconds = 30.0;         // after shutdown(): how long running requests may finish
+  int http_threads = 0;                // 0: enough for every running and queued request, plus 8
+  // The transport (docs/server.md): deadlines, header limits and connection bounds.
+  int listen_backlog = 1024;
+  double header_timeout_seconds = 10.0;      // a request's header, from its first byte (431 past the limits)
+  double body_timeout_seconds = 30.0;        // its body, from the end of the header
+  double keep_alive_timeout_seconds = 15.0;  // an idle connection between requests
+  double write_timeout_seconds = 30.0;       // each write of a response
+  std::size_t max_header_bytes = 16 * 1024;
+  std::size_t max_header_fields = 100;
+  int max_connections_per_client = 128;   // open connections from one address; more get 429
+  int max_connections = 4096;             // open connections in all; more get 503
+  std::vector<std::string> cors_origins;  // origins browsers may call from ("*": any); none by default
+  std::FILE* access_log = stderr;         // one JSON line per request; nullptr: none
+  runtime::SchedulerOptions scheduler;    // batch size, max running, queue length
 };
 
 class Server {
