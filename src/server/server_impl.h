@@ -42,6 +42,8 @@ struct Server::Impl {
 
   // Routes (completions.cpp).
   void handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  // Whether `model` names the model served: its id or one of its aliases.
+  bool serves(const std::string& model) const;
 
   std::shared_ptr<RequestContext> context(const httplib::Response& res);
   void begin_request(const httplib::Request& req, httplib::Response& res);
