@@ -245,7 +245,7 @@ TEST(Scheduler, NChoicesAreRefusedBeyondTheRunningLimitAndCancelTogether) {
   std::vector<Collector> choices(3);
   std::vector<RequestCallbacks> callbacks;
   for (Collector& c : choices) callbacks.push_back(c.callbacks());
-  auto h = sched.submit_choices(request(prompt_of(200), 1, 500), std::move(callbacks));
+  auto h = sched.submit_choices(request(prompt_of(200), 1, 100), std::move(callbacks));
   ASSERT_TRUE(h.is_ok());
   (*h)->cancel();
   for (Collector& c : choices) {
