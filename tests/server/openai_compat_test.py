@@ -48,16 +48,23 @@ def expect_400(fn, param, code, status=400):
     raise Failure(f"{param}: accepted, expected {status} {code}")
 
 
+# The log-probability checks use prompts no other request sends: a prompt found in the prefix
+# cache is computed in other attention shapes than the CLI's, which moves logits by float
+# reordering (up to ~2e-3 in a log-probability here), while a fresh one gives the CLI's values.
+LOGPROB_CHAT = [{"role": "user", "content": "Name the capital city of Italy."}]
+LOGPROB_PROMPT = "The largest planet of the solar system is"
+
+
 def cli_logits_top(chat, n, k):
     """`kallpa generate --logits-top K` on the same prompt: one JSON object per step."""
     cmd = [ARGS.kallpa, "generate", "-m", str(Path(ARGS.model_dir) / MODEL_FILE), "-n", str(n), "--temp", "0",
            "--logits-top", str(k), "-q"]
-    cmd += ["--chat", "-p", CHAT[0]["content"]] if chat else ["-p", PROMPT]
+    cmd += ["--chat", "-p", LOGPROB_CHAT[0]["content"]] if chat else ["-p", LOGPROB_PROMPT]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
-def close(a, b, tol=2e-3):
+def close(a, b, tol=1e-4):
     return abs(a - b) <= tol
 
 
@@ -113,8 +120,8 @@ def test_chat_basics(s, client):
 
 def test_chat_logprobs(s, client):
     steps = cli_logits_top(chat=True, n=5, k=3)
-    r = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5, temperature=0, logprobs=True,
-                                       top_logprobs=3)
+    r = client.chat.completions.create(model=MODEL, messages=LOGPROB_CHAT, max_tokens=5, temperature=0,
+                                       logprobs=True, top_logprobs=3)
     content = r.choices[0].logprobs.content
     check(len(content) == r.usage.completion_tokens, f"{len(content)} entries for {r.usage.completion_tokens} tokens")
     check("".join(e.token for e in content) == r.choices[0].message.content, "the tokens spell the text")
@@ -123,16 +130,18 @@ def test_chat_logprobs(s, client):
               f"step {i}: {e.token!r} {e.logprob} vs the CLI's {step['piece']!r} {step['logprob']}")
         check(bytes(e.bytes) == e.token.encode(), f"step {i}: bytes {e.bytes}")
         check([t.token for t in e.top_logprobs] == [t["piece"] for t in step["top"]], f"step {i}: top tokens")
-        check(all(close(t.logprob, c["logprob"]) for t, c in zip(e.top_logprobs, step["top"])), f"step {i}: top")
+        check(all(close(t.logprob, c["logprob"]) for t, c in zip(e.top_logprobs, step["top"])),
+              f"step {i}: top {[(t.token, t.logprob) for t in e.top_logprobs]} vs {[(c['piece'], c['logprob']) for c in step['top']]}")
     # Streaming: the same entries, spread over the chunks.
     entries = []
-    for chunk in client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5, temperature=0,
+    for chunk in client.chat.completions.create(model=MODEL, messages=LOGPROB_CHAT, max_tokens=5, temperature=0,
                                                 logprobs=True, top_logprobs=2, stream=True):
         for c in chunk.choices:
             if c.logprobs and c.logprobs.content:
                 entries += c.logprobs.content
     check([e.token for e in entries] == [e.token for e in content], "streamed logprob tokens")
-    check(all(close(a.logprob, b.logprob) and len(a.top_logprobs) == 2 for a, b in zip(entries, content)),
+    # (Its prompt is in the prefix cache now: equal up to attention's float reordering.)
+    check(all(close(a.logprob, b.logprob, 5e-3) and len(a.top_logprobs) == 2 for a, b in zip(entries, content)),
           "streamed logprob values")
     # logprobs without top_logprobs: no alternatives; neither: null.
     r = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2, temperature=0, logprobs=True)
@@ -143,7 +152,7 @@ def test_chat_logprobs(s, client):
 
 def test_completions_logprobs(s, client):
     steps = cli_logits_top(chat=False, n=4, k=2)
-    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=2)
+    r = client.completions.create(model=MODEL, prompt=LOGPROB_PROMPT, max_tokens=4, temperature=0, logprobs=2)
     lp = r.choices[0].logprobs
     check("".join(lp.tokens) == r.choices[0].text, f"tokens {lp.tokens} spell {r.choices[0].text!r}")
     for i, step in enumerate(steps[:len(lp.tokens)]):
@@ -153,8 +162,8 @@ def test_completions_logprobs(s, client):
     offsets = [sum(len(t.encode()) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
     check(lp.text_offset == offsets, f"text_offset {lp.text_offset}")
     streamed = []
-    for chunk in client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=0,
-                                           stream=True):
+    for chunk in client.completions.create(model=MODEL, prompt=LOGPROB_PROMPT, max_tokens=4, temperature=0,
+                                           logprobs=0, stream=True):
         for c in chunk.choices:
             if c.logprobs:
                 streamed += c.logprobs.tokens
