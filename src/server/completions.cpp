@@ -316,7 +316,9 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
           std::unique_lock lock(g->mu);
           auto pending = [&] {
             for (const ChoiceState& c : g->choices) {
-              if (!c.started || !c.pieces.empty() || !c.new_entries.empty() || (c.done && !c.finish_sent)) return true;
+              // (A completions stream has no role chunk to start with: nothing to send yet.)
+              const bool role_due = !c.started && meta.endpoint == Endpoint::chat;
+              if (role_due || !c.pieces.empty() || !c.new_entries.empty() || (c.done && !c.finish_sent)) return true;
             }
             return false;
           };
