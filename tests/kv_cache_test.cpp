@@ -143,6 +143,48 @@ TEST(KvCachePrefix, TruncatingIntoASharedBlockCopiesIt) {
   EXPECT_EQ(c->attach_prefix(d, tokens_of(9)), 8);
 }
 
+TEST(KvCacheFork, SharesFullBlocksAndCopiesThePartialOne) {
+  auto c = make_cache(64);
+  const SeqId a = c->add_sequence();
+  ASSERT_TRUE(c->reserve(a, 10).is_ok());
+  fill(*c, a, 0, 10, 1);
+  const std::int64_t used = c->used_blocks();
+  auto b = c->fork(a, 10);
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  ASSERT_EQ(c->blocks(*b).size(), 3u);
+  EXPECT_EQ(c->blocks(*b)[0], c->blocks(a)[0]);  // full blocks: shared, not copied
+  EXPECT_EQ(c->blocks(*b)[1], c->blocks(a)[1]);
+  EXPECT_NE(c->blocks(*b)[2], c->blocks(a)[2]);  // the partial one: a private copy
+  EXPECT_EQ(c->used_blocks(), used + 1);
+  for (std::int64_t p = 0; p < 10; ++p) EXPECT_EQ(k_at(*c, *b, 1, p), k_at(*c, a, 1, p)) << p;
+  // Both go on past the fork in their own block.
+  fill(*c, a, 10, 12, 1);
+  fill(*c, *b, 10, 12, 2);
+  EXPECT_EQ(k_at(*c, a, 0, 11), 1000.0f + 11);
+  EXPECT_EQ(k_at(*c, *b, 0, 11), 2000.0f + 11);
+  EXPECT_EQ(k_at(*c, *b, 0, 9), 1000.0f + 9);
+  // The shared blocks go back to the pool only when both have let go.
+  c->remove(a);
+  EXPECT_EQ(c->used_blocks(), 3);
+  EXPECT_EQ(k_at(*c, *b, 1, 3), 1000.0f + 103);
+  c->remove(*b);
+  EXPECT_EQ(c->used_blocks(), 0);
+}
+
+TEST(KvCacheFork, AtABlockBoundaryNothingIsCopiedAndErrorsAreTyped) {
+  auto c = make_cache(12);  // three blocks
+  const SeqId a = c->add_sequence();
+  ASSERT_TRUE(c->reserve(a, 8).is_ok());
+  auto b = c->fork(a, 8);
+  ASSERT_TRUE(b.is_ok());
+  EXPECT_EQ(c->blocks(*b), c->blocks(a));
+  EXPECT_EQ(c->used_blocks(), 2);
+  EXPECT_EQ(c->fork(12345, 4).status().code(), ErrorCode::not_found);
+  // A partial last block needs a free block for its copy.
+  ASSERT_TRUE(c->reserve(a, 12).is_ok());
+  EXPECT_EQ(c->fork(a, 10).status().code(), ErrorCode::out_of_memory);
+}
+
 TEST(KvCachePrefix, TruncatingAnUnsharedPublishedBlockUnpublishesIt) {
   auto c = make_cache(64);
   const SeqId a = c->add_sequence();

@@ -78,6 +78,41 @@ TEST(Sampler, RepetitionPenaltyDemotesRecentTokens) {
   EXPECT_FLOAT_EQ(l[1], 0.75f);
 }
 
+TEST(Sampler, LogitBiasBansAndForcesTokens) {
+  std::vector<float> l = {3.0f, 1.0f, 0.5f};
+  Sampler ban({.temperature = 0.0f, .logit_bias = {{0, -100.0f}}});
+  EXPECT_EQ(ban.sample(l, {}), 1);
+  EXPECT_FLOAT_EQ(l[0], -97.0f);
+  // At any temperature, +100 leaves the others no mass worth drawing.
+  Sampler force({.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .logit_bias = {{2, 100.0f}}});
+  for (int i = 0; i < 200; ++i) {
+    std::vector<float> again = {3.0f, 1.0f, 0.5f};
+    EXPECT_EQ(force.sample(again, {}), 2);
+  }
+  // An id past the vocabulary changes nothing (the server refuses it before).
+  Sampler outside({.temperature = 0.0f, .logit_bias = {{7, 100.0f}}});
+  std::vector<float> same = {3.0f, 1.0f};
+  EXPECT_EQ(outside.sample(same, {}), 0);
+  EXPECT_EQ(same, (std::vector<float>{3.0f, 1.0f}));
+}
+
+TEST(Sampler, PresenceAndFrequencyPenaltiesCountGeneratedTokens) {
+  Sampler s({.temperature = 0.0f, .presence_penalty = 0.5f, .frequency_penalty = 0.25f});
+  std::vector<float> l = {2.0f, 1.8f, 1.0f, 0.0f};
+  const std::int32_t prompt_and_generated[] = {2, 2, 2, 0, 0, 3};
+  const std::int32_t generated[] = {0, 0, 3};  // the prompt's 2s do not count
+  EXPECT_EQ(s.sample(l, prompt_and_generated, generated), 1);
+  EXPECT_FLOAT_EQ(l[0], 2.0f - 0.5f - 2 * 0.25f);
+  EXPECT_FLOAT_EQ(l[1], 1.8f);
+  EXPECT_FLOAT_EQ(l[2], 1.0f);
+  EXPECT_FLOAT_EQ(l[3], 0.0f - 0.5f - 0.25f);
+  // Negative values encourage repeats.
+  Sampler again({.temperature = 0.0f, .presence_penalty = -2.0f});
+  std::vector<float> m = {2.0f, 1.8f};
+  const std::int32_t one[] = {1};
+  EXPECT_EQ(again.sample(m, one, one), 1);
+}
+
 TEST(Sampler, LowTemperatureConcentrates) {
   Sampler s({.temperature = 0.05f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 1});
   int top = 0;
@@ -242,6 +277,11 @@ TEST(SamplingParams, RejectsOutOfRangeValues) {
   EXPECT_EQ(SamplingParams{.top_p = 0.0f}.validate().field(), "top_p");
   EXPECT_EQ(SamplingParams{.min_p = 1.5f}.validate().field(), "min_p");
   EXPECT_EQ(SamplingParams{.repetition_penalty = 0.0f}.validate().field(), "repetition_penalty");
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(SamplingParams{.presence_penalty = inf}.validate().field(), "presence_penalty");
+  EXPECT_EQ(SamplingParams{.frequency_penalty = -inf}.validate().field(), "frequency_penalty");
+  EXPECT_EQ((SamplingParams{.logit_bias = {{-1, 1.0f}}}.validate().field()), "logit_bias");
+  EXPECT_EQ((SamplingParams{.logit_bias = {{1, inf}}}.validate().field()), "logit_bias");
   EXPECT_TRUE(SamplingParams{}.validate().is_ok());
 }
 

@@ -3,9 +3,12 @@
 // bounded queue, KV admission, and chunked prefill that never stalls running streams.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
+#include <numeric>
 
 #include "kallpa/model/gguf.h"
 #include "kallpa/runtime/engine.h"
@@ -198,6 +201,130 @@ TEST(Scheduler, ChunkedPrefillKeepsRunningStreamsGoing) {
   sched.cancel_all();
   stream.wait_done();
   EXPECT_EQ(stream.completion.finish_reason, "cancelled");
+}
+
+TEST(Scheduler, NChoicesShareTheComputedPromptAndEachGivesItsSoloText) {
+  auto e = make_engine();
+  constexpr int kChoices = 3;
+  const auto prompt = prompt_of(30);  // 30 = one partial block past the full ones: forks copy it
+  std::vector<std::string> solo;
+  {
+    Scheduler sched(*e, {.max_batch_tokens = 16, .prefill_chunk = 8, .prefix_cache = false});
+    for (int i = 0; i < kChoices; ++i) {
+      Collector c;
+      ASSERT_TRUE(sched.submit(request(prompt, 40 + i, 12), c.callbacks()).is_ok());
+      c.wait_done();
+      solo.push_back(c.text);
+    }
+  }
+  EXPECT_NE(solo[0], solo[1]);  // the seeds differ, so do the texts
+  Scheduler sched(*e, {.max_batch_tokens = 16, .prefill_chunk = 8, .prefix_cache = false});
+  std::vector<Collector> choices(kChoices);
+  std::vector<RequestCallbacks> callbacks;
+  for (Collector& c : choices) callbacks.push_back(c.callbacks());
+  ASSERT_TRUE(sched.submit_choices(request(prompt, 40, 12), std::move(callbacks)).is_ok());
+  for (int i = 0; i < kChoices; ++i) {
+    choices[static_cast<std::size_t>(i)].wait_done();
+    EXPECT_EQ(choices[static_cast<std::size_t>(i)].text, solo[static_cast<std::size_t>(i)]) << "choice " << i;
+    EXPECT_EQ(choices[static_cast<std::size_t>(i)].completion.generated_tokens, 12);
+  }
+  // The prompt went through the model once; then each choice fed its 11 sampled tokens.
+  EXPECT_EQ(sched.stats().batch_tokens, static_cast<std::uint64_t>(30 + kChoices * 11));
+  EXPECT_EQ(sched.stats().kv_blocks_committed, 0);
+  EXPECT_EQ(e->cache().used_blocks(), 0);
+}
+
+TEST(Scheduler, NChoicesAreRefusedBeyondTheRunningLimitAndCancelTogether) {
+  auto e = make_engine();
+  Scheduler sched(*e, {.max_running = 4});
+  std::vector<RequestCallbacks> five(5);
+  auto refused = sched.submit_choices(request(prompt_of(8), 1, 4), std::move(five));
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().field(), "n");
+  // Cancelled at once (queued or prefilling): every choice still gets its one on_done.
+  std::vector<Collector> choices(3);
+  std::vector<RequestCallbacks> callbacks;
+  for (Collector& c : choices) callbacks.push_back(c.callbacks());
+  auto h = sched.submit_choices(request(prompt_of(200), 1, 100), std::move(callbacks));
+  ASSERT_TRUE(h.is_ok());
+  (*h)->cancel();
+  for (Collector& c : choices) {
+    c.wait_done();
+    EXPECT_EQ(c.completion.finish_reason, "cancelled");
+  }
+  EXPECT_EQ(sched.stats().kv_blocks_committed, 0);
+  EXPECT_EQ(e->cache().used_blocks(), 0);
+}
+
+TEST(Scheduler, LogprobsAreTheLogSoftmaxOfTheLogitsSampledFrom) {
+  auto e = make_engine();
+  constexpr std::int32_t kTop = 3;
+  // What generate() saw: the logits of each step, turned into log-probabilities here.
+  std::vector<TokenLogprobs> expected;
+  {
+    Session s(*e, {.temperature = 0.0f});
+    GenerateOptions g;
+    g.max_tokens = 8;
+    g.stop_at_eos = false;
+    g.on_token = [&](std::int32_t token, std::span<const float> logits) {
+      double z = 0.0;
+      const float m = *std::max_element(logits.begin(), logits.end());
+      for (float l : logits) z += std::exp(double(l) - m);
+      TokenLogprobs t;
+      t.sampled = {token, static_cast<float>(logits[static_cast<std::size_t>(token)] - m - std::log(z))};
+      std::vector<std::int32_t> ids(logits.size());
+      std::iota(ids.begin(), ids.end(), 0);
+      std::stable_sort(ids.begin(), ids.end(), [&](std::int32_t a, std::int32_t b) {
+        return logits[static_cast<std::size_t>(a)] > logits[static_cast<std::size_t>(b)];
+      });
+      for (int k = 0; k < kTop; ++k) {
+        const std::int32_t id = ids[static_cast<std::size_t>(k)];
+        t.top.push_back({id, static_cast<float>(logits[static_cast<std::size_t>(id)] - m - std::log(z))});
+      }
+      expected.push_back(t);
+    };
+    ASSERT_TRUE(generate(s, prompt_of(20), g).is_ok());
+  }
+  Scheduler sched(*e, {.max_batch_tokens = 16, .prefill_chunk = 8});
+  Collector c;
+  std::vector<TokenLogprobs> got;
+  RequestCallbacks cb = c.callbacks();
+  cb.on_logprobs = [&](const TokenLogprobs& t) { got.push_back(t); };  // on the scheduler thread, before on_token
+  RequestOptions r = request(prompt_of(20), 1, 8);
+  r.sampling = {.temperature = 0.0f, .presence_penalty = 2.0f};  // edits what is drawn, never the logprobs
+  r.logprobs = kTop;
+  ASSERT_TRUE(sched.submit(std::move(r), std::move(cb)).is_ok());
+  c.wait_done();
+  ASSERT_GE(got.size(), 1u);
+  // The first step is the same whatever the penalty: the same token and values.
+  EXPECT_EQ(got[0].sampled.id, expected[0].sampled.id);
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].top.size(), static_cast<std::size_t>(kTop));
+    for (std::size_t k = 1; k < got[i].top.size(); ++k) EXPECT_GE(got[i].top[k - 1].logprob, got[i].top[k].logprob);
+    EXPECT_LE(got[i].sampled.logprob, 0.0f);
+  }
+  EXPECT_NEAR(got[0].sampled.logprob, expected[0].sampled.logprob, 1e-4);
+  for (int k = 0; k < kTop; ++k) {
+    EXPECT_EQ(got[0].top[static_cast<std::size_t>(k)].id, expected[0].top[static_cast<std::size_t>(k)].id);
+    EXPECT_NEAR(got[0].top[static_cast<std::size_t>(k)].logprob, expected[0].top[static_cast<std::size_t>(k)].logprob,
+                1e-4);
+  }
+  // Without penalties every step matches generate()'s.
+  Collector plain;
+  std::vector<TokenLogprobs> all;
+  RequestCallbacks cb2 = plain.callbacks();
+  cb2.on_logprobs = [&](const TokenLogprobs& t) { all.push_back(t); };
+  RequestOptions r2 = request(prompt_of(20), 1, 8);
+  r2.sampling = {.temperature = 0.0f};
+  r2.logprobs = 0;
+  ASSERT_TRUE(sched.submit(std::move(r2), std::move(cb2)).is_ok());
+  plain.wait_done();
+  ASSERT_EQ(all.size(), expected.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    EXPECT_EQ(all[i].sampled.id, expected[i].sampled.id) << i;
+    EXPECT_NEAR(all[i].sampled.logprob, expected[i].sampled.logprob, 1e-3) << i;
+    EXPECT_TRUE(all[i].top.empty());
+  }
 }
 
 TEST(Scheduler, StopStringEndsTheRequestAndIsNotEmitted) {

@@ -2,6 +2,7 @@
 // response shapes and the Prometheus text rendering, without a socket.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,7 +23,7 @@ namespace {
 using nlohmann::json;
 
 ParsedRequest parse(const json& body, Endpoint e = Endpoint::chat, std::int64_t max_tokens = 100) {
-  return parse_completion_request(body.dump(), e, {.max_tokens = max_tokens});
+  return parse_completion_request(body.dump(), e, {.max_tokens = max_tokens, .max_choices = 8, .vocab_size = 1000});
 }
 
 CompletionRequest ok(const ParsedRequest& p) {
@@ -52,6 +53,11 @@ TEST(ServerRequest, ChatWithDefaults) {
   EXPECT_FALSE(r.seed_given);
   EXPECT_FALSE(r.ignore_eos);
   EXPECT_FALSE(r.stream);
+  EXPECT_EQ(r.n, 1);
+  EXPECT_EQ(r.logprobs, -1);
+  EXPECT_EQ(r.sampling.presence_penalty, 0.0f);
+  EXPECT_EQ(r.sampling.frequency_penalty, 0.0f);
+  EXPECT_TRUE(r.sampling.logit_bias.empty());
 }
 
 TEST(ServerRequest, ChatWithEveryOption) {
@@ -89,13 +95,51 @@ TEST(ServerRequest, ChatWithEveryOption) {
   EXPECT_TRUE(r.include_usage);
 }
 
+TEST(ServerRequest, SamplingSurface) {
+  json body = kChat;
+  body.update({{"n", 3},
+               {"logprobs", true},
+               {"top_logprobs", 5},
+               {"presence_penalty", 0.5},
+               {"frequency_penalty", -1.5},
+               {"logit_bias", {{"7", -100}, {"999", 2.5}}},
+               {"response_format", {{"type", "text"}}}});
+  const CompletionRequest r = ok(parse(body));
+  EXPECT_EQ(r.n, 3);
+  EXPECT_EQ(r.logprobs, 5);
+  EXPECT_EQ(r.sampling.presence_penalty, 0.5f);
+  EXPECT_EQ(r.sampling.frequency_penalty, -1.5f);
+  EXPECT_EQ(r.sampling.logit_bias, (std::vector<std::pair<std::int32_t, float>>{{7, -100.0f}, {999, 2.5f}}));
+  // logprobs alone means no alternatives; false means none at all.
+  json plain = kChat;
+  plain["logprobs"] = true;
+  EXPECT_EQ(ok(parse(plain)).logprobs, 0);
+  plain["logprobs"] = false;
+  EXPECT_EQ(ok(parse(plain)).logprobs, -1);
+  // Completions: the legacy integer logprobs, echo.
+  const CompletionRequest c =
+      ok(parse({{"prompt", "x"}, {"logprobs", 2}, {"echo", false}, {"n", 2}}, Endpoint::completions));
+  EXPECT_EQ(c.logprobs, 2);
+  EXPECT_EQ(c.n, 2);
+  EXPECT_TRUE(ok(parse({{"prompt", "x"}, {"echo", true}}, Endpoint::completions)).echo);
+}
+
 TEST(ServerRequest, CompletionPromptForms) {
-  EXPECT_EQ(ok(parse({{"prompt", "abc"}}, Endpoint::completions)).prompt, "abc");
-  EXPECT_EQ(ok(parse({{"prompt", {"abc"}}}, Endpoint::completions)).prompt, "abc");
+  EXPECT_EQ(ok(parse({{"prompt", "abc"}}, Endpoint::completions)).prompts.at(0).text, "abc");
+  EXPECT_EQ(ok(parse({{"prompt", {"abc"}}}, Endpoint::completions)).prompts.at(0).text, "abc");
   const CompletionRequest ids = ok(parse({{"prompt", {5, 6, 7}}}, Endpoint::completions));
-  EXPECT_TRUE(ids.prompt_is_tokens);
-  EXPECT_EQ(ids.prompt_tokens, (std::vector<std::int32_t>{5, 6, 7}));
-  EXPECT_EQ(ok(parse({{"prompt", {{8, 9}}}}, Endpoint::completions)).prompt_tokens, (std::vector<std::int32_t>{8, 9}));
+  ASSERT_EQ(ids.prompts.size(), 1u);
+  EXPECT_TRUE(ids.prompts[0].is_tokens);
+  EXPECT_EQ(ids.prompts[0].tokens, (std::vector<std::int32_t>{5, 6, 7}));
+  EXPECT_EQ(ok(parse({{"prompt", {{8, 9}}}}, Endpoint::completions)).prompts.at(0).tokens,
+            (std::vector<std::int32_t>{8, 9}));
+  // Several prompts, in order, each its own choices.
+  const CompletionRequest texts = ok(parse({{"prompt", {"a", "b", "c"}}}, Endpoint::completions));
+  ASSERT_EQ(texts.prompts.size(), 3u);
+  EXPECT_EQ(texts.prompts[2].text, "c");
+  const CompletionRequest lists = ok(parse({{"prompt", {{1, 2}, {3}}}}, Endpoint::completions));
+  ASSERT_EQ(lists.prompts.size(), 2u);
+  EXPECT_EQ(lists.prompts[1].tokens, (std::vector<std::int32_t>{3}));
   const CompletionRequest stops = ok(parse({{"prompt", "x"}, {"stop", {"a", "b"}}}, Endpoint::completions));
   EXPECT_EQ(stops.stop, (std::vector<std::string>{"a", "b"}));
 }
@@ -138,17 +182,33 @@ TEST(ServerRequest, BadInputsNameTheFieldAndKind) {
       {with("stream", 1), Endpoint::chat, "stream", "invalid_type"},
       {with("ignore_eos", "yes"), Endpoint::chat, "ignore_eos", "invalid_type"},
       {with("stream_options", {{"include_usage", true}}), Endpoint::chat, "stream_options", "invalid_value"},
-      {with("n", 3), Endpoint::chat, "n", "invalid_value"},
-      {with("presence_penalty", 0.5), Endpoint::chat, "presence_penalty", "unsupported_value"},
-      {with("logit_bias", {{"5", 1}}), Endpoint::chat, "logit_bias", "unsupported_value"},
+      {with("n", 9), Endpoint::chat, "n", "invalid_value"},
+      {with("n", 0), Endpoint::chat, "n", "invalid_value"},
+      {with("presence_penalty", 2.5), Endpoint::chat, "presence_penalty", "invalid_value"},
+      {with("frequency_penalty", "x"), Endpoint::chat, "frequency_penalty", "invalid_type"},
+      {with("logit_bias", {{"5", 101}}), Endpoint::chat, "logit_bias", "invalid_value"},
+      {with("logit_bias", {{"1000", 1}}), Endpoint::chat, "logit_bias", "invalid_value"},
+      {with("logit_bias", {{"-1", 1}}), Endpoint::chat, "logit_bias", "invalid_value"},
+      {with("logit_bias", {{"five", 1}}), Endpoint::chat, "logit_bias", "invalid_value"},
+      {with("logit_bias", {{"5", "1"}}), Endpoint::chat, "logit_bias.5", "invalid_type"},
+      {with("logit_bias", json::array()), Endpoint::chat, "logit_bias", "invalid_type"},
+      {with("logprobs", 1), Endpoint::chat, "logprobs", "invalid_type"},
+      {with("top_logprobs", 2), Endpoint::chat, "top_logprobs", "invalid_value"},
+      {with("response_format", {{"type", "json_object"}}), Endpoint::chat, "response_format", "unsupported_value"},
+      {with("response_format", "text"), Endpoint::chat, "response_format", "invalid_type"},
       {with("tools", json::array()), Endpoint::chat, "tools", "unsupported_value"},
       {json::object(), Endpoint::completions, "prompt", "missing_required_parameter"},
       {{{"prompt", 5}}, Endpoint::completions, "prompt", "invalid_type"},
-      {{{"prompt", {"a", "b"}}}, Endpoint::completions, "prompt", "unsupported_value"},
+      {{{"prompt", json::array()}}, Endpoint::completions, "prompt", "invalid_value"},
+      {{{"prompt", {"a", 1}}}, Endpoint::completions, "prompt[1]", "invalid_type"},
+      {{{"prompt", {{1}, "a"}}}, Endpoint::completions, "prompt[1]", "invalid_type"},
+      {{{"prompt", {{1}, {-2}}}}, Endpoint::completions, "prompt[1][0]", "invalid_value"},
+      {{{"prompt", {"a", "b", "c"}}, {"n", 3}}, Endpoint::completions, "n", "invalid_value"},
       {{{"prompt", {1, "a"}}}, Endpoint::completions, "prompt[1]", "invalid_type"},
       {{{"prompt", {-1}}}, Endpoint::completions, "prompt[0]", "invalid_value"},
-      {{{"prompt", "x"}, {"echo", true}}, Endpoint::completions, "echo", "unsupported_value"},
-      {{{"prompt", "x"}, {"logprobs", 2}}, Endpoint::completions, "logprobs", "unsupported_value"},
+      {{{"prompt", "x"}, {"echo", true}, {"logprobs", 1}}, Endpoint::completions, "echo", "unsupported_value"},
+      {{{"prompt", "x"}, {"logprobs", 21}}, Endpoint::completions, "logprobs", "invalid_value"},
+      {{{"prompt", "x"}, {"logprobs", true}}, Endpoint::completions, "logprobs", "invalid_type"},
   };
   for (const BadCase& c : cases) {
     const ApiError e = error(parse(c.body, c.endpoint));
@@ -193,19 +253,49 @@ TEST(ServerErrors, OpenAiShapeAndStatusMapping) {
 
 TEST(ServerResponses, ShapesOfBodiesAndChunks) {
   ResponseMeta chat{Endpoint::chat, "chatcmpl-1", "m", 5};
-  const json body = completion_body(chat, "hello", "stop", {3, 2});
+  const json body = completion_body(chat, {{0, "hello", "stop"}, {1, "bye", "length"}}, {3, 2});
   EXPECT_EQ(body["object"], "chat.completion");
   EXPECT_EQ(body["choices"][0]["message"]["content"], "hello");
+  EXPECT_EQ(body["choices"][1]["index"], 1);
+  EXPECT_EQ(body["choices"][1]["finish_reason"], "length");
+  EXPECT_TRUE(body["choices"][0]["logprobs"].is_null());
   EXPECT_EQ(body["usage"]["total_tokens"], 5);
-  const json first = stream_chunk(chat, "", "", true);
+  const json first = stream_chunk(chat, 0, "", "", true);
   EXPECT_EQ(first["object"], "chat.completion.chunk");
   EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
   EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
-  EXPECT_EQ(stream_chunk(chat, "", "length")["choices"][0]["delta"], json::object());
+  EXPECT_EQ(stream_chunk(chat, 0, "", "length")["choices"][0]["delta"], json::object());
+  EXPECT_EQ(stream_chunk(chat, 3, "x", "")["choices"][0]["index"], 3);
   EXPECT_TRUE(usage_chunk(chat, {1, 1})["choices"].empty());
   ResponseMeta text{Endpoint::completions, "cmpl-1", "m", 5};
-  EXPECT_EQ(stream_chunk(text, "x", "")["choices"][0]["text"], "x");
-  EXPECT_EQ(completion_body(text, "y", "length", {})["object"], "text_completion");
+  EXPECT_EQ(stream_chunk(text, 0, "x", "")["choices"][0]["text"], "x");
+  EXPECT_EQ(completion_body(text, {{0, "y", "length"}}, {})["object"], "text_completion");
+}
+
+TEST(ServerResponses, LogprobShapes) {
+  // " Paris" then a token that is half of a UTF-8 sequence, and one the model rules out (-inf).
+  const std::vector<LogprobEntry> entries = {{" Paris", -0.25f, {{" Paris", -0.25f}, {" Lyon", -2.0f}}},
+                                             {"\xe2", -1.0f, {}},
+                                             {"x", -std::numeric_limits<float>::infinity(), {}}};
+  const json chat = logprobs_json(Endpoint::chat, entries, 0);
+  ASSERT_EQ(chat["content"].size(), 3u);
+  EXPECT_EQ(chat["content"][0]["token"], " Paris");
+  EXPECT_EQ(chat["content"][0]["logprob"], -0.25);
+  EXPECT_EQ(chat["content"][0]["bytes"], json({32, 80, 97, 114, 105, 115}));
+  EXPECT_EQ(chat["content"][0]["top_logprobs"][1]["token"], " Lyon");
+  EXPECT_EQ(chat["content"][0]["top_logprobs"][1]["logprob"], -2.0);
+  EXPECT_EQ(chat["content"][1]["bytes"], json({0xe2}));
+  EXPECT_EQ(chat["content"][2]["logprob"], -9999.0);
+  EXPECT_TRUE(chat["refusal"].is_null());
+  // The body still dumps (the partial sequence is replaced in the token string, kept in bytes).
+  EXPECT_NE(dump_json(chat).find("\"bytes\":[226]"), std::string::npos) << dump_json(chat);
+
+  const json legacy = logprobs_json(Endpoint::completions, entries, 10);
+  EXPECT_EQ(legacy["tokens"][0], " Paris");
+  EXPECT_EQ(legacy["token_logprobs"][0], -0.25);
+  EXPECT_EQ(legacy["top_logprobs"][0][" Lyon"], -2.0);
+  EXPECT_EQ(legacy["top_logprobs"][1], json::object());
+  EXPECT_EQ(legacy["text_offset"], json({10, 16, 17}));
 }
 
 TEST(ServerSse, FramingAndInvalidUtf8) {

@@ -277,6 +277,31 @@ void KvCache::remove(SeqId seq) {
   seqs_.erase(std::remove_if(seqs_.begin(), seqs_.end(), [&](const Sequence& s) { return s.id == seq; }), seqs_.end());
 }
 
+Result<SeqId> KvCache::fork(SeqId from, std::int64_t length) {
+  std::lock_guard lock(mu_);
+  const Sequence* s = find(from);
+  if (!s) return Status(ErrorCode::not_found, "sequence", fmt::format("no sequence {}", from));
+  const auto page = static_cast<std::int64_t>(options_.page_size);
+  length = std::clamp<std::int64_t>(length, 0, static_cast<std::int64_t>(s->blocks.size()) * page);
+  const auto full = static_cast<std::size_t>(length / page);
+  const bool partial = length % page != 0;
+  if (partial && free_.empty() && idle_.empty()) {
+    return Status(ErrorCode::out_of_memory, "kv_cache",
+                  fmt::format("no free block for the copy of a forked sequence's last block (of {})", n_blocks_));
+  }
+  Sequence child{next_id_, {}, {}};
+  child.blocks.assign(s->blocks.begin(), s->blocks.begin() + static_cast<std::ptrdiff_t>(full));
+  child.chain.assign(s->chain.begin(), s->chain.begin() + static_cast<std::ptrdiff_t>(std::min(full, s->chain.size())));
+  for (std::int32_t b : child.blocks) ++refs_[static_cast<std::size_t>(b)];
+  if (partial) {
+    const std::int32_t copy = take_block();
+    copy_block(s->blocks[full], copy);
+    child.blocks.push_back(copy);
+  }
+  seqs_.push_back(std::move(child));  // `s` is not used past this point: the push may move it
+  return next_id_++;
+}
+
 std::int64_t KvCache::capacity(SeqId seq) const {
   std::lock_guard lock(mu_);
   const Sequence* s = find(seq);

@@ -22,6 +22,13 @@ Status SamplingParams::validate() const {
     return Status::invalid("repetition_penalty", fmt::format("is {}, must be finite and > 0", repetition_penalty));
   }
   if (repetition_window < 0) return Status::invalid("repetition_window", "must be >= 0");
+  if (!std::isfinite(presence_penalty)) return Status::invalid("presence_penalty", "must be finite");
+  if (!std::isfinite(frequency_penalty)) return Status::invalid("frequency_penalty", "must be finite");
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0) return Status::invalid("logit_bias", fmt::format("token id {} is negative", id));
+    if (!std::isfinite(bias))
+      return Status::invalid("logit_bias", fmt::format("the bias of token {} is not finite", id));
+  }
   return {};
 }
 
@@ -142,8 +149,34 @@ void Sampler::sort_by_logit(std::size_t from, std::size_t to, std::size_t vocab)
 void Sampler::reset() { rng_.seed(params_.seed); }
 
 std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32_t> recent) {
+  const std::size_t window = std::min<std::size_t>(recent.size(), static_cast<std::size_t>(params_.repetition_window));
+  return sample(logits, recent, recent.subspan(recent.size() - window));
+}
+
+std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32_t> recent,
+                             std::span<const std::int32_t> generated) {
   const auto vocab = static_cast<std::int32_t>(logits.size());
   if (vocab == 0) return -1;
+
+  // Ids outside the vocabulary are skipped: the server refuses them, a library caller gets no
+  // effect rather than a write out of bounds.
+  for (const auto& [id, bias] : params_.logit_bias) {
+    if (id >= 0 && id < vocab) logits[static_cast<std::size_t>(id)] += bias;
+  }
+  if ((params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) && !generated.empty()) {
+    std::vector<std::int32_t> counted(generated.begin(), generated.end());
+    std::sort(counted.begin(), counted.end());
+    for (std::size_t i = 0; i < counted.size();) {
+      std::size_t j = i;
+      while (j < counted.size() && counted[j] == counted[i]) ++j;
+      const std::int32_t id = counted[i];
+      if (id >= 0 && id < vocab) {
+        logits[static_cast<std::size_t>(id)] -=
+            params_.presence_penalty + params_.frequency_penalty * static_cast<float>(j - i);
+      }
+      i = j;
+    }
+  }
 
   // CTRL-style penalty (as llama.cpp applies it): divide positive logits, multiply negative ones,
   // once per distinct token in the window.

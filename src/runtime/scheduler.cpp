@@ -1,6 +1,8 @@
 #include "kallpa/runtime/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <optional>
 
 #include <fmt/format.h>
@@ -10,23 +12,77 @@
 
 namespace kallpa::runtime {
 
+namespace {
+
+// Choice i of n draws from its own random stream.
+SamplingParams for_choice(SamplingParams p, std::size_t index) {
+  p.seed += index;
+  return p;
+}
+
+}  // namespace
+
+void token_logprobs(std::span<const float> logits, std::int32_t token, std::int32_t top, TokenLogprobs& out) {
+  // log p(i) = l_i - max - log(sum exp(l - max)), the sum in double over the whole vocabulary.
+  float max_logit = -std::numeric_limits<float>::infinity();
+  for (float l : logits) {
+    if (l > max_logit) max_logit = l;
+  }
+  double sum = 0.0;
+  for (float l : logits) {
+    if (!std::isnan(l)) sum += std::exp(double(l) - double(max_logit));
+  }
+  const double log_z = double(max_logit) + std::log(sum);
+  auto logprob = [&](std::int32_t id) {
+    const float l = logits[static_cast<std::size_t>(id)];
+    return std::isnan(l) ? -std::numeric_limits<float>::infinity() : static_cast<float>(double(l) - log_z);
+  };
+  out.sampled = {token, logprob(token)};
+  out.top.clear();
+  if (top <= 0) return;
+  // The `top` largest by a bounded insertion: top is at most kMaxLogprobs, the vocabulary large.
+  auto before = [&](std::int32_t a, std::int32_t b) {
+    const float la = logits[static_cast<std::size_t>(a)], lb = logits[static_cast<std::size_t>(b)];
+    return la > lb || (la == lb && a < b);
+  };
+  std::vector<std::int32_t> best;
+  best.reserve(static_cast<std::size_t>(top) + 1);
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    const auto id = static_cast<std::int32_t>(i);
+    if (std::isnan(logits[i])) continue;
+    if (best.size() == static_cast<std::size_t>(top) && !before(id, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), id, before), id);
+    if (best.size() > static_cast<std::size_t>(top)) best.pop_back();
+  }
+  for (std::int32_t id : best) out.top.push_back({id, logprob(id)});
+}
+
 struct Scheduler::Pending {
   std::shared_ptr<RequestHandle> handle;
   RequestOptions request;
-  RequestCallbacks callbacks;
-  std::int64_t limit = 0;   // positions the sequence may reach: min(prompt + max_tokens, context)
-  std::int64_t blocks = 0;  // KV blocks of that worst case
+  std::vector<RequestCallbacks> choices;
+  std::int64_t limit = 0;         // positions each sequence may reach: min(prompt + max_tokens, context)
+  std::int64_t blocks = 0;        // KV blocks of the worst case of all choices together
+  std::int64_t first_blocks = 0;  // of them, choice 0's (the prompt's sequence)
+  std::int64_t fork_blocks = 0;   // of them, each other choice's (past the shared full prompt blocks)
 };
 
 struct Scheduler::Active {
-  Active(Pending&& p, ops::SeqId s, const tokenizer::Tokenizer& tok)
-      : handle(std::move(p.handle)),
-        request(std::move(p.request)),
-        callbacks(std::move(p.callbacks)),
-        limit(p.limit),
-        blocks(p.blocks),
+  // A choice that waits for the prompt's sequence to finish its prefill, then forks it.
+  struct Follower {
+    RequestCallbacks callbacks;
+    std::size_t index;
+    std::int64_t blocks;
+  };
+  Active(std::shared_ptr<RequestHandle> h, RequestOptions r, RequestCallbacks cb, std::size_t index, std::int64_t lim,
+         std::int64_t blk, ops::SeqId s, const tokenizer::Tokenizer& tok)
+      : handle(std::move(h)),
+        request(std::move(r)),
+        callbacks(std::move(cb)),
+        limit(lim),
+        blocks(blk),
         seq(s),
-        sampler(request.sampling),
+        sampler(for_choice(request.sampling, index)),
         decoder(tok, {.skip_special = true}) {
     tokens = request.prompt;
   }
@@ -34,6 +90,7 @@ struct Scheduler::Active {
   RequestOptions request;
   RequestCallbacks callbacks;
   std::int64_t limit, blocks;
+  std::vector<Follower> followers;  // forked once the prompt is computed
   ops::SeqId seq;
   Sampler sampler;
   tokenizer::StreamDecoder decoder;
@@ -76,6 +133,21 @@ std::int64_t Scheduler::blocks_for(std::int64_t positions) const {
 }
 
 Result<std::shared_ptr<RequestHandle>> Scheduler::submit(RequestOptions request, RequestCallbacks callbacks) {
+  std::vector<RequestCallbacks> choices;
+  choices.push_back(std::move(callbacks));
+  return submit_choices(std::move(request), std::move(choices));
+}
+
+Result<std::shared_ptr<RequestHandle>> Scheduler::submit_choices(RequestOptions request,
+                                                                 std::vector<RequestCallbacks> choices) {
+  if (choices.empty()) return Status::invalid("n", "no choice to generate");
+  if (choices.size() > static_cast<std::size_t>(options_.max_running)) {
+    return Status::invalid(
+        "n", fmt::format("{} choices; at most {} sequences run at once", choices.size(), options_.max_running));
+  }
+  if (request.logprobs > kMaxLogprobs) {
+    return Status::invalid("logprobs", fmt::format("is {}, must be at most {}", request.logprobs, kMaxLogprobs));
+  }
   const auto prompt = static_cast<std::int64_t>(request.prompt.size());
   if (prompt == 0) return Status::invalid("prompt", "is empty");
   if (prompt >= context_) {
@@ -98,7 +170,10 @@ Result<std::shared_ptr<RequestHandle>> Scheduler::submit(RequestOptions request,
 
   auto pending = std::make_unique<Pending>();
   pending->limit = std::min(prompt + request.max_tokens, context_);
-  pending->blocks = blocks_for(pending->limit);
+  pending->first_blocks = blocks_for(pending->limit);
+  // A fork shares the prompt's full blocks and owns the rest of its worst case.
+  pending->fork_blocks = pending->first_blocks - prompt / engine_.cache().options().page_size;
+  pending->blocks = pending->first_blocks + static_cast<std::int64_t>(choices.size() - 1) * pending->fork_blocks;
   if (pending->blocks > total_blocks_) {
     return Status(ErrorCode::out_of_memory, "kv_cache",
                   fmt::format("{} prompt tokens + max_tokens {} need {} KV blocks; the cache has {} in all", prompt,
@@ -112,7 +187,7 @@ Result<std::shared_ptr<RequestHandle>> Scheduler::submit(RequestOptions request,
   }
   pending->handle.reset(new RequestHandle(next_id_++));
   pending->request = std::move(request);
-  pending->callbacks = std::move(callbacks);
+  pending->choices = std::move(choices);
   auto handle = pending->handle;
   queue_.push_back(std::move(pending));
   n_queued_.store(static_cast<std::int64_t>(queue_.size()));
@@ -156,7 +231,42 @@ void Scheduler::finish(Active& a, std::string reason, Status status) {
   c.prompt_tokens = a.prompt_size();
   c.cached_prompt_tokens = a.cached;
   c.generated_tokens = a.generated;
+  // Choices that never forked end with the prompt's sequence, for the same reason.
+  std::vector<Active::Follower> followers = std::move(a.followers);
+  a.followers.clear();
+  for (const Active::Follower& f : followers) committed_ -= f.blocks;
   if (a.callbacks.on_done) a.callbacks.on_done(c);
+  for (const Active::Follower& f : followers) {
+    Completion fc = c;
+    fc.generated_tokens = 0;
+    if (f.callbacks.on_done) f.callbacks.on_done(fc);
+  }
+}
+
+void Scheduler::fork_choices(Active& a) {
+  std::vector<Active::Follower> followers = std::move(a.followers);
+  a.followers.clear();
+  for (Active::Follower& f : followers) {
+    auto seq = engine_.cache().fork(a.seq, a.fed);
+    auto child = std::make_unique<Active>(a.handle, a.request, std::move(f.callbacks), f.index, a.limit, f.blocks,
+                                          seq ? *seq : ops::SeqId{-1}, engine_.tokenizer());
+    child->fed = a.fed;
+    child->cached = a.cached;
+    n_running_ += 1;
+    if (!seq) {
+      // Admission committed the blocks, so only a cache shared with someone else can run dry.
+      child->done = true;  // no sequence to remove
+      committed_ -= child->blocks;
+      n_running_ -= 1;
+      Completion c;
+      c.status = seq.status();
+      c.finish_reason = "error";
+      c.prompt_tokens = child->prompt_size();
+      if (child->callbacks.on_done) child->callbacks.on_done(c);
+      continue;
+    }
+    running_.push_back(std::move(child));
+  }
 }
 
 // Under mu_: moves requests from the queue into running_ while a sequence slot is free and the
@@ -183,17 +293,26 @@ void Scheduler::admit() {
     Completion c;
     c.finish_reason = "cancelled";
     c.prompt_tokens = static_cast<std::int64_t>(p->request.prompt.size());
-    if (p->callbacks.on_done) p->callbacks.on_done(c);
+    for (const RequestCallbacks& cb : p->choices) {
+      if (cb.on_done) cb.on_done(c);
+    }
   }
   while (!queue_.empty()) {
     Pending& head = *queue_.front();
-    if (static_cast<std::int32_t>(running_.size()) >= options_.max_running) break;
+    // The running sequences, counting the choices still to fork from them.
+    std::size_t sequences = running_.size();
+    for (const auto& a : running_) sequences += a->followers.size();
+    if (sequences + head.choices.size() > static_cast<std::size_t>(options_.max_running)) break;
     if (committed_.load() + head.blocks > total_blocks_) break;
     std::unique_ptr<Pending> p = std::move(queue_.front());
     queue_.pop_front();
     committed_ += p->blocks;
     const ops::SeqId seq = engine_.cache().add_sequence();
-    auto active = std::make_unique<Active>(std::move(*p), seq, engine_.tokenizer());
+    auto active = std::make_unique<Active>(std::move(p->handle), std::move(p->request), std::move(p->choices[0]), 0,
+                                           p->limit, p->first_blocks, seq, engine_.tokenizer());
+    for (std::size_t i = 1; i < p->choices.size(); ++i) {
+      active->followers.push_back({std::move(p->choices[i]), i, p->fork_blocks});
+    }
     if (options_.prefix_cache) {
       active->fed = active->cached = engine_.cache().attach_prefix(seq, active->request.prompt);
       prompt_tokens_cached_ += static_cast<std::uint64_t>(active->cached);
@@ -233,7 +352,7 @@ void Scheduler::loop() {
   }
 }
 
-void Scheduler::emit_token(Active& a, std::int32_t token) {
+void Scheduler::emit_token(Active& a, std::int32_t token, const TokenLogprobs* logprobs) {
   auto emit = [&](std::string_view text, std::int32_t tokens) {
     if (a.callbacks.on_token) a.callbacks.on_token(text, tokens);
   };
@@ -249,6 +368,7 @@ void Scheduler::emit_token(Active& a, std::int32_t token) {
   }
   ++a.generated;
   a.tokens.push_back(token);
+  if (logprobs != nullptr && a.callbacks.on_logprobs) a.callbacks.on_logprobs(*logprobs);
   auto piece = a.decoder.push(token);
   if (!piece) {
     finish(a, "error", piece.status());
@@ -371,22 +491,37 @@ bool Scheduler::step() {
     }
     if (!items[i].want_logits) continue;
     if (!a.handle->cancelled()) {  // a cancelled one is reaped right after this step
+      // The prompt is done: the other choices start here, from the same logits.
+      const std::size_t first_fork = running_.size();
+      if (!a.followers.empty()) fork_choices(a);
       sampling.push_back(&a);
       rows.push_back(row);
+      for (std::size_t f = first_fork; f < running_.size(); ++f) {
+        sampling.push_back(running_[f].get());
+        rows.push_back(row);
+      }
     }
     ++row;
   }
   // Each sequence samples from its own sampler and random stream, so the draws can run in
   // parallel; the text is then emitted in order on this thread.
   std::vector<std::int32_t> drawn(sampling.size());
+  logprobs_.resize(sampling.size());
   parallel::ThreadPool::global().parallel_for(static_cast<std::int64_t>(sampling.size()), [&](std::int64_t i, int) {
     thread_local std::vector<float> scratch;
     const auto n = static_cast<std::size_t>(i);
+    Active& a = *sampling[n];
     const float* l = logits_.data() + rows[n] * vocab;
-    scratch.assign(l, l + vocab);  // the repetition penalty edits its input
-    drawn[n] = sampling[n]->sampler.sample(scratch, sampling[n]->tokens);
+    scratch.assign(l, l + vocab);  // the bias and penalties edit their input
+    const auto generated = std::span<const std::int32_t>(a.tokens).subspan(a.request.prompt.size());
+    drawn[n] = a.sampler.sample(scratch, a.tokens, generated);
+    if (a.request.logprobs >= 0) {
+      token_logprobs(std::span<const float>(l, vocab), drawn[n], a.request.logprobs, logprobs_[n]);
+    }
   });
-  for (std::size_t i = 0; i < sampling.size(); ++i) emit_token(*sampling[i], drawn[i]);
+  for (std::size_t i = 0; i < sampling.size(); ++i) {
+    emit_token(*sampling[i], drawn[i], sampling[i]->request.logprobs >= 0 ? &logprobs_[i] : nullptr);
+  }
   return true;
 }
 

@@ -1,5 +1,7 @@
 // POST /v1/chat/completions and /v1/completions: parse, tokenize, check limits, hand the request
-// to the scheduler, then answer with one JSON body or stream SSE chunks as tokens arrive.
+// to the scheduler (each prompt with its n choices), then answer with one JSON body or stream SSE
+// chunks as tokens arrive.
+#include <algorithm>
 #include <deque>
 #include <random>
 
@@ -12,23 +14,50 @@
 namespace kallpa::server {
 namespace {
 
-// One generation, shared by the HTTP thread and the scheduler's callbacks.
+using nlohmann::json;
+
+// One choice of a generation.
+struct ChoiceState {
+  std::deque<std::string> pieces;         // streamed text not yet sent
+  std::vector<LogprobEntry> new_entries;  // streamed log-probabilities not yet sent
+  std::string text;                       // all text (non-streaming answer; echo included)
+  std::vector<LogprobEntry> entries;      // all log-probabilities (non-streaming answer)
+  std::int64_t sent_bytes = 0;            // streamed text so far (the legacy text_offset)
+  bool started = false;                   // the first chunk (role, echo) is sent
+  bool done = false;
+  bool finish_sent = false;
+  runtime::Completion completion;
+};
+
+// One request's generation: every choice of every prompt, shared by the HTTP thread and the
+// scheduler's callbacks (under mu).
 struct Generation {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::string> pieces;  // streamed text not yet sent
-  std::string text;                // all text (non-streaming answer)
-  std::int64_t tokens = 0;
-  bool done = false;
-  runtime::Completion completion;
+  std::vector<ChoiceState> choices;
+  std::int64_t tokens = 0;  // over all choices
   Clock::time_point arrival, last_token;
   double ttft_seconds = -1.0;
-  std::shared_ptr<runtime::RequestHandle> handle;
+  std::vector<std::shared_ptr<runtime::RequestHandle>> handles;  // one per prompt
+
+  bool all_done() const {
+    return std::all_of(choices.begin(), choices.end(), [](const ChoiceState& c) { return c.done; });
+  }
+  void cancel() {
+    for (const auto& h : handles) h->cancel();
+  }
 };
 
-runtime::RequestCallbacks callbacks_for(const std::shared_ptr<Generation>& g, ServerMetrics& metrics, bool stream) {
+// The text a token stands for in logprobs: its bytes, or the token's own text for a control
+// token (whose bytes are empty).
+std::string token_piece(const tokenizer::Tokenizer& tok, std::int32_t id) {
+  return tok.is_control(id) ? tok.token_text(id) : tok.token_bytes(id);
+}
+
+runtime::RequestCallbacks callbacks_for(const std::shared_ptr<Generation>& g, std::size_t index, bool first_of_prompt,
+                                        ServerMetrics& metrics, bool stream, const tokenizer::Tokenizer& tok) {
   runtime::RequestCallbacks cb;
-  cb.on_token = [g, &metrics, stream](std::string_view text, std::int32_t tokens) {
+  cb.on_token = [g, index, &metrics, stream](std::string_view text, std::int32_t tokens) {
     const auto now = Clock::now();
     std::lock_guard lock(g->mu);
     if (tokens > 0) {
@@ -42,26 +71,39 @@ runtime::RequestCallbacks callbacks_for(const std::shared_ptr<Generation>& g, Se
       g->tokens += tokens;
     }
     if (text.empty()) return;
+    ChoiceState& c = g->choices[index];
     if (stream) {
-      g->pieces.emplace_back(text);
+      c.pieces.emplace_back(text);
     } else {
-      g->text += text;
+      c.text += text;
     }
     g->cv.notify_all();
   };
-  cb.on_done = [g, &metrics](const runtime::Completion& c) {
-    metrics.generation_finished(c);
+  cb.on_logprobs = [g, index, stream, &tok](const runtime::TokenLogprobs& lp) {
+    LogprobEntry e;
+    e.token = token_piece(tok, lp.sampled.id);
+    e.logprob = lp.sampled.logprob;
+    for (const runtime::TokenLogprob& t : lp.top) e.top.emplace_back(token_piece(tok, t.id), t.logprob);
     std::lock_guard lock(g->mu);
-    g->completion = c;
-    g->done = true;
+    ChoiceState& c = g->choices[index];
+    (stream ? c.new_entries : c.entries).push_back(std::move(e));
+  };
+  // The prompt is counted once, on the first choice of each prompt (the others share its blocks).
+  cb.on_done = [g, index, first_of_prompt, &metrics](const runtime::Completion& c) {
+    runtime::Completion counted = c;
+    if (!first_of_prompt) counted.prompt_tokens = counted.cached_prompt_tokens = 0;
+    metrics.generation_finished(counted);
+    std::lock_guard lock(g->mu);
+    g->choices[index].completion = c;
+    g->choices[index].done = true;
     g->cv.notify_all();
   };
   return cb;
 }
 
-// A request that ended without an answer: why, in OpenAI's error shape.
-Usage usage_of(const runtime::Completion& c) { return {c.prompt_tokens, c.generated_tokens, c.cached_prompt_tokens}; }
+bool finished_ok(const runtime::Completion& c) { return c.finish_reason == "stop" || c.finish_reason == "length"; }
 
+// A request that ended without an answer: why, in OpenAI's error shape.
 ApiError failure(const runtime::Completion& c) {
   if (c.finish_reason == "cancelled") {
     ApiError e;
@@ -75,14 +117,44 @@ ApiError failure(const runtime::Completion& c) {
   return from_status(c.status);
 }
 
-Result<std::vector<std::int32_t>> tokenize(const runtime::Engine& engine, const CompletionRequest& r) {
+// The prompt once for all choices, the generated tokens of every choice; cached tokens are counted
+// on the first choice of each prompt (the others share its prompt).
+Usage usage_of(const Generation& g, std::int64_t n) {
+  Usage u;
+  for (std::size_t i = 0; i < g.choices.size(); ++i) {
+    const runtime::Completion& c = g.choices[i].completion;
+    u.completion_tokens += c.generated_tokens;
+    if (static_cast<std::int64_t>(i) % n == 0) {
+      u.prompt_tokens += c.prompt_tokens;
+      u.cached_tokens += c.cached_prompt_tokens;
+    }
+  }
+  return u;
+}
+
+Result<std::vector<std::int32_t>> tokenize(const runtime::Engine& engine, const CompletionRequest& r,
+                                           const PromptInput* prompt) {
   if (r.endpoint == Endpoint::chat) return tokenizer::encode_chat(engine.tokenizer(), engine.chat_format(), r.messages);
-  if (r.prompt_is_tokens) return r.prompt_tokens;
+  if (prompt->is_tokens) return prompt->tokens;
   // A raw completion prompt is the caller's whole input: special-token text in it is meant.
-  return engine.tokenizer().encode(r.prompt, {.add_special = true, .parse_special = true});
+  return engine.tokenizer().encode(prompt->text, {.add_special = true, .parse_special = true});
+}
+
+ApiError model_not_found(const std::string& asked, const std::string& served) {
+  ApiError e;
+  e.status = 404;
+  e.code = "model_not_found";
+  e.param = "model";
+  e.message = fmt::format("the model '{}' does not exist; this server serves '{}'", asked, served);
+  return e;
 }
 
 }  // namespace
+
+bool Server::Impl::serves(const std::string& model) const {
+  if (model == options.model_name) return true;
+  return std::find(options.model_aliases.begin(), options.model_aliases.end(), model) != options.model_aliases.end();
+}
 
 void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, Endpoint endpoint) {
   const auto arrival = Clock::now();
@@ -103,53 +175,98 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
     return;
   }
   CompletionRequest& r = std::get<CompletionRequest>(parsed);
+  // An absent model means the one served; a named one must be it (or one of its aliases).
+  if (!r.model.empty() && !serves(r.model)) {
+    write_error(res, model_not_found(r.model, options.model_name));
+    return;
+  }
   const std::string param = endpoint == Endpoint::chat ? "messages" : "prompt";
-  auto prompt = tokenize(engine, r);
-  if (!prompt) {
-    write_error(res, bad_request(param, prompt.status().to_string()));
-    return;
+  const std::size_t n_prompts = endpoint == Endpoint::chat ? 1 : r.prompts.size();
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::int64_t n_prompt = 0, longest = 0;
+  for (std::size_t p = 0; p < n_prompts; ++p) {
+    const std::string where = n_prompts > 1 ? fmt::format("prompt[{}]", p) : param;
+    auto prompt = tokenize(engine, r, endpoint == Endpoint::chat ? nullptr : &r.prompts[p]);
+    if (!prompt) {
+      write_error(res, bad_request(where, prompt.status().to_string()));
+      return;
+    }
+    const auto size = static_cast<std::int64_t>(prompt->size());
+    if (size > max_prompt_tokens) {
+      write_error(res, bad_request(where,
+                                   fmt::format("the prompt has {} tokens; this server accepts at most {}", size,
+                                               max_prompt_tokens),
+                                   "context_length_exceeded"));
+      return;
+    }
+    n_prompt += size;
+    longest = std::max(longest, size);
+    prompts.push_back(std::move(*prompt));
   }
-  const auto n_prompt = static_cast<std::int64_t>(prompt->size());
-  if (n_prompt > max_prompt_tokens) {
-    write_error(res, bad_request(param,
-                                 fmt::format("the prompt has {} tokens; this server accepts at most {}", n_prompt,
-                                             max_prompt_tokens),
-                                 "context_length_exceeded"));
-    return;
-  }
-  // An explicit max_tokens that the context cannot hold is refused, as OpenAI does; the default
-  // one ends at the context's end instead (finish_reason "length").
+  // An explicit max_tokens that the context cannot hold (after the longest prompt) is refused, as
+  // OpenAI does; the default one ends at the context's end instead (finish_reason "length").
   if (const std::int64_t context_length = engine.config().context_length;
-      r.max_tokens_given && n_prompt + r.max_tokens > context_length) {
+      r.max_tokens_given && longest + r.max_tokens > context_length) {
     write_error(res, bad_request("max_tokens",
                                  fmt::format("the prompt has {} tokens and max_tokens is {}: {} in all, over the "
                                              "context of {} tokens",
-                                             n_prompt, r.max_tokens, n_prompt + r.max_tokens, context_length),
+                                             longest, r.max_tokens, longest + r.max_tokens, context_length),
                                  "context_length_exceeded"));
     return;
   }
   if (!r.seed_given) r.sampling.seed = (std::uint64_t{std::random_device{}()} << 32) | std::random_device{}();
 
-  runtime::RequestOptions ro;
-  ro.prompt = std::move(*prompt);
-  ro.sampling = r.sampling;
-  ro.max_tokens = r.max_tokens;
-  ro.stop = r.stop;
-  ro.stop_at_eos = !r.ignore_eos;
   auto g = std::make_shared<Generation>();
   g->arrival = arrival;
-  auto handle = scheduler->submit(std::move(ro), callbacks_for(g, metrics, r.stream));
-  if (!handle) {
-    ApiError e = from_status(handle.status());
-    if (e.param == "prompt" || e.param.rfind("prompt[", 0) == 0) e.param = param;
-    write_error(res, e);
-    return;
+  g->choices.resize(n_prompts * static_cast<std::size_t>(r.n));
+  if (r.echo) {
+    // The prompt as text, as the tokenizer sees it (a token-id prompt is decoded).
+    for (std::size_t p = 0; p < n_prompts; ++p) {
+      std::string text = r.prompts[p].text;
+      if (r.prompts[p].is_tokens) {
+        auto decoded = engine.tokenizer().decode(prompts[p]);
+        if (!decoded) {
+          write_error(res,
+                      bad_request(n_prompts > 1 ? fmt::format("prompt[{}]", p) : param, decoded.status().to_string()));
+          return;
+        }
+        text = std::move(*decoded);
+      }
+      for (std::int64_t j = 0; j < r.n; ++j) {
+        ChoiceState& c = g->choices[p * static_cast<std::size_t>(r.n) + static_cast<std::size_t>(j)];
+        (r.stream ? c.pieces.emplace_back() : c.text) = text;
+      }
+    }
   }
-  g->handle = *handle;
+  for (std::size_t p = 0; p < n_prompts; ++p) {
+    runtime::RequestOptions ro;
+    ro.prompt = std::move(prompts[p]);
+    ro.sampling = r.sampling;
+    // Every choice of the request draws from its own stream: seed, seed + 1, ... in index order.
+    ro.sampling.seed += p * static_cast<std::uint64_t>(r.n);
+    ro.max_tokens = r.max_tokens;
+    ro.stop = r.stop;
+    ro.stop_at_eos = !r.ignore_eos;
+    ro.logprobs = r.logprobs;
+    std::vector<runtime::RequestCallbacks> choices;
+    for (std::int64_t j = 0; j < r.n; ++j) {
+      choices.push_back(callbacks_for(g, p * static_cast<std::size_t>(r.n) + static_cast<std::size_t>(j), j == 0,
+                                      metrics, r.stream, engine.tokenizer()));
+    }
+    auto handle = scheduler->submit_choices(std::move(ro), std::move(choices));
+    if (!handle) {
+      g->cancel();  // the prompts already queued
+      ApiError e = from_status(handle.status());
+      if (e.param == "prompt" || e.param.rfind("prompt[", 0) == 0) e.param = param;
+      write_error(res, e);
+      return;
+    }
+    g->handles.push_back(*handle);
+  }
 
   ResponseMeta meta;
   meta.endpoint = endpoint;
-  meta.id = fmt::format("{}-{}-{}", endpoint == Endpoint::chat ? "chatcmpl" : "cmpl", id_prefix, (*handle)->id());
+  meta.id = fmt::format("{}-{}-{}", endpoint == Endpoint::chat ? "chatcmpl" : "cmpl", id_prefix, g->handles[0]->id());
   auto ctx = context(req);
   if (ctx) {
     std::lock_guard lock(ctx->mu);
@@ -170,24 +287,23 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
     ctx->finish_reason = finish_reason;
     ctx->ttft_seconds = g->ttft_seconds;
   };
+  const std::int64_t n = r.n;
+  const bool want_logprobs = r.logprobs >= 0;
 
   if (!r.stream) {
-    runtime::Completion c;
     bool hung_up = false;
-    {
-      std::unique_lock lock(g->mu);
-      // The client is looked at while it waits: one that hangs up frees its sequence now.
-      while (!g->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return g->done; })) {
-        if (!hung_up && req.client_gone && req.client_gone()) {
-          hung_up = true;
-          lock.unlock();  // cancel() may finish the request, whose callback takes this lock
-          g->handle->cancel();
-          lock.lock();
-        }
+    std::unique_lock lock(g->mu);
+    // The client is looked at while it waits: one that hangs up frees its sequences now.
+    while (!g->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return g->all_done(); })) {
+      if (!hung_up && req.client_gone && req.client_gone()) {
+        hung_up = true;
+        lock.unlock();  // cancel() may finish the request, whose callback takes this lock
+        g->cancel();
+        lock.lock();
       }
-      c = g->completion;
     }
     if (hung_up) {
+      lock.unlock();
       record("client_disconnected");
       ApiError e;
       e.status = 499;  // nginx's "client closed request": no one reads it, the access log does
@@ -196,64 +312,101 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
       write_error(res, e);
       return;
     }
-    record(c.finish_reason);
-    if (c.finish_reason != "stop" && c.finish_reason != "length") {
-      write_error(res, failure(c));
-      return;
+    std::vector<ChoiceBody> bodies;
+    for (std::size_t i = 0; i < g->choices.size(); ++i) {
+      const ChoiceState& c = g->choices[i];
+      if (!finished_ok(c.completion)) {
+        const runtime::Completion failed = c.completion;
+        lock.unlock();
+        record(failed.finish_reason);
+        write_error(res, failure(failed));
+        return;
+      }
+      bodies.push_back(
+          {static_cast<std::int64_t>(i), c.text, c.completion.finish_reason, want_logprobs ? &c.entries : nullptr});
     }
-    std::lock_guard lock(g->mu);
+    const json body = completion_body(meta, bodies, usage_of(*g, n));
+    const std::string finish = g->choices[0].completion.finish_reason;
+    lock.unlock();
+    record(finish);
     res.status = 200;
-    res.set_content(dump_json(completion_body(meta, g->text, c.finish_reason, usage_of(c))), "application/json");
+    res.set_content(dump_json(body), "application/json");
     return;
   }
 
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");  // proxies: do not buffer the stream
   const bool include_usage = r.include_usage;
-  auto role_sent = std::make_shared<bool>(false);
   res.set_chunked_content_provider(
       std::string(kSseContentType),
-      [g, meta, include_usage, role_sent, record, in_flight](std::size_t, DataSink& sink) {
+      [g, meta, n, include_usage, want_logprobs, record, in_flight](std::size_t, DataSink& sink) {
         std::string out;
-        if (meta.endpoint == Endpoint::chat && !*role_sent) {
-          out += sse_event(stream_chunk(meta, "", "", /*role_delta=*/true));
-          *role_sent = true;
-        }
         bool done = false;
-        runtime::Completion c;
+        std::string first_finish;
+        Usage usage;
         {
           std::unique_lock lock(g->mu);
-          if (out.empty()) {
-            g->cv.wait_for(lock, std::chrono::seconds(1), [&] { return !g->pieces.empty() || g->done; });
+          auto pending = [&] {
+            for (const ChoiceState& c : g->choices) {
+              // (A completions stream has no role chunk to start with: nothing to send yet.)
+              const bool role_due = !c.started && meta.endpoint == Endpoint::chat;
+              if (role_due || !c.pieces.empty() || !c.new_entries.empty() || (c.done && !c.finish_sent)) return true;
+            }
+            return false;
+          };
+          g->cv.wait_for(lock, std::chrono::seconds(1), pending);
+          for (std::size_t i = 0; i < g->choices.size(); ++i) {
+            ChoiceState& c = g->choices[i];
+            const auto index = static_cast<std::int64_t>(i);
+            std::string text;
+            for (const std::string& piece : c.pieces) text += piece;
+            c.pieces.clear();
+            const bool first = !c.started;
+            c.started = true;
+            if (first || !text.empty() || !c.new_entries.empty()) {
+              const json lp = want_logprobs && !c.new_entries.empty()
+                                  ? logprobs_json(meta.endpoint, c.new_entries, c.sent_bytes)
+                                  : json(nullptr);
+              for (const LogprobEntry& e : c.new_entries) c.sent_bytes += static_cast<std::int64_t>(e.token.size());
+              c.new_entries.clear();
+              // A completions stream has no role chunk: its first chunk is its first text.
+              if (meta.endpoint == Endpoint::chat || !text.empty() || !lp.is_null()) {
+                out += sse_event(stream_chunk(meta, index, text, "", first && meta.endpoint == Endpoint::chat, lp));
+              }
+            }
+            if (c.done && !c.finish_sent) {
+              c.finish_sent = true;
+              if (finished_ok(c.completion)) {
+                out += sse_event(stream_chunk(meta, index, "", c.completion.finish_reason));
+              } else {
+                out += sse_event(failure(c.completion).to_json());
+              }
+            }
           }
-          for (const std::string& piece : g->pieces) out += sse_event(stream_chunk(meta, piece, ""));
-          g->pieces.clear();
-          done = g->done;
-          c = g->completion;
+          done = g->all_done();
+          if (done) {
+            usage = usage_of(*g, n);
+            first_finish = g->choices[0].completion.finish_reason;
+          }
         }
         if (done) {
-          if (c.finish_reason == "stop" || c.finish_reason == "length") {
-            out += sse_event(stream_chunk(meta, "", c.finish_reason));
-          } else {
-            out += sse_event(failure(c).to_json());
-          }
-          if (include_usage) out += sse_event(usage_chunk(meta, usage_of(c)));
+          if (include_usage) out += sse_event(usage_chunk(meta, usage));
           out += kSseDone;
         }
         if (out.empty()) out = kSseKeepAlive;
         if (!sink.write(out.data(), out.size())) {
-          // The client went away: free its sequence now rather than at max_tokens.
-          g->handle->cancel();
+          // The client went away: free its sequences now rather than at max_tokens.
+          g->cancel();
           record("client_disconnected");
           return false;
         }
         if (done) {
-          record(c.finish_reason);
+          record(first_finish);
           sink.done();
         }
         return true;
       },
-      [g](bool) { g->handle->cancel(); });  // no-op when finished; otherwise the response was abandoned
+      [g](bool) { g->cancel(); });  // no-op when finished; otherwise the response was abandoned
 }
 
 }  // namespace kallpa::server

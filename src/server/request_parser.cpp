@@ -1,9 +1,12 @@
 #include "server/request_parser.h"
 
+#include <charconv>
 #include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "kallpa/runtime/scheduler.h"
 
 namespace kallpa::server {
 namespace {
@@ -108,25 +111,88 @@ void parse_messages(const json& body, CompletionRequest& r) {
   }
 }
 
+PromptInput token_prompt(const json& ids, const std::string& where) {
+  PromptInput p;
+  p.is_tokens = true;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const json& t = ids[i];
+    if (!t.is_number_integer()) wrong_type(fmt::format("{}[{}]", where, i), "a token id (integer)", t);
+    const auto id = t.get<std::int64_t>();
+    if (id < 0 || id > INT32_MAX) fail(fmt::format("{}[{}]", where, i), fmt::format("token id {} is out of range", id));
+    p.tokens.push_back(static_cast<std::int32_t>(id));
+  }
+  return p;
+}
+
+// OpenAI's four forms: a string, an array of strings, an array of token ids, an array of arrays of
+// token ids. Each prompt of an array is its own set of choices.
 void parse_prompt(const json& body, CompletionRequest& r) {
-  const json* prompt = field(body, "prompt");
-  if (!prompt) fail("prompt", "is required", "missing_required_parameter");
-  const json* p = prompt;
-  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
+  const json* p = field(body, "prompt");
+  if (!p) fail("prompt", "is required", "missing_required_parameter");
   if (p->is_string()) {
-    r.prompt = p->get<std::string>();
+    r.prompts.push_back({p->get<std::string>(), {}, false});
     return;
   }
-  if (!p->is_array()) wrong_type("prompt", "a string, an array of one string, or an array of token ids", *p);
-  if (!p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) unsupported("prompt", "more than one prompt");
-  for (std::size_t i = 0; i < p->size(); ++i) {
-    const json& t = (*p)[i];
-    if (!t.is_number_integer()) wrong_type(fmt::format("prompt[{}]", i), "a token id (integer)", t);
-    const auto id = t.get<std::int64_t>();
-    if (id < 0 || id > INT32_MAX) fail(fmt::format("prompt[{}]", i), fmt::format("token id {} is out of range", id));
-    r.prompt_tokens.push_back(static_cast<std::int32_t>(id));
+  if (!p->is_array()) {
+    wrong_type("prompt", "a string, an array of strings, an array of token ids or an array of such arrays", *p);
   }
-  r.prompt_is_tokens = true;
+  if (p->empty()) fail("prompt", "must not be empty");
+  if ((*p)[0].is_string() || (*p)[0].is_array()) {
+    const bool strings = (*p)[0].is_string();
+    for (std::size_t i = 0; i < p->size(); ++i) {
+      const json& one = (*p)[i];
+      const std::string at = fmt::format("prompt[{}]", i);
+      if (strings) {
+        if (!one.is_string()) wrong_type(at, "a string (as prompt[0])", one);
+        r.prompts.push_back({one.get<std::string>(), {}, false});
+      } else {
+        if (!one.is_array()) wrong_type(at, "an array of token ids (as prompt[0])", one);
+        r.prompts.push_back(token_prompt(one, at));
+      }
+    }
+    return;
+  }
+  r.prompts.push_back(token_prompt(*p, "prompt"));
+}
+
+// {"token id": bias}: ids in the vocabulary, biases in [-100, 100] (OpenAI's rule).
+void parse_logit_bias(const json& body, const RequestLimits& limits, CompletionRequest& r) {
+  const json* bias = field(body, "logit_bias");
+  if (!bias) return;
+  if (!bias->is_object()) wrong_type("logit_bias", "an object mapping token ids to biases", *bias);
+  for (const auto& [key, value] : bias->items()) {
+    std::int64_t id = -1;
+    const char* end = key.data() + key.size();
+    auto [ptr, ec] = std::from_chars(key.data(), end, id);
+    if (ec != std::errc() || ptr != end || key.empty()) {
+      fail("logit_bias", fmt::format("key '{}' is not a token id", key));
+    }
+    if (id < 0 || id > INT32_MAX || (limits.vocab_size > 0 && id >= limits.vocab_size)) {
+      fail("logit_bias", fmt::format("token id {} is outside the vocabulary [0, {})", id, limits.vocab_size));
+    }
+    if (!value.is_number()) wrong_type(fmt::format("logit_bias.{}", key), "a number", value);
+    const double b = value.get<double>();
+    if (!(b >= -100.0 && b <= 100.0)) {
+      fail("logit_bias", fmt::format("the bias {} of token {} is out of range: must be in [-100, 100]", b, id));
+    }
+    r.sampling.logit_bias.emplace_back(static_cast<std::int32_t>(id), static_cast<float>(b));
+  }
+}
+
+void parse_logprobs(const json& body, Endpoint endpoint, CompletionRequest& r) {
+  const auto limit = static_cast<std::int64_t>(runtime::kMaxLogprobs);
+  if (endpoint == Endpoint::chat) {
+    const bool wanted = boolean(body, "logprobs").value_or(false);
+    const std::optional<std::int64_t> top = integer(body, "top_logprobs");
+    if (top && (*top < 0 || *top > limit)) fail("top_logprobs", fmt::format("is {}, must be in [0, {}]", *top, limit));
+    if (top && !wanted) fail("top_logprobs", "needs logprobs: true");
+    if (wanted) r.logprobs = static_cast<std::int32_t>(top.value_or(0));
+    return;
+  }
+  if (const std::optional<std::int64_t> k = integer(body, "logprobs")) {
+    if (*k < 0 || *k > limit) fail("logprobs", fmt::format("is {}, must be in [0, {}]", *k, limit));
+    r.logprobs = static_cast<std::int32_t>(*k);
+  }
 }
 
 void parse_stop(const json& body, CompletionRequest& r) {
@@ -181,24 +247,42 @@ CompletionRequest parse(const json& body, Endpoint endpoint, const RequestLimits
     s.seed = static_cast<std::uint64_t>(*seed);
     r.seed_given = true;
   }
-  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
-    if (auto p = number(body, penalty, -2.0, 2.0); p && *p != 0.0) unsupported(penalty, "a non-zero value");
-  }
+  s.presence_penalty = static_cast<float>(number(body, "presence_penalty", -2.0, 2.0).value_or(0.0));
+  s.frequency_penalty = static_cast<float>(number(body, "frequency_penalty", -2.0, 2.0).value_or(0.0));
+  parse_logit_bias(body, limits, r);
+  parse_logprobs(body, endpoint, r);
 
-  if (auto n = integer(body, "n"); n && *n != 1) fail("n", fmt::format("is {}; only n = 1 is supported", *n));
+  const std::int64_t prompts = endpoint == Endpoint::chat ? 1 : static_cast<std::int64_t>(r.prompts.size());
+  if (auto n = integer(body, "n")) {
+    if (*n < 1 || *n * prompts > limits.max_choices) {
+      fail("n", fmt::format("is {}, must be in [1, {}] on this server{}", *n, limits.max_choices / prompts,
+                            prompts > 1 ? fmt::format(" for {} prompts", prompts) : ""));
+    }
+    r.n = *n;
+  }
+  if (prompts > limits.max_choices) {
+    fail("prompt", fmt::format("{} prompts; this server takes at most {} in one request", prompts, limits.max_choices));
+  }
   if (auto best_of = integer(body, "best_of"); best_of && *best_of != 1) unsupported("best_of", "best_of > 1");
   if (endpoint == Endpoint::chat) {
-    if (boolean(body, "logprobs").value_or(false)) unsupported("logprobs", "logprobs");
-    for (const char* key : {"tools", "functions", "tool_choice", "response_format"}) {
+    // Options that would change what is generated are refused; bookkeeping ones (store,
+    // metadata, user, service_tier, ...) are ignored as unknown fields are.
+    for (const char* key :
+         {"tools", "functions", "tool_choice", "function_call", "audio", "prediction", "web_search_options"}) {
       if (field(body, key)) unsupported(key, key);
     }
+    if (const json* modalities = field(body, "modalities")) {
+      if (*modalities != json::array({"text"})) unsupported("modalities", "an output other than [\"text\"]");
+    }
+    if (const json* format = field(body, "response_format")) {
+      if (!format->is_object()) wrong_type("response_format", "an object", *format);
+      const std::string type = string(*format, "type").value_or("");
+      if (type != "text") unsupported("response_format", fmt::format("response_format type '{}'", type));
+    }
   } else {
-    if (field(body, "logprobs")) unsupported("logprobs", "logprobs");
-    if (boolean(body, "echo").value_or(false)) unsupported("echo", "echo");
+    r.echo = boolean(body, "echo").value_or(false);
+    if (r.echo && r.logprobs >= 0) unsupported("echo", "echo with logprobs (the prompt's log-probabilities)");
     if (auto suffix = string(body, "suffix"); suffix && !suffix->empty()) unsupported("suffix", "suffix");
-  }
-  if (const json* bias = field(body, "logit_bias"); bias && !(bias->is_object() && bias->empty())) {
-    unsupported("logit_bias", "logit_bias");
   }
   parse_stop(body, r);
   r.ignore_eos = boolean(body, "ignore_eos").value_or(false);

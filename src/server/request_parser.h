@@ -1,6 +1,6 @@
 // Parsing and validation of OpenAI request bodies (/v1/chat/completions, /v1/completions):
 // malformed JSON, wrong types and out-of-range values become 400 errors that name the field.
-// Unknown fields are ignored; known but unsupported options (n > 1, logprobs, tools, ...) are
+// Unknown fields are ignored; known but unsupported options (tools, best_of, suffix, ...) are
 // refused rather than silently dropped.
 #pragma once
 
@@ -20,17 +20,29 @@ enum class Endpoint { chat, completions };
 
 struct RequestLimits {
   std::int64_t max_tokens = 512;  // the largest max_tokens accepted; also the default when absent
+  std::int64_t max_choices = 8;   // the most choices of one request: n times the number of prompts
+  std::int64_t vocab_size = 0;    // logit_bias ids must be below it (0: not checked here)
+};
+
+// One completions prompt: text, or token ids.
+struct PromptInput {
+  std::string text;
+  std::vector<std::int32_t> tokens;
+  bool is_tokens = false;
 };
 
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::chat;
   std::string model;                             // as given ("" when absent)
   std::vector<tokenizer::ChatMessage> messages;  // chat
-  std::string prompt;                            // completions, text
-  std::vector<std::int32_t> prompt_tokens;       // completions, given as token ids
-  bool prompt_is_tokens = false;
+  std::vector<PromptInput> prompts;              // completions: one or more, each its own choices
   std::int64_t max_tokens = 0;
   bool max_tokens_given = false;  // false: the server's default, cut at the context's end
+  std::int64_t n = 1;             // choices per prompt
+  // Log-probabilities of the generated tokens with this many alternatives each; -1: none. Chat:
+  // logprobs true with top_logprobs (default 0); completions: the legacy integer logprobs.
+  std::int32_t logprobs = -1;
+  bool echo = false;  // completions: the prompt's text begins each choice's text
   runtime::SamplingParams sampling;
   bool seed_given = false;  // false: the caller picks a random seed
   std::vector<std::string> stop;

@@ -7,6 +7,7 @@
 #include "server/openai_responses.h"
 #include "server/server_impl.h"
 #include "server/sse.h"
+#include "server/tokenize_routes.h"
 
 namespace kallpa::server {
 namespace {
@@ -17,6 +18,8 @@ struct Route {
 };
 constexpr Route kRoutes[] = {{"/v1/chat/completions", "POST"},
                              {"/v1/completions", "POST"},
+                             {"/tokenize", "POST"},
+                             {"/detokenize", "POST"},
                              {"/v1/models", "GET"},
                              {"/health", "GET"},
                              {"/ready", "GET"},
@@ -88,6 +91,8 @@ Server::Impl::Impl(runtime::Engine& e, ServerOptions o)
   created =
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   if (options.model_name.empty()) options.model_name = "kallpa";
+  limits.max_choices = std::clamp<std::int64_t>(options.max_choices, 1, options.scheduler.max_running);
+  limits.vocab_size = engine.config().vocab_size;
   id_prefix = fmt::format("{:08x}", std::random_device{}());
   scheduler = std::make_unique<runtime::Scheduler>(engine, options.scheduler);
 }
@@ -262,12 +267,28 @@ Server::Server(runtime::Engine& engine, ServerOptions options)
   s.routes.Post("/v1/completions", [&s](const HttpRequest& req, HttpResponse& res) {
     s.handle_generation(req, res, Endpoint::completions);
   });
+  for (const char* path : {"/tokenize", "/detokenize"}) {
+    const bool encode = path == std::string_view("/tokenize");
+    s.routes.Post(path, [&s, encode](const HttpRequest& req, HttpResponse& res) {
+      auto result =
+          encode ? tokenize_body(s.engine.tokenizer(), req.body) : detokenize_body(s.engine.tokenizer(), req.body);
+      if (auto* e = std::get_if<ApiError>(&result)) {
+        write_error(res, *e);
+      } else {
+        write_json(res, 200, std::get<nlohmann::json>(result));
+      }
+    });
+  }
   s.routes.Get("/v1/models", [&s](const HttpRequest&, HttpResponse& res) {
-    write_json(res, 200, models_body(s.options.model_name, s.created));
+    std::vector<std::string> ids{s.options.model_name};
+    for (const std::string& alias : s.options.model_aliases) {
+      if (std::find(ids.begin(), ids.end(), alias) == ids.end()) ids.push_back(alias);
+    }
+    write_json(res, 200, models_body(ids, s.created));
   });
   s.routes.Get("/v1/models/*", [&s](const HttpRequest& req, HttpResponse& res) {
     const std::string id = req.matches[1];
-    if (id != s.options.model_name) {
+    if (!s.serves(id)) {
       ApiError e;
       e.status = 404;
       e.code = "model_not_found";
@@ -276,7 +297,7 @@ Server::Server(runtime::Engine& engine, ServerOptions options)
       write_error(res, e);
       return;
     }
-    write_json(res, 200, model_body(s.options.model_name, s.created));
+    write_json(res, 200, model_body(id, s.created));
   });
   s.routes.Get("/health", [](const HttpRequest&, HttpResponse& res) { write_json(res, 200, {{"status", "ok"}}); });
   s.routes.Get("/ready", [&s](const HttpRequest&, HttpResponse& res) {

@@ -44,6 +44,8 @@ struct Server::Impl {
 
   // Routes (completions.cpp).
   void handle_generation(const HttpRequest& req, HttpResponse& res, Endpoint endpoint);
+  // Whether `model` names the model served: its id or one of its aliases.
+  bool serves(const std::string& model) const;
 
   // Every request, on a worker thread (server.cpp): request id, CORS, auth, the route, errors.
   void handle(HttpRequest& req, HttpResponse& res);

@@ -76,6 +76,7 @@ class Server:
         line = self._read_line(timeout=120)
         check("listening on http://127.0.0.1:" in line, f"unexpected first line {line!r}\n{self.log_tail()}")
         self.port = int(line.split("127.0.0.1:")[1].split()[0])
+        self.model_id = Path(model).stem  # the id it serves (the file's name without .gguf)
         self.base = f"http://127.0.0.1:{self.port}"
 
     def _read_line(self, timeout):
@@ -158,13 +159,13 @@ def wait_for(cond, what, timeout=20):
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def chat_text(client, seed, max_tokens=16, messages=CHAT, **kw):
-    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens, seed=seed, **kw)
+def chat_text(client, seed, max_tokens=16, messages=CHAT, model="tiny", **kw):
+    r = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, seed=seed, **kw)
     return r.choices[0].message.content, r
 
 
-def stream_chat(client, seed, max_tokens=16, messages=CHAT, on_chunk=None, **kw):
-    stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens, seed=seed,
+def stream_chat(client, seed, max_tokens=16, messages=CHAT, on_chunk=None, model="tiny", **kw):
+    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, seed=seed,
                                             stream=True, stream_options={"include_usage": True}, **kw)
     text, finish, usage, roles = "", None, None, []
     for chunk in stream:
@@ -351,14 +352,18 @@ def test_bad_inputs():
                                    ("top_p", 0, "invalid_value"), ("stream", "yes", "invalid_type"),
                                    ("stop", 5, "invalid_type"), ("stop", [""], "invalid_value"),
                                    ("stop", ["a", "b", "c", "d", "e"], "invalid_value"), ("seed", "x", "invalid_type"),
-                                   ("n", 2, "invalid_value"), ("logprobs", True, "unsupported_value"),
-                                   ("tools", [], "unsupported_value")]:
+                                   ("n", 9, "invalid_value"), ("top_logprobs", 2, "invalid_value"),
+                                   ("logit_bias", {"5": 101}, "invalid_value"),
+                                   ("presence_penalty", 3, "invalid_value"), ("tools", [], "unsupported_value")]:
             expect_error(s, "POST", chat, {**ok, field: value}, 400, code, field)
         expect_error(s, "POST", comp, {"max_tokens": 2}, 400, "missing_required_parameter", "prompt")
         expect_error(s, "POST", comp, {"prompt": {"text": "x"}}, 400, "invalid_type", "prompt")
-        expect_error(s, "POST", comp, {"prompt": ["a", "b"]}, 400, "unsupported_value", "prompt")
+        expect_error(s, "POST", comp, {"prompt": ["a", 1]}, 400, "invalid_type", "prompt[1]")
         expect_error(s, "POST", comp, {"prompt": [3, 999999]}, 400, None, "prompt")
-        expect_error(s, "POST", comp, {"prompt": "x", "echo": True}, 400, "unsupported_value", "echo")
+        expect_error(s, "POST", comp, {"prompt": "x", "echo": True, "logprobs": 1}, 400, "unsupported_value", "echo")
+        # A model this server does not serve, named by the request.
+        expect_error(s, "POST", chat, {**ok, "model": "gpt-4"}, 404, "model_not_found", "model")
+        expect_error(s, "POST", comp, {"prompt": "x", "model": "gpt-4"}, 404, "model_not_found", "model")
         # Limits: prompt tokens (--max-prompt-tokens 1000), body size (--max-body-bytes 65536).
         expect_error(s, "POST", comp, {"prompt": "a " * 1500, "max_tokens": 1}, 400, "context_length_exceeded",
                      "prompt")
@@ -845,9 +850,9 @@ def test_real_model_paris():
     if not model.exists():
         raise Skip(f"{model} not found (scripts/fetch_model.sh)")
     with Server("real_model", model=model) as s:
-        text, r = chat_text(s.client(), seed=0, max_tokens=32, temperature=0)
+        text, r = chat_text(s.client(), seed=0, max_tokens=32, temperature=0, model=s.model_id)
         check("Paris" in text, f"answer without Paris: {text!r}")
-        text2, finish, _, _ = stream_chat(s.client(), seed=0, max_tokens=32, temperature=0)
+        text2, finish, _, _ = stream_chat(s.client(), seed=0, max_tokens=32, temperature=0, model=s.model_id)
         check(text2 == text, f"streamed {text2!r} != {text!r}")
 
 
@@ -864,7 +869,7 @@ def test_real_model_gemma_chat():
         raise Skip(f"this build cannot run gemma3 yet: {info['unsupported_reason']}")
     with Server("real_model_gemma", model=model) as s:
         messages = [{"role": "user", "content": "What is the capital of France?"}]
-        text, r = chat_text(s.client(), seed=0, max_tokens=24, temperature=0, messages=messages)
+        text, r = chat_text(s.client(), seed=0, max_tokens=24, temperature=0, messages=messages, model=s.model_id)
         # <bos> <start_of_turn> user \n What is the capital of France? <end_of_turn> \n <start_of_turn> model \n
         check(r.usage.prompt_tokens == 16, f"the prompt in Gemma's turns: {r.usage}")
         check(r.choices[0].finish_reason in ("stop", "length"), f"finished: {r.choices[0]!r}")
@@ -883,11 +888,11 @@ def test_device_opencl():
             raise Skip(f"no OpenCL device: {str(e)[-300:]}")
         raise
     with s:
-        text, r = chat_text(s.client(), seed=0, max_tokens=24, temperature=0)
+        text, r = chat_text(s.client(), seed=0, max_tokens=24, temperature=0, model=s.model_id)
         check(r.usage.completion_tokens > 0, "no tokens from the OpenCL device")
         if model is not None:
             check("Paris" in text, f"answer without Paris on OpenCL: {text!r}")
-        text2, _, _, _ = stream_chat(s.client(), seed=0, max_tokens=24, temperature=0)
+        text2, _, _, _ = stream_chat(s.client(), seed=0, max_tokens=24, temperature=0, model=s.model_id)
         check(text2 == text, f"streamed {text2!r} != {text!r}")
         m = parse_metrics(s.request("GET", "/metrics")[2])
         calls = {dict(k)["backend"]: v for k, v in m.get("kallpa_attention_calls_total", {}).items()}

@@ -60,6 +60,11 @@ int run_serve(ServeCliOptions& o, const GlobalOptions& global) {
     const std::string path = o.engine.model.empty() ? default_model_path() : o.engine.model;
     o.server.model_name = std::filesystem::path(path).stem().string();
   }
+  // A request may also name the model by its file name or the name inside the file (general.name):
+  // what clients configured for llama.cpp or vLLM send.
+  const std::string path = o.engine.model.empty() ? default_model_path() : o.engine.model;
+  o.server.model_aliases.push_back(std::filesystem::path(path).filename().string());
+  if (!engine->config().name.empty()) o.server.model_aliases.push_back(engine->config().name);
   if (o.no_access_log) o.server.access_log = nullptr;
 
   server::Server srv(*engine, o.server);
@@ -110,6 +115,11 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--port", s.port, "Port (0: pick a free one and print it)")->check(CLI::Range(0, 65535));
   sub->add_option("--api-key", s.api_key, "Require Authorization: Bearer KEY on /v1/* (env KALLPA_API_KEY)");
   sub->add_option("--model-name", s.model_name, "Model id reported by /v1/models (default: the file name)");
+  sub->add_option("--model-alias", s.model_aliases,
+                  "Another id requests may name as `model` (repeatable; the file name and its general.name are "
+                  "accepted too; any other id gets 404 model_not_found)");
+  sub->add_option("--max-choices", s.max_choices, "Most choices in one request: n times the prompts (<= --max-running)")
+      ->check(CLI::Range(1, 4096));
   sub->add_option("--max-queue", s.scheduler.max_queue, "Requests waiting for a slot; more get 429")
       ->check(CLI::Range(0, 1 << 20));
   sub->add_option("--max-running", s.scheduler.max_running, "Sequences generating at once")->check(CLI::Range(1, 4096));

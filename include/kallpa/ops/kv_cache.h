@@ -60,6 +60,11 @@ class KvCache {
   // positions of that partial block are dropped too).
   std::int64_t truncate(SeqId seq, std::int64_t length);
   void remove(SeqId seq);
+  // A new sequence that continues `from`'s first `length` positions without recomputing them
+  // (n samples of one prompt): it shares the full blocks, read-only as attached prefixes are, and
+  // gets a private copy of the partial last block, which both will write past `length`.
+  // not_found for an unknown sequence; out_of_memory "kv_cache" when no block is left for the copy.
+  Result<SeqId> fork(SeqId from, std::int64_t length);
 
   // For a sequence that holds no blocks yet: attaches the longest chain of published blocks whose
   // tokens begin `tokens`, leaving at least one token to compute (its logits are wanted), and

@@ -1,12 +1,13 @@
-// Turning logits into the next token: repetition penalty, temperature, then top-k, top-p and
-// min-p filters, then a seeded draw. Temperature 0 is greedy. The same seed and the same logits
-// always give the same token. With a filter on, the draw walks the survivors from the most likely
-// down; with none, it walks the whole vocabulary in id order (no sort needed).
+// Turning logits into the next token: logit bias, repetition, presence and frequency penalties,
+// temperature, then top-k, top-p and min-p filters, then a seeded draw. Temperature 0 is greedy. The same seed and the
+// same logits always give the same token. With a filter on, the draw walks the survivors from the most likely down;
+// with none, it walks the whole vocabulary in id order (no sort needed).
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kallpa/status.h"
@@ -20,10 +21,18 @@ struct SamplingParams {
   float min_p = 0.05f;              // 0: off; keeps tokens with p >= min_p * p_max
   float repetition_penalty = 1.0f;  // 1: off; > 1 discourages tokens in the recent window
   std::int32_t repetition_window = 64;
+  // OpenAI's penalties, subtracted from a token's logit: presence once if it was generated,
+  // frequency once per time it was generated. 0: off.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  // Added to the logits of these token ids before anything else (OpenAI's logit_bias; -100 bans a
+  // token in practice, +100 all but forces it).
+  std::vector<std::pair<std::int32_t, float>> logit_bias = {};
   std::uint64_t seed = 0;
 
   // Typed error naming the field for out-of-range values (negative temperature, top_p outside
-  // (0, 1], min_p outside [0, 1], penalty <= 0).
+  // (0, 1], min_p outside [0, 1], penalty <= 0, presence/frequency penalty not finite, a bias
+  // not finite or on a negative id).
   Status validate() const;
 };
 
@@ -32,8 +41,12 @@ class Sampler {
   explicit Sampler(SamplingParams params);
 
   const SamplingParams& params() const noexcept { return params_; }
-  // Picks a token from `logits` (modified in place by the penalty). `recent` are the tokens
-  // generated or prompted so far, most recent last.
+  // Picks a token from `logits` (modified in place by the bias and penalties). `recent` are the
+  // tokens generated or prompted so far, most recent last (the repetition penalty's window);
+  // `generated` the ones sampled so far (presence and frequency penalties count them, as OpenAI
+  // and vLLM do). Without `generated`, those penalties count the repetition window, as llama.cpp's do.
+  std::int32_t sample(std::span<float> logits, std::span<const std::int32_t> recent,
+                      std::span<const std::int32_t> generated);
   std::int32_t sample(std::span<float> logits, std::span<const std::int32_t> recent);
   // Restarts the random stream from the seed.
   void reset();

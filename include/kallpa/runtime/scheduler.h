@@ -36,6 +36,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -66,7 +67,30 @@ struct RequestOptions {
   std::int64_t max_tokens = 128;  // also capped by the model's context
   std::vector<std::string> stop;  // stop strings: end generation, never emitted
   bool stop_at_eos = true;
+  // Per generated token, report its log-probability and this many most likely alternatives
+  // (RequestCallbacks::on_logprobs); -1: off. Log-probabilities are the log-softmax of the model's
+  // logits before bias, penalties, temperature and filters, as vLLM and llama.cpp report them (the
+  // CLI's generate --logits-top prints the same values).
+  std::int32_t logprobs = -1;
 };
+
+// The most alternatives a request may ask for (OpenAI's top_logprobs limit).
+inline constexpr std::int32_t kMaxLogprobs = 20;
+
+struct TokenLogprob {
+  std::int32_t id = 0;
+  float logprob = 0.0f;
+};
+
+// One generated token's log-probability and the most likely tokens at its step (highest first,
+// ties by id).
+struct TokenLogprobs {
+  TokenLogprob sampled;
+  std::vector<TokenLogprob> top;
+};
+
+// Fills `out` from one step's logits: the log-softmax at `token` and the `top` most likely ids.
+void token_logprobs(std::span<const float> logits, std::int32_t token, std::int32_t top, TokenLogprobs& out);
 
 struct Completion {
   Status status;              // not ok when finish_reason is "error"
@@ -80,9 +104,12 @@ struct Completion {
 // per generated token (text: what became final with it, often empty while a stop string or a
 // UTF-8 sequence is incomplete) and once more with tokens = 0 for text flushed at the end.
 // on_done runs exactly once, last, for every accepted request.
+// on_logprobs (when RequestOptions::logprobs >= 0) runs just before on_token for each generated
+// token.
 struct RequestCallbacks {
   std::function<void(std::string_view text, std::int32_t tokens)> on_token;
   std::function<void(const Completion&)> on_done;
+  std::function<void(const TokenLogprobs&)> on_logprobs = {};
 };
 
 class RequestHandle {
@@ -130,6 +157,13 @@ class Scheduler {
   //   out_of_memory "queue": the queue is full (try again later);
   //   unsupported "scheduler": it is shutting down.
   Result<std::shared_ptr<RequestHandle>> submit(RequestOptions request, RequestCallbacks callbacks);
+  // n = choices.size() samples of one prompt (OpenAI's n), choice i with seed sampling.seed + i and
+  // its own callbacks (each gets its own on_done). The prompt is computed once: when its last
+  // chunk is done, choices 1.. fork its sequence (KvCache::fork), sharing its KV blocks, and all
+  // sample from its logits. One handle cancels them all. Admission counts all n: the prompt's
+  // blocks once, each choice's own. Besides submit()'s errors: invalid_argument "n" (no choice,
+  // or more than max_running).
+  Result<std::shared_ptr<RequestHandle>> submit_choices(RequestOptions request, std::vector<RequestCallbacks> choices);
 
   // Cancels every queued and running request.
   void cancel_all();
@@ -146,7 +180,9 @@ class Scheduler {
   bool step();
   void finish(Active& a, std::string reason, Status status = {});
   // Appends a sampled token to a's text (stop strings, EOS, limits) and calls its callbacks.
-  void emit_token(Active& a, std::int32_t token);
+  void emit_token(Active& a, std::int32_t token, const TokenLogprobs* logprobs);
+  // Starts choices 1.. of a request whose prompt `a` has just computed.
+  void fork_choices(Active& a);
   std::int64_t blocks_for(std::int64_t positions) const;
 
   Engine& engine_;
@@ -164,6 +200,7 @@ class Scheduler {
   // Owned by the scheduler thread.
   std::vector<std::unique_ptr<Active>> running_;
   std::vector<float> logits_;
+  std::vector<TokenLogprobs> logprobs_;  // per sampled row of a step
 
   std::atomic<std::int64_t> n_queued_{0}, n_running_{0}, committed_{0};
   std::atomic<std::uint64_t> steps_{0}, batch_tokens_{0}, batch_sequences_{0}, prompt_tokens_cached_{0};

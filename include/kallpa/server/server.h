@@ -2,14 +2,15 @@
 // (runtime/scheduler.h), SSE streaming, limits, Prometheus metrics and structured access logs.
 //
 //   POST /v1/chat/completions, POST /v1/completions   (stream: Server-Sent Events, then [DONE])
+//   POST /tokenize, POST /detokenize                   (llama.cpp's server shapes)
 //   GET  /v1/models, /health (alive), /ready (model loaded, not draining), /metrics (Prometheus)
 //
 // /v1/* require `Authorization: Bearer KEY` when an API key is set; /health, /ready and /metrics
 // do not (probes and scrapers). Errors use OpenAI's body shape {"error": {message, type, param,
-// code}}: 400 malformed JSON, wrong types and values out of range, 401 bad key, 404 unknown route,
-// 413 body too large, 429 queue full and 503 draining (both with Retry-After), 500 engine failure;
-// 431 header too large, 429/503 too many connections (from one address / in all). A client that
-// hangs up before its response is cancelled and logged as 499.
+// code}}: 400 malformed JSON, wrong types and values out of range, 401 bad key, 404 unknown route
+// or model, 413 body too large, 429 queue full and 503 draining (both with Retry-After), 500
+// engine failure; 431 header too large, 429/503 too many connections (from one address / in all).
+// A client that hangs up before its response is cancelled and logged as 499.
 //
 //   Server server(engine, options);
 //   int port = *server.bind();      // options.port 0: any free port
@@ -35,6 +36,10 @@ struct ServerOptions {
   int port = 8080;         // 0: pick a free port (bind() returns it)
   std::string api_key;     // "": no authentication
   std::string model_name;  // the id /v1/models reports and responses carry
+  // More ids a request's `model` may name (kallpa serve: the file's name, its general.name and
+  // every --model-alias); listed by /v1/models after model_name. Any other id gets 404.
+  std::vector<std::string> model_aliases;
+  std::int64_t max_choices = 8;  // the most choices in one request (n times the prompts)
   std::size_t max_body_bytes = 1 << 20;
   std::int64_t max_prompt_tokens = 0;  // 0: the model's context length - 1
   std::int64_t max_tokens = 512;       // the largest max_tokens accepted, and the default
