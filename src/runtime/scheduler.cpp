@@ -29,6 +29,7 @@ struct Scheduler::Active {
         sampler(request.sampling),
         decoder(tok, {.skip_special = true}) {
     tokens = request.prompt;
+    if (request.grammar) matcher.emplace(request.grammar);
   }
   std::shared_ptr<RequestHandle> handle;
   RequestOptions request;
@@ -37,9 +38,10 @@ struct Scheduler::Active {
   ops::SeqId seq;
   Sampler sampler;
   tokenizer::StreamDecoder decoder;
-  std::vector<std::int32_t> tokens;  // prompt, then generated tokens
-  std::int64_t fed = 0;              // positions in the KV cache
-  std::int64_t cached = 0;           // of them, attached from the prefix cache
+  std::optional<GrammarMatcher> matcher;  // structured output
+  std::vector<std::int32_t> tokens;       // prompt, then generated tokens
+  std::int64_t fed = 0;                   // positions in the KV cache
+  std::int64_t cached = 0;                // of them, attached from the prefix cache
   std::int64_t generated = 0;
   std::string held;  // decoded text not yet final (a stop string may be starting)
   bool done = false;
@@ -242,7 +244,13 @@ void Scheduler::emit_token(Active& a, std::int32_t token) {
     if (!a.held.empty()) emit(a.held, 0);
     a.held.clear();
   };
-  if (a.request.stop_at_eos && engine_.tokenizer().is_eog(token)) {
+  if (a.matcher) {
+    if (Status s = a.matcher->accept(token); !s) {
+      finish(a, "error", s);
+      return;
+    }
+  }
+  if ((a.request.stop_at_eos || a.matcher) && engine_.tokenizer().is_eog(token)) {
     flush();
     finish(a, "stop");
     return;
@@ -267,6 +275,11 @@ void Scheduler::emit_token(Active& a, std::int32_t token) {
   const std::size_t hold = held_back(a.held, a.request.stop);
   emit(std::string_view(a.held).substr(0, a.held.size() - hold), 1);
   a.held.erase(0, a.held.size() - hold);
+  if (a.matcher && a.matcher->finished()) {  // nothing but an end-of-generation token could follow
+    flush();
+    finish(a, "stop");
+    return;
+  }
   // The sampled token is fed by the next step, unless it is the last one allowed.
   if (static_cast<std::int64_t>(a.tokens.size()) >= a.limit || a.generated >= a.request.max_tokens) {
     flush();
@@ -383,8 +396,10 @@ bool Scheduler::step() {
     thread_local std::vector<float> scratch;
     const auto n = static_cast<std::size_t>(i);
     const float* l = logits_.data() + rows[n] * vocab;
-    scratch.assign(l, l + vocab);  // the repetition penalty edits its input
-    drawn[n] = sampling[n]->sampler.sample(scratch, sampling[n]->tokens);
+    scratch.assign(l, l + vocab);  // the repetition penalty and the mask edit their input
+    Active& a = *sampling[n];
+    drawn[n] =
+        a.sampler.sample(scratch, a.tokens, a.matcher ? a.matcher->next_mask() : std::span<const std::uint32_t>());
   });
   for (std::size_t i = 0; i < sampling.size(); ++i) emit_token(*sampling[i], drawn[i]);
   return true;

@@ -117,6 +117,15 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
                                  "context_length_exceeded"));
     return;
   }
+  std::shared_ptr<const runtime::CompiledGrammar> grammar;
+  if (r.grammar) {
+    auto compiled = structured.compile(*r.grammar);
+    if (auto* error = std::get_if<ApiError>(&compiled)) {
+      write_error(res, *error);
+      return;
+    }
+    grammar = std::get<std::shared_ptr<const runtime::CompiledGrammar>>(std::move(compiled));
+  }
   if (!r.seed_given) r.sampling.seed = (std::uint64_t{std::random_device{}()} << 32) | std::random_device{}();
 
   runtime::RequestOptions ro;
@@ -125,6 +134,7 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
   ro.max_tokens = r.max_tokens;
   ro.stop = r.stop;
   ro.stop_at_eos = !r.ignore_eos;
+  ro.grammar = std::move(grammar);
   auto g = std::make_shared<Generation>();
   g->arrival = arrival;
   auto handle = scheduler->submit(std::move(ro), callbacks_for(g, metrics, r.stream));

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "server/structured_output.h"
+
 namespace kallpa::server {
 namespace {
 
@@ -188,7 +190,7 @@ CompletionRequest parse(const json& body, Endpoint endpoint, const RequestLimits
   if (auto best_of = integer(body, "best_of"); best_of && *best_of != 1) unsupported("best_of", "best_of > 1");
   if (endpoint == Endpoint::chat) {
     if (boolean(body, "logprobs").value_or(false)) unsupported("logprobs", "logprobs");
-    for (const char* key : {"tools", "functions", "tool_choice", "response_format"}) {
+    for (const char* key : {"tools", "functions", "tool_choice"}) {
       if (field(body, key)) unsupported(key, key);
     }
   } else {
@@ -198,6 +200,11 @@ CompletionRequest parse(const json& body, Endpoint endpoint, const RequestLimits
   }
   if (const json* bias = field(body, "logit_bias"); bias && !(bias->is_object() && bias->empty())) {
     unsupported("logit_bias", "logit_bias");
+  }
+  if (const json* format = field(body, "response_format")) {
+    auto parsed = parse_response_format(*format);
+    if (auto* error = std::get_if<ApiError>(&parsed)) throw Invalid{*error};
+    r.grammar = std::get<std::optional<runtime::GrammarSpec>>(std::move(parsed));
   }
   parse_stop(body, r);
   r.ignore_eos = boolean(body, "ignore_eos").value_or(false);

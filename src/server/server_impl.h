@@ -18,6 +18,7 @@
 #include "server/api_error.h"
 #include "server/request_parser.h"
 #include "server/server_metrics.h"
+#include "server/structured_output.h"
 
 namespace kallpa::server {
 
@@ -64,6 +65,7 @@ struct Server::Impl {
   ServerMetrics metrics;
   AccessLog access_log;
   std::unique_ptr<runtime::Scheduler> scheduler;
+  StructuredOutput structured{engine};
   httplib::Server http;
   bool bound = false;
 

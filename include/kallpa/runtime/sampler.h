@@ -27,14 +27,20 @@ struct SamplingParams {
   Status validate() const;
 };
 
+// Sets the logits of the tokens `allowed` leaves out (see Sampler::sample) to -inf.
+void apply_token_mask(std::span<float> logits, std::span<const std::uint32_t> allowed);
+
 class Sampler {
  public:
   explicit Sampler(SamplingParams params);
 
   const SamplingParams& params() const noexcept { return params_; }
-  // Picks a token from `logits` (modified in place by the penalty). `recent` are the tokens
-  // generated or prompted so far, most recent last.
-  std::int32_t sample(std::span<float> logits, std::span<const std::int32_t> recent);
+  // Picks a token from `logits` (modified in place by the penalty and the mask). `recent` are the
+  // tokens generated or prompted so far, most recent last. `allowed`, when not empty, is a token
+  // bitmask (bit id % 32 of word id / 32; runtime/grammar.h): the tokens it leaves out get -inf
+  // before anything else, so no draw, greedy or sampled, can pick them.
+  std::int32_t sample(std::span<float> logits, std::span<const std::int32_t> recent,
+                      std::span<const std::uint32_t> allowed = {});
   // Restarts the random stream from the seed.
   void reset();
 

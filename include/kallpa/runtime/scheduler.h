@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "kallpa/runtime/engine.h"
+#include "kallpa/runtime/grammar.h"
 #include "kallpa/runtime/sampler.h"
 #include "kallpa/status.h"
 
@@ -66,6 +67,10 @@ struct RequestOptions {
   std::int64_t max_tokens = 128;  // also capped by the model's context
   std::vector<std::string> stop;  // stop strings: end generation, never emitted
   bool stop_at_eos = true;
+  // Structured output: every token is one the grammar allows, and generation stops ("stop") once
+  // the grammar is complete and allows nothing more, or at an end-of-generation token it allows
+  // (whatever stop_at_eos says). Null: unconstrained.
+  std::shared_ptr<const CompiledGrammar> grammar;
 };
 
 struct Completion {
