@@ -235,7 +235,11 @@ ParsedRequest parse_completion_request(std::string_view body, Endpoint endpoint,
     return bad_request("", where, "invalid_json");
   }
   try {
-    return parse(doc, endpoint, limits);
+    CompletionRequest r = parse(doc, endpoint, limits);
+    if (r.grammar && r.grammar->kind == runtime::GrammarKind::json_schema) {
+      r.grammar->source = json_schema_in_given_order(body);
+    }
+    return r;
   } catch (const Invalid& e) {
     return e.error;
   } catch (const json::exception& e) {

@@ -54,6 +54,11 @@ std::variant<std::optional<runtime::GrammarSpec>, ApiError> parse_response_forma
   return std::optional<runtime::GrammarSpec>(spec);
 }
 
+std::string json_schema_in_given_order(std::string_view body) {
+  const auto doc = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  return doc.at("response_format").at("json_schema").at("schema").dump();
+}
+
 std::variant<std::shared_ptr<const runtime::CompiledGrammar>, ApiError> StructuredOutput::compile(
     const runtime::GrammarSpec& spec) {
   std::call_once(

@@ -6,6 +6,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <variant>
 
 #include <nlohmann/json.hpp>
@@ -20,6 +22,11 @@ namespace kallpa::server {
 // {"type": "json_schema", "json_schema": {"name", "schema", "strict"}} the schema (absent: any JSON
 // object). Anything else is a 400 naming the field.
 std::variant<std::optional<runtime::GrammarSpec>, ApiError> parse_response_format(const nlohmann::json& value);
+
+// response_format.json_schema.schema of a request body (valid JSON, with that schema), with its
+// keys in the order the client wrote them: properties are generated in the schema's order, which
+// nlohmann::json (sorted keys) would lose.
+std::string json_schema_in_given_order(std::string_view body);
 
 class StructuredOutput {
  public:

@@ -156,16 +156,16 @@ def test_json_object_and_text():
     with Server("structured_json_object", model=real_model()) as s:
         client = s.client()
         for seed in (0, 1, 2):
-            text, finish = ask(client, "Describe the city of Paris in JSON.", {"type": "json_object"},
+            text, finish = ask(client, "Return a JSON object describing a cat: its name and age.", {"type": "json_object"},
                                temperature=0.0 if seed == 0 else 0.9, seed=seed)
             value = validate(f"json_object seed {seed}", text, finish, {"type": "object"})
             check(isinstance(value, dict), f"json_object gives an object: {text!r}")
         # json_schema without a schema is any object; non-strict lets a schema's objects take more keys.
-        text, finish = ask(client, "Describe a cat in JSON.",
+        text, finish = ask(client, "Return a JSON object describing a dog: its name and age.",
                            {"type": "json_schema", "json_schema": {"name": "free"}}, temperature=0)
         validate("json_schema without schema", text, finish, {"type": "object"})
         loose = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30}}, "required": ["name"]}
-        text, finish = ask(client, "Describe a dog in JSON, with its name.", schema_format("loose", loose, strict=False),
+        text, finish = ask(client, "Return a JSON object describing a cat: its name and age.", schema_format("loose", loose, strict=False),
                            temperature=0)
         validate("non-strict", text, finish, loose)
         # The default, text, is unconstrained.
