@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import server_test  # noqa: E402  (exits 77 itself without openai)
 from server_test import Failure, Server, Skip, check  # noqa: E402
+from structured_schemas import CORPUS  # noqa: E402
 
 try:
     import jsonschema
@@ -30,60 +31,6 @@ except ImportError as e:  # pragma: no cover
     print(f"skipped: {e} (pip install -r scripts/requirements.txt)")
     sys.exit(77)
 
-# (name, prompt, schema): the prompts ask for what the schema describes, as an application would.
-CORPUS = [
-    ("person", "Describe a fictional person as JSON with their name, age and email.",
-     {"type": "object",
-      "properties": {"name": {"type": "string", "maxLength": 40},
-                     "age": {"type": "integer", "minimum": 0, "maximum": 150},
-                     "email": {"type": "string", "maxLength": 60}},
-      "required": ["name", "age"], "additionalProperties": False}),
-    ("nested", "Give a user with a name and an address (city and postal code), and a few tags, as JSON.",
-     {"type": "object",
-      "properties": {
-          "user": {"type": "object",
-                   "properties": {"name": {"type": "string", "maxLength": 40},
-                                  "address": {"type": "object",
-                                              "properties": {"city": {"type": "string", "maxLength": 30},
-                                                             "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
-                                              "required": ["city", "zip"], "additionalProperties": False}},
-                   "required": ["name", "address"], "additionalProperties": False},
-          "tags": {"type": "array", "items": {"type": "string", "maxLength": 15}, "maxItems": 4}},
-      "required": ["user", "tags"], "additionalProperties": False}),
-    ("enums", "Pick a shirt: its color and size, as JSON.",
-     {"type": "object",
-      "properties": {"color": {"enum": ["red", "green", "blue", "black"]},
-                     "size": {"type": "string", "enum": ["S", "M", "L", "XL"]}},
-      "required": ["color", "size"], "additionalProperties": False}),
-    ("ranges", "Report today's weather in Lima as JSON: temperature in Celsius, humidity in percent.",
-     {"type": "object",
-      "properties": {"temperature": {"type": "number", "minimum": -50, "maximum": 60},
-                     "humidity": {"type": "integer", "minimum": 0, "maximum": 100},
-                     "wind": {"type": "number", "exclusiveMinimum": 0, "maximum": 200}},
-      "required": ["temperature", "humidity", "wind"], "additionalProperties": False}),
-    ("any_of", "Give an inventory record as JSON: an id (a number or a code) and a value, or null.",
-     {"type": "object",
-      "properties": {"id": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 99999},
-                                      {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{3}$"}]},
-                     "value": {"anyOf": [{"type": "null"}, {"type": "number", "minimum": 0, "maximum": 1000}]}},
-      "required": ["id", "value"], "additionalProperties": False}),
-    ("array_of_objects", "List up to three fruits to buy, each with a quantity, as JSON.",
-     {"type": "object",
-      "properties": {"items": {"type": "array", "minItems": 1, "maxItems": 3,
-                               "items": {"type": "object",
-                                         "properties": {"name": {"type": "string", "maxLength": 20},
-                                                        "qty": {"type": "integer", "minimum": 1, "maximum": 10}},
-                                         "required": ["name", "qty"], "additionalProperties": False}}},
-      "required": ["items"], "additionalProperties": False}),
-    ("optional", "Name a book as JSON: its title, and if you know them its subtitle and year.",
-     {"type": "object",
-      "properties": {"title": {"type": "string", "maxLength": 60},
-                     "subtitle": {"type": "string", "maxLength": 60},
-                     "year": {"type": "integer", "minimum": 1400, "maximum": 2100}},
-      "required": ["title"], "additionalProperties": False}),
-    ("top_level_array", "List three primary colors as a JSON array.",
-     {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 3, "maxItems": 3}),
-]
 
 
 def schema_format(name, schema, strict=True):
