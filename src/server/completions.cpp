@@ -214,6 +214,15 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
                                  "context_length_exceeded"));
     return;
   }
+  std::shared_ptr<const runtime::CompiledGrammar> grammar;
+  if (r.grammar) {
+    auto compiled = structured.compile(*r.grammar);
+    if (auto* error = std::get_if<ApiError>(&compiled)) {
+      write_error(res, *error);
+      return;
+    }
+    grammar = std::get<std::shared_ptr<const runtime::CompiledGrammar>>(std::move(compiled));
+  }
   if (!r.seed_given) r.sampling.seed = (std::uint64_t{std::random_device{}()} << 32) | std::random_device{}();
 
   auto g = std::make_shared<Generation>();
@@ -248,6 +257,7 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
     ro.stop = r.stop;
     ro.stop_at_eos = !r.ignore_eos;
     ro.logprobs = r.logprobs;
+    ro.grammar = grammar;
     std::vector<runtime::RequestCallbacks> choices;
     for (std::int64_t j = 0; j < r.n; ++j) {
       choices.push_back(callbacks_for(g, p * static_cast<std::size_t>(r.n) + static_cast<std::size_t>(j), j == 0,

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kallpa/runtime/scheduler.h"
+#include "server/structured_output.h"
 
 namespace kallpa::server {
 namespace {
@@ -274,15 +275,15 @@ CompletionRequest parse(const json& body, Endpoint endpoint, const RequestLimits
     if (const json* modalities = field(body, "modalities")) {
       if (*modalities != json::array({"text"})) unsupported("modalities", "an output other than [\"text\"]");
     }
-    if (const json* format = field(body, "response_format")) {
-      if (!format->is_object()) wrong_type("response_format", "an object", *format);
-      const std::string type = string(*format, "type").value_or("");
-      if (type != "text") unsupported("response_format", fmt::format("response_format type '{}'", type));
-    }
   } else {
     r.echo = boolean(body, "echo").value_or(false);
     if (r.echo && r.logprobs >= 0) unsupported("echo", "echo with logprobs (the prompt's log-probabilities)");
     if (auto suffix = string(body, "suffix"); suffix && !suffix->empty()) unsupported("suffix", "suffix");
+  }
+  if (const json* format = field(body, "response_format")) {
+    auto parsed = parse_response_format(*format);
+    if (auto* error = std::get_if<ApiError>(&parsed)) throw Invalid{*error};
+    r.grammar = std::get<std::optional<runtime::GrammarSpec>>(std::move(parsed));
   }
   parse_stop(body, r);
   r.ignore_eos = boolean(body, "ignore_eos").value_or(false);
@@ -313,7 +314,11 @@ ParsedRequest parse_completion_request(std::string_view body, Endpoint endpoint,
     return bad_request("", where, "invalid_json");
   }
   try {
-    return parse(doc, endpoint, limits);
+    CompletionRequest r = parse(doc, endpoint, limits);
+    if (r.grammar && r.grammar->kind == runtime::GrammarKind::json_schema) {
+      r.grammar->source = json_schema_in_given_order(body);
+    }
+    return r;
   } catch (const Invalid& e) {
     return e.error;
   } catch (const json::exception& e) {

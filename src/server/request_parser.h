@@ -5,11 +5,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
 
+#include "kallpa/runtime/grammar.h"
 #include "kallpa/runtime/sampler.h"
 #include "kallpa/tokenizer/chat.h"
 #include "server/api_error.h"
@@ -48,7 +50,8 @@ struct CompletionRequest {
   std::vector<std::string> stop;
   bool ignore_eos = false;  // vLLM's extension: run to max_tokens or a stop string
   bool stream = false;
-  bool include_usage = false;  // stream_options.include_usage
+  bool include_usage = false;                   // stream_options.include_usage
+  std::optional<runtime::GrammarSpec> grammar;  // response_format json_object / json_schema
 };
 
 using ParsedRequest = std::variant<CompletionRequest, ApiError>;

@@ -19,6 +19,7 @@
 #include "server/request_parser.h"
 #include "server/router.h"
 #include "server/server_metrics.h"
+#include "server/structured_output.h"
 
 namespace kallpa::server {
 
@@ -74,6 +75,7 @@ struct Server::Impl {
   std::unique_ptr<runtime::Scheduler> scheduler;
   Router routes;
   std::unique_ptr<HttpTransport> http;
+  StructuredOutput structured{engine};
   bool bound = false;
 
   std::atomic<bool> draining{false};

@@ -6,11 +6,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <numeric>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -102,7 +104,33 @@ struct GenerateCliOptions {
   std::vector<std::string> stop;
   bool quiet = false;
   int logits_top = 0;  // --logits-top K: one JSON line per step on stdout instead of the text
+  // Structured output: at most one of them.
+  std::string json_schema_file;  // --json-schema FILE
+  std::string grammar_file;      // --grammar FILE (EBNF)
+  bool json = false;             // --json: any JSON object
 };
+
+// The grammar the options ask for (null when none), compiled against the engine's vocabulary.
+Result<std::shared_ptr<const runtime::CompiledGrammar>> grammar_of(const GenerateCliOptions& o,
+                                                                   const runtime::Engine& engine) {
+  runtime::GrammarSpec spec;
+  const std::string& file = o.json_schema_file.empty() ? o.grammar_file : o.json_schema_file;
+  if (!file.empty()) {
+    std::ifstream in(file, std::ios::binary);
+    std::ostringstream text;
+    if (!(in && text << in.rdbuf())) {
+      return Status(ErrorCode::not_found, o.json_schema_file.empty() ? "--grammar" : "--json-schema",
+                    fmt::format("cannot read {}", file));
+    }
+    spec.source = text.str();
+    spec.kind = o.json_schema_file.empty() ? runtime::GrammarKind::ebnf : runtime::GrammarKind::json_schema;
+  } else if (!o.json) {
+    return std::shared_ptr<const runtime::CompiledGrammar>();
+  }
+  auto compiler = runtime::GrammarCompiler::create(engine.tokenizer(), engine.config().vocab_size);
+  if (!compiler) return compiler.status();
+  return (*compiler)->compile(spec);
+}
 
 // The K highest logits, highest first (ties: lower id first), with their log-softmax.
 nlohmann::json top_logits(const tokenizer::Tokenizer& tok, std::int32_t token, std::span<const float> logits, int k) {
@@ -151,10 +179,16 @@ int run_generate(const GenerateCliOptions& o, const GlobalOptions& global) {
     print_error("prompt", prompt.status());
     return kExitUsage;
   }
+  auto grammar = grammar_of(o, *engine);
+  if (!grammar) {
+    print_error("structured output", grammar.status());
+    return grammar.status().code() == ErrorCode::unsupported ? kExitFailure : kExitUsage;
+  }
   runtime::Session session(*engine, params);
   runtime::GenerateOptions gen;
   gen.max_tokens = o.sampling.max_tokens;
   gen.stop = o.stop;
+  gen.grammar = *grammar;
   std::function<void(std::string_view)> on_text = [](std::string_view text) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
@@ -370,6 +404,15 @@ Command add_generate_command(CLI::App& app) {
                   "Print one JSON line per step instead of the text: the sampled token and the K tokens "
                   "with the highest logits, each with its logit and log-softmax")
       ->check(CLI::Range(1, 1000));
+  auto* schema = sub->add_option("--json-schema", o->json_schema_file,
+                                 "Structured output: the text is JSON valid against the JSON schema in FILE "
+                                 "(docs/structured-output.md)");
+  auto* grammar = sub->add_option("--grammar", o->grammar_file,
+                                  "Structured output: the text follows the EBNF grammar in FILE (xgrammar's "
+                                  "dialect, root rule 'root')");
+  auto* json = sub->add_flag("--json", o->json, "Structured output: the text is one JSON object");
+  schema->excludes(grammar)->excludes(json);
+  grammar->excludes(json);
   add_engine_options(sub, o->engine);
   add_sampling_options(sub, o->sampling);
   return {sub, [o](const GlobalOptions& g) { return run_generate(*o, g); }};

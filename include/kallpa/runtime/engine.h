@@ -19,6 +19,7 @@
 #include "kallpa/observer.h"
 #include "kallpa/ops/kv_cache.h"
 #include "kallpa/ops/ops.h"
+#include "kallpa/runtime/grammar.h"
 #include "kallpa/runtime/sampler.h"
 #include "kallpa/tokenizer/chat.h"
 #include "kallpa/tokenizer/chat_template.h"
@@ -94,8 +95,9 @@ class Session {
   // Runs tokens through the model (in chunks), after what is already there. Several tokens are a
   // prompt (exact activations in every chunk); one token is a decode step (ops/ops.h).
   Status feed(std::span<const std::int32_t> tokens);
-  // Picks the next token from the last logits (does not feed it).
-  Result<std::int32_t> sample();
+  // Picks the next token from the last logits (does not feed it), among the tokens `allowed`
+  // when it is not empty (a token bitmask: Sampler::sample).
+  Result<std::int32_t> sample(std::span<const std::uint32_t> allowed = {});
   // Empties the context and restarts the sampler's random stream.
   void reset();
   // Forgets every token from `position` on (clamped to [0, position()]) and frees their KV blocks;
@@ -124,6 +126,9 @@ struct GenerateOptions {
   std::int64_t max_tokens = 128;
   std::vector<std::string> stop;  // stop strings (not included in the text)
   bool stop_at_eos = true;        // stop at every end-of-generation token (Tokenizer::is_eog)
+  // Structured output (runtime/grammar.h): only tokens the grammar allows; stops ("stop") when it
+  // is complete and allows nothing more, or at an end-of-generation token. Null: unconstrained.
+  std::shared_ptr<const CompiledGrammar> grammar;
   // Called after each sampled token, before it is fed, with the logits it was sampled from.
   std::function<void(std::int32_t token, std::span<const float> logits)> on_token;
 };

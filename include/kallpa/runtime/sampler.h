@@ -36,17 +36,26 @@ struct SamplingParams {
   Status validate() const;
 };
 
+// Sets the logits of the tokens `allowed` leaves out (see Sampler::sample) to -inf.
+void apply_token_mask(std::span<float> logits, std::span<const std::uint32_t> allowed);
+
 class Sampler {
  public:
   explicit Sampler(SamplingParams params);
 
   const SamplingParams& params() const noexcept { return params_; }
-  // Picks a token from `logits` (modified in place by the bias and penalties). `recent` are the
-  // tokens generated or prompted so far, most recent last (the repetition penalty's window);
-  // `generated` the ones sampled so far (presence and frequency penalties count them, as OpenAI
-  // and vLLM do). Without `generated`, those penalties count the repetition window, as llama.cpp's do.
+  // Picks a token from `logits` (modified in place by the mask, the bias and the penalties).
+  // `recent` are the tokens generated or prompted so far, most recent last (the repetition
+  // penalty's window); `generated` the ones sampled so far (presence and frequency penalties count
+  // them, as OpenAI and vLLM do). Without `generated`, those penalties count the repetition window,
+  // as llama.cpp's do. `allowed`, when not empty, is a token bitmask (bit id % 32 of word id / 32;
+  // runtime/grammar.h): the tokens it leaves out get -inf before anything else, so no draw, greedy
+  // or sampled, can pick them.
   std::int32_t sample(std::span<float> logits, std::span<const std::int32_t> recent,
-                      std::span<const std::int32_t> generated);
+                      std::span<const std::int32_t> generated, std::span<const std::uint32_t> allowed = {});
+  // The same, with the presence and frequency penalties counting the repetition window.
+  std::int32_t sample(std::span<float> logits, std::span<const std::int32_t> recent,
+                      std::span<const std::uint32_t> allowed);
   std::int32_t sample(std::span<float> logits, std::span<const std::int32_t> recent);
   // Restarts the random stream from the seed.
   void reset();

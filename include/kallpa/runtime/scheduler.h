@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "kallpa/runtime/engine.h"
+#include "kallpa/runtime/grammar.h"
 #include "kallpa/runtime/sampler.h"
 #include "kallpa/status.h"
 
@@ -72,6 +73,10 @@ struct RequestOptions {
   // logits before bias, penalties, temperature and filters, as vLLM and llama.cpp report them (the
   // CLI's generate --logits-top prints the same values).
   std::int32_t logprobs = -1;
+  // Structured output: every token is one the grammar allows, and generation stops ("stop") once
+  // the grammar is complete and allows nothing more, or at an end-of-generation token it allows
+  // (whatever stop_at_eos says). Null: unconstrained.
+  std::shared_ptr<const CompiledGrammar> grammar;
 };
 
 // The most alternatives a request may ask for (OpenAI's top_logprobs limit).
