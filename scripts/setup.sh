@@ -26,6 +26,7 @@ KALLPA_APT_PACKAGES=(
   python3-venv python3-pip
   libcpp-httplib-dev
   pocl-opencl-icd ocl-icd-opencl-dev opencl-headers opencl-clhpp-headers clinfo
+  libopenmpi-dev openmpi-bin
 )
 
 run_main_job=1
