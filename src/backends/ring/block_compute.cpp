@@ -102,20 +102,23 @@ class PairRunner {
       const std::int64_t wl = c == 0 ? left : (left < 0 ? -1 : left - c);
       return call(q_rows(i0), n, 1, kb - ka, c == 0 && p_.causal, wl, wr, o, lse, nullptr);
     }
+    // ALiBi with a shift: split until every row lies after all keys, or before all of them.
     if (c > 0) {
-      if (p_first < kb) return straddles(i0, i1, ka, kb);
+      if (p_first < kb) {  // rows up to position kb - 1 align with the keys; the rest come after
+        const std::int64_t split = kb - g_.offset;
+        RING_TRY(run(seq, i0, split, ka, kb, o, lse));
+        return run(seq, split, i1, ka, kb, o + (split - i0) * g_.hq * g_.dv, lse + (split - i0) * g_.hq);
+      }
       return alibi_after(i0, i1, ka, kb, left, o, lse);
     }
-    if (p_last >= ka) return straddles(i0, i1, ka, kb);
+    if (p_last >= ka) {  // keys up to the last row's position align with the rows; the rest lie after
+      RING_TRY(run(seq, i0, i1, ka, p_last + 1, o, lse));
+      return run(seq, i0, i1, p_last + 1, kb, o, lse);
+    }
     return alibi_before(i0, i1, ka, kb, left, right, o, lse);
   }
 
  private:
-  Status straddles(std::int64_t i0, std::int64_t i1, std::int64_t ka, std::int64_t kb) const {
-    return Status(ErrorCode::internal, "ring",
-                  fmt::format("sequence {}: rows [{}, {}) straddle keys [{}, {}) under ALiBi", g_.seq, i0, i1, ka, kb));
-  }
-
   const unsigned char* q_rows(std::int64_t i) const {
     return static_cast<const unsigned char*>(p_.q.data) +
            vp_.q_row_offset(g_.seq, i) * static_cast<std::int64_t>(dtype_size(p_.q.dtype));
@@ -315,6 +318,26 @@ void write_block(const ValidatedProblem& vp, const Shard& rows, const float* blo
       }
     }
   }
+}
+
+Status refine_block(AttentionBackend& local, const ValidatedProblem& vp, const Shard& rows, float* block,
+                    BlockScratch& scratch) {
+  const std::int64_t no = rows.total_rows * vp.hq() * vp.head_dim_v();
+  const float* lse = block + no;
+  bool wide = false;
+  for (std::int64_t r = 0; r < rows.total_rows * vp.hq() && !wide; ++r) {
+    wide = std::isfinite(lse[r]) && std::fabs(lse[r]) > kMergeLseLimit;
+  }
+  if (!wide) return Status::ok();
+  Shard all;
+  for (const Span& span : rows.rows) {
+    if (all.keys.empty() || all.keys.back().seq != span.seq) {
+      const std::int64_t skv = vp.seqlen_k(span.seq);
+      if (skv > 0) all.keys.push_back({span.seq, 0, skv});
+    }
+  }
+  clear_block(block, rows.total_rows, vp);
+  return accumulate_block(local, vp, rows, all, block, scratch);
 }
 
 void clear_block(float* block, std::int64_t rows, const ValidatedProblem& vp) {

@@ -45,6 +45,17 @@ struct BlockScratch {
 Status accumulate_block(AttentionBackend& local, const ValidatedProblem& problem, const Shard& rows, const Shard& keys,
                         float* block, BlockScratch& scratch);
 
+// An lse beyond this magnitude carries too few bits in f32 for merged partials to meet the
+// contract's f32 tolerance (a merge weighs partials by exp of lse differences): at 64 an ulp is
+// 7.6e-6.
+inline constexpr float kMergeLseLimit = 64.0f;
+
+// When a merged block has a row whose |lse| exceeds kMergeLseLimit (scores in the hundreds, as with
+// huge scales), recomputes the whole block over every key of its sequences, which a rank may do
+// because every rank holds the whole problem; otherwise leaves it as it is.
+Status refine_block(AttentionBackend& local, const ValidatedProblem& problem, const Shard& rows, float* block,
+                    BlockScratch& scratch);
+
 // Writes a finished block (the rows of `rows`, in order) into the problem's o (in its dtype) and lse.
 void write_block(const ValidatedProblem& problem, const Shard& rows, const float* block);
 

@@ -134,12 +134,16 @@ Status RingBackend::run_locked(const ValidatedProblem& vp) {
     }
     if (s < n - 1) {
       if (send != MPI_REQUEST_NULL) RING_TRY(comm_.wait(&send, right, "partial result hand-over"));
+      RING_TRY(refine_block(*local, vp, shards[static_cast<std::size_t>(r)],
+                            gathered_.data() + offsets_[static_cast<std::size_t>(r)], scratch_));
       std::swap(send_buf, local_buf);
       RING_TRY(comm_.isend(send_buf, floats * sizeof(float), right, kReduceTag + s + 1, &send));
       bytes_sent_.fetch_add(floats * sizeof(float), std::memory_order_relaxed);
     }
   }
   if (send != MPI_REQUEST_NULL) RING_TRY(comm_.wait(&send, right, "partial result hand-over"));
+  RING_TRY(refine_block(*local, vp, shards[static_cast<std::size_t>(r)],
+                        gathered_.data() + offsets_[static_cast<std::size_t>(r)], scratch_));
 
   // All-gather round the ring: at step s pass on block r - s and take block r - s - 1.
   for (int s = 0; s + 1 < n; ++s) {
