@@ -27,6 +27,7 @@ KALLPA_APT_PACKAGES=(
   python3-venv python3-pip
   libboost1.74-dev
   pocl-opencl-icd ocl-icd-opencl-dev opencl-headers opencl-clhpp-headers clinfo
+  libopenmpi-dev openmpi-bin
 )
 
 run_main_job=1

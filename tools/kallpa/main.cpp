@@ -1,6 +1,7 @@
 // The `kallpa` command line program: parses the command line and runs one subcommand.
 #include <exception>
 #include <new>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -8,6 +9,8 @@
 
 #include "cli.h"
 #include "kallpa/attention.h"
+#include "kallpa/process_group.h"
+#include "output.h"
 
 #ifndef KALLPA_VERSION_STRING
 #define KALLPA_VERSION_STRING "unknown"
@@ -48,6 +51,16 @@ int main(int argc, char** argv) {
     }
 
     configure_logging(global);
+    // Under `mpirun` every rank must run the same command, since collective calls pair up by their
+    // order: a rank started otherwise is named at once rather than left to hang or mix results.
+    if (kallpa::ProcessGroup* group = kallpa::process_group(); group != nullptr && group->size() > 1) {
+      std::string line;
+      for (int i = 1; i < argc; ++i) line.append(argv[i]).push_back('\0');
+      if (kallpa::Status s = group->agree("command line", line); !s) {
+        print_error("", s);
+        return kExitUsage;
+      }
+    }
     setup_backends(global);
     for (const Command& command : commands) {
       if (command.app->parsed()) return command.run(global);

@@ -1,0 +1,34 @@
+// The processes one run spans: the ranks of an MPI job (`mpirun -np N kallpa ...`). A backend that
+// carries work across processes (ring, docs/scale-out.md) installs its group at load time; the
+// front ends use it through this interface to print once and to check that every rank was started
+// alike, without naming the transport.
+#pragma once
+
+#include <string_view>
+
+#include "kallpa/status.h"
+
+namespace kallpa {
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  virtual int rank() const noexcept = 0;
+  virtual int size() const noexcept = 0;
+  // The transport, for messages: "mpi".
+  virtual std::string_view transport() const noexcept = 0;
+
+  // Collective: every rank passes its own `text` (its command line, a model file's hash). Ok on
+  // every rank when all agree; otherwise invalid_argument on every rank, with `what` as the field,
+  // naming the first rank whose text differs from rank 0's. Also fails (naming the rank) when a
+  // rank does not join within the group's deadline.
+  virtual Status agree(std::string_view what, std::string_view text) noexcept = 0;
+};
+
+// The process group of this run, or nullptr when it is a single process.
+ProcessGroup* process_group() noexcept;
+// Installs the group (a transport's registration does this once, at load time); nullptr removes it.
+void set_process_group(ProcessGroup* group) noexcept;
+
+}  // namespace kallpa
