@@ -2,7 +2,7 @@
 # Builds the llama.cpp that kallpa's peer comparisons run against, from a pinned source: the
 # llama-cpp-python 0.3.36 sdist on PyPI (its vendor/llama.cpp), checked by SHA-256, so every
 # comparison in bench/results/ names one exact llama.cpp. Prints the folder of the built programs
-# (llama-bench, llama-batched-bench, test-backend-ops, llama-simple, llama-completion) on stdout;
+# (llama-bench, llama-batched-bench, test-backend-ops, llama-simple, llama-completion, llama-server) on stdout;
 # libllama.so and libggml*.so lie in the same folder.
 #
 #   bash bench/build_llama_cpp.sh                 # fetch (or reuse) the sdist, configure, build
@@ -23,7 +23,7 @@ die() { echo "build_llama_cpp: error: $*" >&2; exit 1; }
 version="0.3.36"
 sdist_name="llama_cpp_python-${version}.tar.gz"
 sdist_sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-targets=(llama-bench llama-batched-bench test-backend-ops llama-simple llama-completion llama)
+targets=(llama-bench llama-batched-bench test-backend-ops llama-simple llama-completion llama llama-server)
 
 sdist_arg=""
 while [[ $# -gt 0 ]]; do
@@ -88,7 +88,7 @@ if [[ ! -f "$build/CMakeCache.txt" ]]; then
     -DLLAMA_BUILD_TESTS=ON \
     -DLLAMA_BUILD_TOOLS=ON \
     -DLLAMA_BUILD_EXAMPLES=ON \
-    -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_SERVER=ON \
     -DLLAMA_BUILD_APP=OFF \
     -DLLAMA_BUILD_UI=OFF \
     -DLLAMA_USE_PREBUILT_UI=OFF \

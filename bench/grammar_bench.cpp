@@ -43,46 +43,46 @@ struct Fixture {
 
 const Fixture& fixture() {
   static const Fixture f = [] {
-    Fixture f;
+    Fixture out;
     const char* env = std::getenv("KALLPA_MODEL");
     const std::string path = env ? env : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     auto file = model::GgufFile::open(path);
     if (!file) {
-      f.error = path + ": " + file.status().to_string();
-      return f;
+      out.error = path + ": " + file.status().to_string();
+      return out;
     }
     auto tok = model::tokenizer_from_gguf(**file);
     if (!tok) {
-      f.error = tok.status().to_string();
-      return f;
+      out.error = tok.status().to_string();
+      return out;
     }
-    f.tok.emplace(std::move(*tok));
-    f.vocab = static_cast<std::int64_t>(f.tok->vocab_size());
+    out.tok.emplace(std::move(*tok));
+    out.vocab = static_cast<std::int64_t>(out.tok->vocab_size());
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
-    auto compiler = runtime::GrammarCompiler::create(*f.tok, f.vocab);
+    auto compiler = runtime::GrammarCompiler::create(*out.tok, out.vocab);
     const auto t1 = clock::now();
     if (!compiler) {
-      f.error = compiler.status().to_string();
-      return f;
+      out.error = compiler.status().to_string();
+      return out;
     }
-    f.compiler = std::move(*compiler);
-    auto grammar = f.compiler->compile({.kind = runtime::GrammarKind::json_schema, .source = kSchema});
+    out.compiler = std::move(*compiler);
+    auto grammar = out.compiler->compile({.kind = runtime::GrammarKind::json_schema, .source = kSchema});
     const auto t2 = clock::now();
     if (!grammar) {
-      f.error = grammar.status().to_string();
-      return f;
+      out.error = grammar.status().to_string();
+      return out;
     }
-    f.grammar = *grammar;
-    f.prepare_seconds = std::chrono::duration<double>(t1 - t0).count();
-    f.compile_seconds = std::chrono::duration<double>(t2 - t1).count();
-    auto ids = f.tok->encode(kAnswer, {.add_special = false, .parse_special = false});
+    out.grammar = *grammar;
+    out.prepare_seconds = std::chrono::duration<double>(t1 - t0).count();
+    out.compile_seconds = std::chrono::duration<double>(t2 - t1).count();
+    auto ids = out.tok->encode(kAnswer, {.add_special = false, .parse_special = false});
     if (!ids) {
-      f.error = ids.status().to_string();
-      return f;
+      out.error = ids.status().to_string();
+      return out;
     }
-    f.answer = *ids;
-    return f;
+    out.answer = *ids;
+    return out;
   }();
   return f;
 }

@@ -159,16 +159,7 @@ bool Server::Impl::serves(const std::string& model) const {
 void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, Endpoint endpoint) {
   const auto arrival = Clock::now();
   auto in_flight = std::make_shared<InFlight>(*this);  // before the draining check: see drain()
-  if (draining.load()) {
-    ApiError e;
-    e.status = 503;
-    e.type = "server_error";
-    e.code = "shutting_down";
-    e.message = "the server is shutting down";
-    e.retry_after_seconds = 5;
-    write_error(res, e);
-    return;
-  }
+  if (!accepting(res)) return;
   ParsedRequest parsed = parse_completion_request(req.body, endpoint, limits);
   if (auto* error = std::get_if<ApiError>(&parsed)) {
     write_error(res, *error);
@@ -177,7 +168,12 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
   CompletionRequest& r = std::get<CompletionRequest>(parsed);
   // An absent model means the one served; a named one must be it (or one of its aliases).
   if (!r.model.empty() && !serves(r.model)) {
-    write_error(res, model_not_found(r.model, options.model_name));
+    ApiError e = model_not_found(r.model, options.model_name);
+    if (embedder != nullptr && serves_embedding(r.model)) {
+      e.message = fmt::format("'{}' is an embedding model (POST /v1/embeddings); this server chats with '{}'", r.model,
+                              options.model_name);
+    }
+    write_error(res, e);
     return;
   }
   const std::string param = endpoint == Endpoint::chat ? "messages" : "prompt";
@@ -186,7 +182,7 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
   std::int64_t n_prompt = 0, longest = 0;
   for (std::size_t p = 0; p < n_prompts; ++p) {
     const std::string where = n_prompts > 1 ? fmt::format("prompt[{}]", p) : param;
-    auto prompt = tokenize(engine, r, endpoint == Endpoint::chat ? nullptr : &r.prompts[p]);
+    auto prompt = tokenize(*engine, r, endpoint == Endpoint::chat ? nullptr : &r.prompts[p]);
     if (!prompt) {
       write_error(res, bad_request(where, prompt.status().to_string()));
       return;
@@ -205,7 +201,7 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
   }
   // An explicit max_tokens that the context cannot hold (after the longest prompt) is refused, as
   // OpenAI does; the default one ends at the context's end instead (finish_reason "length").
-  if (const std::int64_t context_length = engine.config().context_length;
+  if (const std::int64_t context_length = engine->config().context_length;
       r.max_tokens_given && longest + r.max_tokens > context_length) {
     write_error(res, bad_request("max_tokens",
                                  fmt::format("the prompt has {} tokens and max_tokens is {}: {} in all, over the "
@@ -216,7 +212,7 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
   }
   std::shared_ptr<const runtime::CompiledGrammar> grammar;
   if (r.grammar) {
-    auto compiled = structured.compile(*r.grammar);
+    auto compiled = structured->compile(*r.grammar);
     if (auto* error = std::get_if<ApiError>(&compiled)) {
       write_error(res, *error);
       return;
@@ -233,7 +229,7 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
     for (std::size_t p = 0; p < n_prompts; ++p) {
       std::string text = r.prompts[p].text;
       if (r.prompts[p].is_tokens) {
-        auto decoded = engine.tokenizer().decode(prompts[p]);
+        auto decoded = engine->tokenizer().decode(prompts[p]);
         if (!decoded) {
           write_error(res,
                       bad_request(n_prompts > 1 ? fmt::format("prompt[{}]", p) : param, decoded.status().to_string()));
@@ -261,7 +257,7 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
     std::vector<runtime::RequestCallbacks> choices;
     for (std::int64_t j = 0; j < r.n; ++j) {
       choices.push_back(callbacks_for(g, p * static_cast<std::size_t>(r.n) + static_cast<std::size_t>(j), j == 0,
-                                      metrics, r.stream, engine.tokenizer()));
+                                      metrics, r.stream, engine->tokenizer()));
     }
     auto handle = scheduler->submit_choices(std::move(ro), std::move(choices));
     if (!handle) {

@@ -20,6 +20,7 @@ constexpr Route kRoutes[] = {{"/v1/chat/completions", "POST"},
                              {"/v1/completions", "POST"},
                              {"/tokenize", "POST"},
                              {"/detokenize", "POST"},
+                             {"/v1/embeddings", "POST"},
                              {"/v1/models", "GET"},
                              {"/health", "GET"},
                              {"/ready", "GET"},
@@ -83,18 +84,47 @@ Server::Impl::InFlight::~InFlight() {
   impl.inflight_cv.notify_all();
 }
 
-Server::Impl::Impl(runtime::Engine& e, ServerOptions o)
-    : engine(e), options(std::move(o)), access_log(options.access_log) {
-  const std::int64_t context = engine.config().context_length;
-  max_prompt_tokens = options.max_prompt_tokens > 0 ? std::min(options.max_prompt_tokens, context - 1) : context - 1;
-  limits.max_tokens = std::max<std::int64_t>(1, options.max_tokens);
+Server::Impl::Impl(ServedModels m, ServerOptions o)
+    : engine(m.chat), embedder(m.embedding), options(std::move(o)), access_log(options.access_log) {
   created =
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  id_prefix = fmt::format("{:08x}", std::random_device{}());
+  if (options.embedding_model_name.empty() && embedder != nullptr) {
+    options.embedding_model_name = embedder->name().empty() ? "embedding" : embedder->name();
+  }
+  if (engine == nullptr) return;
+  const std::int64_t context = engine->config().context_length;
+  max_prompt_tokens = options.max_prompt_tokens > 0 ? std::min(options.max_prompt_tokens, context - 1) : context - 1;
+  limits.max_tokens = std::max<std::int64_t>(1, options.max_tokens);
   if (options.model_name.empty()) options.model_name = "kallpa";
   limits.max_choices = std::clamp<std::int64_t>(options.max_choices, 1, options.scheduler.max_running);
-  limits.vocab_size = engine.config().vocab_size;
-  id_prefix = fmt::format("{:08x}", std::random_device{}());
-  scheduler = std::make_unique<runtime::Scheduler>(engine, options.scheduler);
+  limits.vocab_size = engine->config().vocab_size;
+  scheduler = std::make_unique<runtime::Scheduler>(*engine, options.scheduler);
+  structured = std::make_unique<StructuredOutput>(*engine);
+}
+
+bool Server::Impl::has_chat_model(HttpResponse& res) const {
+  if (engine != nullptr) return true;
+  ApiError e;
+  e.status = 404;
+  e.code = "model_not_found";
+  e.param = "model";
+  e.message = fmt::format("this server serves no chat model, only the embedding model '{}' (POST /v1/embeddings)",
+                          options.embedding_model_name);
+  write_error(res, e);
+  return false;
+}
+
+bool Server::Impl::accepting(HttpResponse& res) const {
+  if (!draining.load()) return true;
+  ApiError e;
+  e.status = 503;
+  e.type = "server_error";
+  e.code = "shutting_down";
+  e.message = "the server is shutting down";
+  e.retry_after_seconds = 5;
+  write_error(res, e);
+  return false;
 }
 
 std::shared_ptr<RequestContext> Server::Impl::context(const HttpRequest& req) {
@@ -152,7 +182,7 @@ void Server::Impl::drain() {
   std::unique_lock lock(inflight_mu);
   if (!inflight_cv.wait_until(lock, deadline, [&] { return inflight == 0; })) {
     lock.unlock();
-    scheduler->cancel_all();  // past the grace period: end what is left (streams get an error event)
+    if (scheduler) scheduler->cancel_all();  // past the grace period: end what is left (streams get an error event)
     lock.lock();
     inflight_cv.wait(lock, [&] { return inflight == 0; });
   }
@@ -239,7 +269,9 @@ void Server::Impl::answer_transport_error(const HttpRequest& req, HttpResponse& 
 }
 
 Server::Server(runtime::Engine& engine, ServerOptions options)
-    : impl_(std::make_unique<Impl>(engine, std::move(options))) {
+    : Server(ServedModels{.chat = &engine}, std::move(options)) {}
+
+Server::Server(ServedModels models, ServerOptions options) : impl_(std::make_unique<Impl>(models, std::move(options))) {
   Impl& s = *impl_;
   const ServerOptions& o = s.options;
   TransportOptions t;
@@ -262,16 +294,19 @@ Server::Server(runtime::Engine& engine, ServerOptions options)
       [&s](const HttpRequest& req, HttpResponse& res) { s.answer_transport_error(req, res); },
       [&s](const HttpRequest& req, const HttpResponse& res) { s.end_request(req, res); });
 
-  s.routes.Post("/v1/chat/completions",
-                [&s](const HttpRequest& req, HttpResponse& res) { s.handle_generation(req, res, Endpoint::chat); });
-  s.routes.Post("/v1/completions", [&s](const HttpRequest& req, HttpResponse& res) {
-    s.handle_generation(req, res, Endpoint::completions);
+  s.routes.Post("/v1/chat/completions", [&s](const HttpRequest& req, HttpResponse& res) {
+    if (s.has_chat_model(res)) s.handle_generation(req, res, Endpoint::chat);
   });
+  s.routes.Post("/v1/completions", [&s](const HttpRequest& req, HttpResponse& res) {
+    if (s.has_chat_model(res)) s.handle_generation(req, res, Endpoint::completions);
+  });
+  s.routes.Post("/v1/embeddings", [&s](const HttpRequest& req, HttpResponse& res) { s.handle_embeddings(req, res); });
   for (const char* path : {"/tokenize", "/detokenize"}) {
     const bool encode = path == std::string_view("/tokenize");
     s.routes.Post(path, [&s, encode](const HttpRequest& req, HttpResponse& res) {
+      if (!s.has_chat_model(res)) return;
       auto result =
-          encode ? tokenize_body(s.engine.tokenizer(), req.body) : detokenize_body(s.engine.tokenizer(), req.body);
+          encode ? tokenize_body(s.engine->tokenizer(), req.body) : detokenize_body(s.engine->tokenizer(), req.body);
       if (auto* e = std::get_if<ApiError>(&result)) {
         write_error(res, *e);
       } else {
@@ -280,20 +315,28 @@ Server::Server(runtime::Engine& engine, ServerOptions options)
     });
   }
   s.routes.Get("/v1/models", [&s](const HttpRequest&, HttpResponse& res) {
-    std::vector<std::string> ids{s.options.model_name};
-    for (const std::string& alias : s.options.model_aliases) {
-      if (std::find(ids.begin(), ids.end(), alias) == ids.end()) ids.push_back(alias);
+    std::vector<std::string> ids;
+    const auto add = [&ids](const std::string& id) {
+      if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+    };
+    if (s.engine != nullptr) {
+      add(s.options.model_name);
+      for (const std::string& alias : s.options.model_aliases) add(alias);
+    }
+    if (s.embedder != nullptr) {
+      add(s.options.embedding_model_name);
+      for (const std::string& alias : s.options.embedding_model_aliases) add(alias);
     }
     write_json(res, 200, models_body(ids, s.created));
   });
   s.routes.Get("/v1/models/*", [&s](const HttpRequest& req, HttpResponse& res) {
     const std::string id = req.matches[1];
-    if (!s.serves(id)) {
+    if (!(s.engine != nullptr && s.serves(id)) && !(s.embedder != nullptr && s.serves_embedding(id))) {
       ApiError e;
       e.status = 404;
       e.code = "model_not_found";
       e.param = "model";
-      e.message = fmt::format("the model '{}' does not exist; this server serves '{}'", id, s.options.model_name);
+      e.message = fmt::format("the model '{}' does not exist; see GET /v1/models", id);
       write_error(res, e);
       return;
     }
@@ -304,13 +347,17 @@ Server::Server(runtime::Engine& engine, ServerOptions options)
     if (s.draining.load()) {
       write_json(res, 503, {{"status", "draining"}});
     } else {
-      write_json(res, 200, {{"status", "ready"}, {"model", s.options.model_name}});
+      nlohmann::json body = {{"status", "ready"}};
+      if (s.engine != nullptr) body["model"] = s.options.model_name;
+      if (s.embedder != nullptr) body["embedding_model"] = s.options.embedding_model_name;
+      write_json(res, 200, body);
     }
   });
   s.routes.Get("/metrics", [&s](const HttpRequest&, HttpResponse& res) {
     res.status = 200;
-    res.set_content(s.metrics.render(s.scheduler->stats(), s.engine.attention_stats(), s.engine.op_fallbacks(),
-                                     s.engine.dispatcher().registry()),
+    res.set_content(s.engine != nullptr ? s.metrics.render(s.scheduler->stats(), s.engine->attention_stats(),
+                                                           s.engine->op_fallbacks(), s.engine->dispatcher().registry())
+                                        : s.metrics.render({}, s.no_attention, {}, BackendRegistry::global()),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
 }
@@ -331,6 +378,9 @@ Server::~Server() {
 
 Result<int> Server::bind() {
   Impl& s = *impl_;
+  if (s.engine == nullptr && s.embedder == nullptr) {
+    return Status(ErrorCode::invalid_argument, "server", "no model to serve: give a chat model, an embedder or both");
+  }
   auto port = s.http->bind();
   if (!port) return port.status();
   s.bound = true;

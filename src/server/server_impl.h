@@ -41,12 +41,18 @@ struct RequestContext {
 };
 
 struct Server::Impl {
-  Impl(runtime::Engine& e, ServerOptions o);
+  Impl(ServedModels m, ServerOptions o);
 
   // Routes (completions.cpp).
   void handle_generation(const HttpRequest& req, HttpResponse& res, Endpoint endpoint);
-  // Whether `model` names the model served: its id or one of its aliases.
+  // Whether `model` names the chat model served: its id or one of its aliases.
   bool serves(const std::string& model) const;
+  // POST /v1/embeddings (embeddings_route.cpp).
+  void handle_embeddings(const HttpRequest& req, HttpResponse& res);
+  bool serves_embedding(const std::string& model) const;
+  // False, with a 404 written, when the route's model is not served. A 503 when draining.
+  bool has_chat_model(HttpResponse& res) const;
+  bool accepting(HttpResponse& res) const;
 
   // Every request, on a worker thread (server.cpp): request id, CORS, auth, the route, errors.
   void handle(HttpRequest& req, HttpResponse& res);
@@ -65,7 +71,8 @@ struct Server::Impl {
     Impl& impl;
   };
 
-  runtime::Engine& engine;
+  runtime::Engine* engine;      // null: no chat model
+  runtime::Embedder* embedder;  // null: no embedding model
   ServerOptions options;
   RequestLimits limits;
   std::int64_t max_prompt_tokens = 0;
@@ -75,7 +82,8 @@ struct Server::Impl {
   std::unique_ptr<runtime::Scheduler> scheduler;
   Router routes;
   std::unique_ptr<HttpTransport> http;
-  StructuredOutput structured{engine};
+  std::unique_ptr<StructuredOutput> structured;  // with a chat model
+  StatsObserver no_attention;                    // /metrics' attention figures without a chat model
   bool bound = false;
 
   std::atomic<bool> draining{false};

@@ -33,6 +33,9 @@ ServerMetrics::ServerMetrics() {
                  T::histogram, {}, {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
   itl_ = &r.add("kallpa_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.",
                 T::histogram, {}, {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5});
+  embedding_inputs_ = &r.add("kallpa_embedding_inputs_total", "Inputs embedded by /v1/embeddings.", T::counter);
+  embedding_tokens_ = &r.add("kallpa_embedding_tokens_total",
+                             "Tokens embedded by /v1/embeddings ([CLS] and [SEP] included).", T::counter);
   queued_ = &r.add("kallpa_scheduler_queued_requests", "Requests waiting for admission.", T::gauge);
   running_ = &r.add("kallpa_scheduler_running_sequences", "Sequences admitted and generating.", T::gauge);
   inflight_ = &r.add("kallpa_http_inflight_requests", "Generation requests being served.", T::gauge);

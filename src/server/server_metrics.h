@@ -24,6 +24,10 @@ class ServerMetrics {
   void inter_token_latency(double seconds) { itl_->observe({}, seconds); }
   void generation_finished(const runtime::Completion& c);
   void set_inflight(std::int64_t n) { inflight_->set({}, static_cast<double>(n)); }
+  void embeddings_finished(std::int64_t inputs, std::int64_t tokens) {
+    embedding_inputs_->inc({}, static_cast<double>(inputs));
+    embedding_tokens_->inc({}, static_cast<double>(tokens));
+  }
 
   // Refreshes the gauges and mirrored counters, then renders everything.
   // `op_fallbacks`: device ops run on the CPU, by op (runtime::Engine::op_fallbacks()).
@@ -41,6 +45,7 @@ class ServerMetrics {
   MetricFamily *att_calls_, *att_failures_, *att_fallbacks_, *att_seconds_;
   MetricFamily *verify_checks_, *verify_mismatches_, *verify_seconds_, *verify_unverifiable_, *quarantined_buckets_;
   MetricFamily* op_fallbacks_;
+  MetricFamily *embedding_inputs_, *embedding_tokens_;
   // Families of backend counters, by counter name, created on the first scrape that sees them.
   struct BackendFamily {
     MetricFamily* family;

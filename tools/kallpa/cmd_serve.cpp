@@ -29,6 +29,7 @@ extern "C" void on_stop_signal(int signo) { g_signal.store(signo); }
 struct ServeCliOptions {
   EngineCliOptions engine;
   server::ServerOptions server;
+  std::string embedding_model;  // a sentence-transformers folder; with no -m it is served alone
   bool no_access_log = false;
 };
 
@@ -54,28 +55,45 @@ int run_serve(ServeCliOptions& o, const GlobalOptions& global) {
   std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up mid-stream is an error return, not death
 
   int code = kExitOk;
-  auto engine = load_engine(o.engine, global, &code);
-  if (!engine) return code;
-  if (o.server.model_name.empty()) {
+  // A chat model unless only an embedding model was asked for.
+  const bool chat = o.embedding_model.empty() || !o.engine.model.empty();
+  std::unique_ptr<runtime::Engine> engine;
+  if (chat) {
+    engine = load_engine(o.engine, global, &code);
+    if (!engine) return code;
     const std::string path = o.engine.model.empty() ? default_model_path() : o.engine.model;
-    o.server.model_name = std::filesystem::path(path).stem().string();
+    if (o.server.model_name.empty()) o.server.model_name = std::filesystem::path(path).stem().string();
+    // A request may also name the model by its file name or the name inside the file
+    // (general.name): what clients configured for llama.cpp or vLLM send.
+    o.server.model_aliases.push_back(std::filesystem::path(path).filename().string());
+    if (!engine->config().name.empty()) o.server.model_aliases.push_back(engine->config().name);
   }
-  // A request may also name the model by its file name or the name inside the file (general.name):
-  // what clients configured for llama.cpp or vLLM send.
-  const std::string path = o.engine.model.empty() ? default_model_path() : o.engine.model;
-  o.server.model_aliases.push_back(std::filesystem::path(path).filename().string());
-  if (!engine->config().name.empty()) o.server.model_aliases.push_back(engine->config().name);
+  std::unique_ptr<runtime::Embedder> embedder;
+  if (!o.embedding_model.empty()) {
+    embedder = load_embedder(o.embedding_model, o.engine.device, global, &code);
+    if (!embedder) return code;
+    // The folder's name (all-MiniLM-L6-v2), as sentence-transformers and OpenAI-style clients name it.
+    const std::filesystem::path folder = std::filesystem::path(o.embedding_model).lexically_normal();
+    const std::string folder_name = (folder.has_filename() ? folder : folder.parent_path()).filename().string();
+    if (o.server.embedding_model_name.empty()) o.server.embedding_model_name = folder_name;
+    o.server.embedding_model_aliases.push_back(folder_name);
+    if (!embedder->name().empty()) o.server.embedding_model_aliases.push_back(embedder->name());
+  }
   if (o.no_access_log) o.server.access_log = nullptr;
 
-  server::Server srv(*engine, o.server);
+  server::Server srv({.chat = engine.get(), .embedding = embedder.get()}, o.server);
   auto port = srv.bind();
   if (!port) {
     print_error("cannot start the server", port.status());
     return kExitUsage;
   }
-  fmt::print("kallpa serve: listening on http://{}:{} (model {})\n", o.server.host, *port, o.server.model_name);
+  std::string models = engine ? fmt::format("model {}", o.server.model_name) : "";
+  if (embedder) {
+    models += fmt::format("{}embedding model {}", models.empty() ? "" : ", ", o.server.embedding_model_name);
+  }
+  fmt::print("kallpa serve: listening on http://{}:{} ({})\n", o.server.host, *port, models);
   std::fflush(stdout);
-  fmt::print(stderr, "kallpa serve: chat prompts in {}\n", engine->chat_format().description);
+  if (engine) fmt::print(stderr, "kallpa serve: chat prompts in {}\n", engine->chat_format().description);
 
   std::atomic<bool> finished{false};
   std::thread signal_thread([&] {
@@ -118,6 +136,15 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--model-alias", s.model_aliases,
                   "Another id requests may name as `model` (repeatable; the file name and its general.name are "
                   "accepted too; any other id gets 404 model_not_found)");
+  sub->add_option("--embedding-model", o->embedding_model,
+                  "A sentence-transformers folder (models/all-MiniLM-L6-v2) served by POST /v1/embeddings, beside "
+                  "the chat model given with -m, or alone when -m is not given");
+  sub->add_option("--embedding-model-name", s.embedding_model_name,
+                  "Embedding model id reported by /v1/models (default: the folder's name)");
+  sub->add_option("--embedding-model-alias", s.embedding_model_aliases,
+                  "Another id embeddings requests may name as `model` (repeatable)");
+  sub->add_option("--max-embedding-inputs", s.max_embedding_inputs, "Most inputs in one embeddings request")
+      ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--max-choices", s.max_choices, "Most choices in one request: n times the prompts (<= --max-running)")
       ->check(CLI::Range(1, 4096));
   sub->add_option("--max-queue", s.scheduler.max_queue, "Requests waiting for a slot; more get 429")

@@ -1,8 +1,10 @@
-// `kallpa serve`: an OpenAI-compatible HTTP server over one engine, with continuous batching
-// (runtime/scheduler.h), SSE streaming, limits, Prometheus metrics and structured access logs.
+// `kallpa serve`: an OpenAI-compatible HTTP server over a chat engine, a sentence embedder or
+// both, with continuous batching (runtime/scheduler.h), SSE streaming, limits, Prometheus metrics
+// and structured access logs.
 //
 //   POST /v1/chat/completions, POST /v1/completions   (stream: Server-Sent Events, then [DONE])
 //   POST /tokenize, POST /detokenize                   (llama.cpp's server shapes)
+//   POST /v1/embeddings                                (with an embedder)
 //   GET  /v1/models, /health (alive), /ready (model loaded, not draining), /metrics (Prometheus)
 //
 // /v1/* require `Authorization: Bearer KEY` when an API key is set; /health, /ready and /metrics
@@ -12,7 +14,7 @@
 // engine failure; 431 header too large, 429/503 too many connections (from one address / in all).
 // A client that hangs up before its response is cancelled and logged as 499.
 //
-//   Server server(engine, options);
+//   Server server(engine, options);  // or Server({.chat = &engine, .embedding = &embedder}, options)
 //   int port = *server.bind();      // options.port 0: any free port
 //   server.run();                   // blocks until shutdown() has drained
 //   // from another thread (a signal handler thread):
@@ -25,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "kallpa/runtime/embedder.h"
 #include "kallpa/runtime/engine.h"
 #include "kallpa/runtime/scheduler.h"
 #include "kallpa/status.h"
@@ -39,7 +42,12 @@ struct ServerOptions {
   // More ids a request's `model` may name (kallpa serve: the file's name, its general.name and
   // every --model-alias); listed by /v1/models after model_name. Any other id gets 404.
   std::vector<std::string> model_aliases;
-  std::int64_t max_choices = 8;  // the most choices in one request (n times the prompts)
+  // The embedding model's id and more ids for it, as above (an embeddings request naming another
+  // model gets 404, as does a chat request naming the embedding model).
+  std::string embedding_model_name;
+  std::vector<std::string> embedding_model_aliases;
+  std::size_t max_embedding_inputs = 2048;  // inputs in one embeddings request
+  std::int64_t max_choices = 8;             // the most choices in one request (n times the prompts)
   std::size_t max_body_bytes = 1 << 20;
   std::int64_t max_prompt_tokens = 0;  // 0: the model's context length - 1
   std::int64_t max_tokens = 512;       // the largest max_tokens accepted, and the default
@@ -60,14 +68,22 @@ struct ServerOptions {
   runtime::SchedulerOptions scheduler;    // batch size, max running, queue length
 };
 
+// What a server serves: a chat engine (chat, completions, tokenize), an embedder (embeddings), or
+// both. Routes of the one absent answer 404 saying so. Neither is owned; both outlive the server.
+struct ServedModels {
+  runtime::Engine* chat = nullptr;
+  runtime::Embedder* embedding = nullptr;
+};
+
 class Server {
  public:
   Server(runtime::Engine& engine, ServerOptions options);
+  Server(ServedModels models, ServerOptions options);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  // Binds the listening socket; returns the port.
+  // Binds the listening socket; returns the port. invalid_argument when there is no model to serve.
   Result<int> bind();
   // Serves until shutdown() has finished draining. Requires bind().
   Status run();
