@@ -251,7 +251,7 @@ def test_refused(s, client):
         ("tools", dict(tools=[tool]), "unsupported_value"),
         ("tool_choice", dict(tool_choice="none"), "unsupported_value"),
         ("functions", dict(functions=[tool["function"]]), "unsupported_value"),
-        ("response_format", dict(response_format={"type": "json_object"}), "unsupported_value"),
+        ("response_format.type", dict(response_format={"type": "xml"}), "invalid_value"),
         ("top_logprobs", dict(top_logprobs=2), "invalid_value"),
         ("top_logprobs", dict(logprobs=True, top_logprobs=21), "invalid_value"),
         ("modalities", dict(modalities=["text", "audio"]), "unsupported_value"),

@@ -38,14 +38,14 @@ def schema_format(name, schema, strict=True):
 
 
 def ask(client, prompt, response_format, **kw):
-    r = client.chat.completions.create(model="kallpa", messages=[{"role": "user", "content": prompt}],
+    r = client.chat.completions.create(model=server_test.REAL_MODEL.removesuffix(".gguf"), messages=[{"role": "user", "content": prompt}],
                                        response_format=response_format, max_tokens=kw.pop("max_tokens", 256), **kw)
     return r.choices[0].message.content, r.choices[0].finish_reason
 
 
 def ask_streamed(client, prompt, response_format, **kw):
     text, finish = "", None
-    for chunk in client.chat.completions.create(model="kallpa", messages=[{"role": "user", "content": prompt}],
+    for chunk in client.chat.completions.create(model=server_test.REAL_MODEL.removesuffix(".gguf"), messages=[{"role": "user", "content": prompt}],
                                                 response_format=response_format, max_tokens=256, stream=True, **kw):
         if chunk.choices:
             text += chunk.choices[0].delta.content or ""
