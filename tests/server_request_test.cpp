@@ -194,7 +194,7 @@ TEST(ServerRequest, BadInputsNameTheFieldAndKind) {
       {with("logit_bias", json::array()), Endpoint::chat, "logit_bias", "invalid_type"},
       {with("logprobs", 1), Endpoint::chat, "logprobs", "invalid_type"},
       {with("top_logprobs", 2), Endpoint::chat, "top_logprobs", "invalid_value"},
-      {with("response_format", {{"type", "json_object"}}), Endpoint::chat, "response_format", "unsupported_value"},
+      {with("response_format", {{"type", "xml"}}), Endpoint::chat, "response_format.type", "invalid_value"},
       {with("response_format", "text"), Endpoint::chat, "response_format", "invalid_type"},
       {with("tools", json::array()), Endpoint::chat, "tools", "unsupported_value"},
       {json::object(), Endpoint::completions, "prompt", "missing_required_parameter"},
