@@ -19,12 +19,11 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import server_test  # noqa: E402  (exits 77 itself without openai)
-from server_test import Failure, Skip, check, metric, parse_metrics  # noqa: E402
+from server_test import Skip, check, metric, parse_metrics  # noqa: E402
 
 import openai  # noqa: E402
 
@@ -231,21 +230,7 @@ def main():
     p.add_argument("tests", nargs="*")
     server_test.ARGS = p.parse_args()
     names = server_test.ARGS.tests or [n[5:] for n in globals() if n.startswith("test_")]
-    failed = skipped = 0
-    for name in names:
-        start = time.time()
-        try:
-            globals()[f"test_{name}"]()
-            print(f"ok {name} ({time.time() - start:.1f} s)")
-        except Skip as e:
-            print(f"skipped {name}: {e}")
-            skipped += 1
-        except Failure as e:
-            print(f"FAIL {name}: {e}")
-            failed += 1
-    if failed:
-        return 1
-    return 77 if skipped == len(names) else 0
+    return server_test.run_tests(globals(), names)
 
 
 if __name__ == "__main__":

@@ -961,19 +961,12 @@ def _is_zombie_child(proc_dir, parent):
     return len(fields) > 1 and fields[0] == "Z" and int(fields[1]) == parent
 
 
-def main():
-    global ARGS
-    p = argparse.ArgumentParser()
-    p.add_argument("--kallpa", required=True)
-    p.add_argument("--fixture-tool", required=True)
-    p.add_argument("--work", required=True)
-    p.add_argument("--model-dir", required=True)
-    p.add_argument("--plugin-dir", default="")
-    p.add_argument("tests", nargs="+")
-    ARGS = p.parse_args()
+def run_tests(namespace, names):
+    """Runs test_NAME from `namespace` for each name, printing ok/skipped/FAIL lines. The exit code:
+    0 passed, 1 a failure, 2 an unknown name, 77 when every test skipped."""
     failed = skipped = 0
-    for name in ARGS.tests:
-        fn = globals().get(f"test_{name}")
+    for name in names:
+        fn = namespace.get(f"test_{name}")
         if fn is None:
             print(f"unknown test {name}")
             return 2
@@ -989,7 +982,20 @@ def main():
             failed += 1
     if failed:
         return 1
-    return 77 if skipped == len(ARGS.tests) else 0
+    return 77 if skipped == len(names) else 0
+
+
+def main():
+    global ARGS
+    p = argparse.ArgumentParser()
+    p.add_argument("--kallpa", required=True)
+    p.add_argument("--fixture-tool", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--plugin-dir", default="")
+    p.add_argument("tests", nargs="+")
+    ARGS = p.parse_args()
+    return run_tests(globals(), ARGS.tests)
 
 
 if __name__ == "__main__":
