@@ -421,7 +421,11 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
               c.new_entries.clear();
               // A completions stream has no role chunk: its first chunk is its first text.
               if (meta.endpoint == Endpoint::chat || !text.empty() || !lp.is_null()) {
-                out += sse_event(stream_chunk(meta, index, text, "", first && meta.endpoint == Endpoint::chat, lp));
+                json chunk = stream_chunk(meta, index, text, "", first && meta.endpoint == Endpoint::chat, lp);
+                // A reply that may be tool calls starts without content (null, as OpenAI's does), so
+                // that a client accumulating the deltas ends with content null beside the calls.
+                if (first && tool_replies) chunk["choices"][0]["delta"]["content"] = nullptr;
+                out += sse_event(chunk);
               }
             }
             if (c.done && !c.finish_sent) {

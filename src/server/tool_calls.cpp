@@ -80,19 +80,24 @@ ordered_json response_schema(const std::optional<runtime::GrammarSpec>& format) 
 std::string tool_instructions(const ToolRequest& r, bool template_renders_tools) {
   const std::string one_call = R"({"name": "<function name>", "arguments": {<its arguments>}})";
   std::string text;
+  // The example shows one call: a small model copies the example's length, and a list it was
+  // shown as open-ended ("...") it tends to fill with repeats of its first call.
+  const std::string calls = r.parallel ? " Call only the functions the question needs, each once; for several calls "
+                                         "put one object per call in the list."
+                                       : "";
   switch (r.choice) {
     case ToolChoice::automatic:
       text = fmt::format(
           "You can call functions (tools) to answer. Reply with one JSON object and nothing else: either "
-          "{{\"tool_calls\": [{}{}]}} to call {}, or {{\"response\": <your answer>}} to answer without calling "
-          "any.",
-          one_call, r.parallel ? ", ..." : "", r.parallel ? "one or more of the functions" : "one function");
+          "{{\"tool_calls\": [{}]}} to call a function, or {{\"response\": <your answer>}} to answer without "
+          "calling any.{}",
+          one_call, calls);
       break;
     case ToolChoice::required:
       text = fmt::format(
           "You answer by calling functions (tools). Reply with one JSON object and nothing else: "
-          "{{\"tool_calls\": [{}{}]}}, calling {}.",
-          one_call, r.parallel ? ", ..." : "", r.parallel ? "one or more of the functions" : "one function");
+          "{{\"tool_calls\": [{}]}}.{}",
+          one_call, calls);
       break;
     case ToolChoice::function:
       text = fmt::format(

@@ -409,11 +409,12 @@ def test_tools_streaming(s, client):
     check_calls(final.choices[0].message, final.choices[0].finish_reason)
     check([(c.function.name, c.function.arguments) for c in final.choices[0].message.tool_calls] == want,
           f"stream helper: {final.choices[0].message.tool_calls}")
-    # n = 2 with usage: each choice's calls under its own index.
+    # n = 2 with usage: each choice's calls under its own index. (Sampled at temperature 1 the small
+    # model may append calls until max_tokens when it may make several: one call each here.)
     per_choice, usage = {}, None
     for chunk in client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, tools=TOOLS, n=2, seed=3,
-                                                tool_choice="required", max_tokens=96, temperature=1.0, stream=True,
-                                                stream_options={"include_usage": True}):
+                                                tool_choice="required", parallel_tool_calls=False, max_tokens=96,
+                                                temperature=1.0, stream=True, stream_options={"include_usage": True}):
         usage = chunk.usage or usage
         for c in chunk.choices:
             for d in c.delta.tool_calls or []:
