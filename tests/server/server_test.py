@@ -354,7 +354,8 @@ def test_bad_inputs():
                                    ("stop", ["a", "b", "c", "d", "e"], "invalid_value"), ("seed", "x", "invalid_type"),
                                    ("n", 9, "invalid_value"), ("top_logprobs", 2, "invalid_value"),
                                    ("logit_bias", {"5": 101}, "invalid_value"),
-                                   ("presence_penalty", 3, "invalid_value"), ("tools", [], "unsupported_value")]:
+                                   ("presence_penalty", 3, "invalid_value"), ("tools", [], "invalid_value"),
+                                   ("functions", [], "unsupported_value")]:
             expect_error(s, "POST", chat, {**ok, field: value}, 400, code, field)
         expect_error(s, "POST", comp, {"max_tokens": 2}, 400, "missing_required_parameter", "prompt")
         expect_error(s, "POST", comp, {"prompt": {"text": "x"}}, 400, "invalid_type", "prompt")
