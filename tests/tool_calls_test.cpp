@@ -6,7 +6,10 @@
 // templates' tool support found by probing, with `tools` and tool_calls reaching the template.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -445,6 +448,66 @@ TEST(ChatTemplateTools, PassesToolsAndCallsToTheTemplate) {
   bool marked = false;
   for (const tokenizer::TextRange& m : r->from_messages) marked |= m.begin <= at && at + 15 <= m.end;
   EXPECT_TRUE(marked);
+}
+
+// The templates that come with llama.cpp's Jinja engine (third_party/llama-jinja/templates, from
+// the models' tokenizer_config.json): "" when the engine was not fetched.
+std::string vendored_template(const std::string& name) {
+  const auto path = std::filesystem::path(__FILE__).parent_path().parent_path() / "third_party" / "llama-jinja" /
+                    "templates" / (name + ".jinja");
+  std::ifstream in(path);
+  if (!in) return {};
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(ChatTemplateTools, RealTemplatesWithAndWithoutTools) {
+  REQUIRE_JINJA();
+  struct Expected {
+    const char* name;
+    bool tools, tool_calls, tool_responses, object_arguments;
+  };
+  const Expected cases[] = {
+      {"Qwen-Qwen2.5-7B-Instruct", true, true, true, true},
+      {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use", true, true, true, true},
+      {"meta-llama-Llama-3.1-8B-Instruct", true, true, true, true},
+      {"google-gemma-2-2b-it", false, false, false, false},
+  };
+  int found = 0;
+  for (const Expected& e : cases) {
+    const std::string source = vendored_template(e.name);
+    if (source.empty()) continue;
+    ++found;
+    auto t = tokenizer::ChatTemplate::parse(source);
+    ASSERT_TRUE(t.is_ok()) << e.name << ": " << t.status().to_string();
+    const ChatToolSupport& s = t->tool_support();
+    EXPECT_EQ(s.tools, e.tools) << e.name;
+    EXPECT_EQ(s.tool_calls, e.tool_calls) << e.name;
+    EXPECT_EQ(s.tool_responses, e.tool_responses) << e.name;
+    EXPECT_EQ(s.object_arguments, e.object_arguments) << e.name;
+  }
+  if (found == 0) GTEST_SKIP() << "third_party/llama-jinja/templates not found (scripts/fetch_jinja.sh)";
+  // Qwen 2.5 renders a whole exchange natively: the tools in its system turn, the call in
+  // <tool_call> with its arguments as JSON, the result in <tool_response>.
+  const std::string qwen = vendored_template("Qwen-Qwen2.5-7B-Instruct");
+  if (qwen.empty()) return;
+  auto t = tokenizer::ChatTemplate::parse(qwen);
+  ASSERT_TRUE(t.is_ok());
+  ChatMessage call("assistant", "");
+  call.tool_calls = {{"call_1", "get_weather", R"({"city":"Paris"})"}};
+  ChatMessage result("tool", "18 C");
+  result.tool_call_id = "call_1";
+  result.name = "get_weather";
+  const std::vector<ChatMessage> chat = {ChatMessage("user", "Weather?"), call, result};
+  tokenizer::ChatTemplateInputs in;
+  in.messages = chat;
+  in.tools_json = tools_template_json(weather_and_time(ToolChoice::automatic));
+  auto r = t->render(in);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_NE(r->text.find(R"("name": "get_weather")"), std::string::npos) << r->text;
+  EXPECT_NE(r->text.find(R"("arguments": {"city": "Paris"})"), std::string::npos) << r->text;
+  EXPECT_NE(r->text.find("<tool_response>\n18 C\n</tool_response>"), std::string::npos) << r->text;
 }
 
 }  // namespace
