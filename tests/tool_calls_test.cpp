@@ -302,6 +302,12 @@ TEST(ToolMessages, WriteCallsAndResultsForTemplatesWithoutThem) {
                                          ChatMessage("user", "Thanks. Summarise.")};
   const ChatToolSupport none{
       .tools = false, .tool_calls = false, .tool_responses = false, .object_arguments = false, .system_role = true};
+  std::vector<ChatMessage> with_text = chat;
+  with_text[1].content = "Let me look.";
+  EXPECT_EQ(tool_chat_messages(with_text, weather_and_time(ToolChoice::none), none)[1].content.rfind(
+                "Let me look.\n\n{\"tool_calls\"", 0),
+            0u)
+      << "text beside the calls stays";
   const std::vector<ChatMessage> out = tool_chat_messages(chat, weather_and_time(ToolChoice::none), none);
   ASSERT_EQ(out.size(), 3u) << "user, assistant, user: the roles alternate";
   EXPECT_EQ(out[1].role, "assistant");

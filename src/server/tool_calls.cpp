@@ -189,7 +189,9 @@ std::vector<ChatMessage> tool_chat_messages(std::span<const ChatMessage> message
     after_results = false;
     ChatMessage copy = m;
     if (!copy.tool_calls.empty() && !support.tool_calls) {
-      copy.content = calls_as_text(copy.tool_calls);
+      // Text the assistant wrote beside its calls stays, before them.
+      copy.content = copy.content.empty() ? calls_as_text(copy.tool_calls)
+                                          : copy.content + "\n\n" + calls_as_text(copy.tool_calls);
       copy.tool_calls.clear();
     }
     out.push_back(std::move(copy));
