@@ -351,9 +351,30 @@ TEST(ToolReply, ReadsCallsAnswersAndCutReplies) {
   r = read_tool_reply(R"({"tool_calls":[{"name":"get_weather","argu)");
   EXPECT_TRUE(r.calls.empty()) << "cut by max_tokens: the text as it is";
   EXPECT_EQ(r.content, R"({"tool_calls":[{"name":"get_weather","argu)");
+  r = read_tool_reply(R"({"response": "It is su)");
+  EXPECT_EQ(r.content, "It is su") << "an answer cut by max_tokens: the answer so far";
   std::set<std::string> ids;
   for (int i = 0; i < 1000; ++i) ids.insert(new_tool_call_id());
   EXPECT_EQ(ids.size(), 1000u);
+}
+
+TEST(ToolReply, AnswerSoFarDecodesTheCompletePart) {
+  EXPECT_EQ(answer_so_far(R"({"response": "Hel)"), "Hel");
+  EXPECT_EQ(answer_so_far(R"({"response": "done"})"), "done");
+  EXPECT_EQ(answer_so_far(R"({"response": ")"), "");
+  EXPECT_EQ(answer_so_far(R"({"response": "a\nb\"c)"), "a\nb\"c") << "escapes decoded";
+  EXPECT_EQ(answer_so_far(R"({"response": "a\)"), "a") << "an escape cut short waits";
+  EXPECT_EQ(answer_so_far(R"({"response": "a\u00e9)"), "a\u00e9");
+  EXPECT_EQ(answer_so_far(R"({"response": "a\u00)"), "a");
+  EXPECT_EQ(answer_so_far(R"({"response": "a\ud83d\ude00)"), "a\U0001F600") << "a surrogate pair";
+  EXPECT_EQ(answer_so_far(R"({"response": "a\ud83d)"), "a") << "a high surrogate waits for the low one";
+  EXPECT_EQ(answer_so_far(R"({"response": "a\ud83d\ude)"), "a");
+  EXPECT_EQ(answer_so_far("{\"response\": \"a\xc3"), "a") << "a UTF-8 sequence cut short waits";
+  EXPECT_EQ(answer_so_far("{\"response\": \"a\xc3\xa9"), "a\u00e9");
+  EXPECT_EQ(answer_so_far(R"({"tool_calls": [)"), std::nullopt);
+  EXPECT_EQ(answer_so_far(R"({"response": {"n")"), std::nullopt) << "a JSON answer waits for the end";
+  EXPECT_EQ(answer_so_far(R"({"resp)"), std::nullopt);
+  EXPECT_EQ(answer_so_far(""), std::nullopt);
 }
 
 TEST(ToolResponses, ShapesOfMessagesAndStreamChunks) {

@@ -25,6 +25,8 @@ struct ChoiceState {
   std::int64_t sent_bytes = 0;            // streamed text so far (the legacy text_offset)
   bool started = false;                   // the first chunk (role, echo) is sent
   ToolReply tool_reply;                   // the reply read as tool calls (requests that offer tools)
+  bool text_new = false;                  // a stream's reply text grew since it was last looked at
+  std::size_t answer_sent = 0;            // bytes of a streamed reply's plain answer already sent
   bool done = false;
   bool finish_sent = false;
   runtime::Completion completion;
@@ -79,6 +81,7 @@ runtime::RequestCallbacks callbacks_for(const std::shared_ptr<Generation>& g, st
       c.pieces.emplace_back(text);
     } else {
       c.text += text;
+      c.text_new = stream;
     }
     g->cv.notify_all();
   };
@@ -400,7 +403,9 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
             for (const ChoiceState& c : g->choices) {
               // (A completions stream has no role chunk to start with: nothing to send yet.)
               const bool role_due = !c.started && meta.endpoint == Endpoint::chat;
-              if (role_due || !c.pieces.empty() || !c.new_entries.empty() || (c.done && !c.finish_sent)) return true;
+              if (role_due || !c.pieces.empty() || !c.new_entries.empty() || c.text_new || (c.done && !c.finish_sent)) {
+                return true;
+              }
             }
             return false;
           };
@@ -428,6 +433,14 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
                 out += sse_event(chunk);
               }
             }
+            if (tool_replies && c.text_new && !c.done) {
+              // A plain answer streams as it is written; calls wait for the end of the reply.
+              c.text_new = false;
+              if (auto answer = answer_so_far(c.text); answer && answer->size() > c.answer_sent) {
+                out += sse_event(stream_chunk(meta, index, answer->substr(c.answer_sent), ""));
+                c.answer_sent = answer->size();
+              }
+            }
             if (c.done && !c.finish_sent) {
               c.finish_sent = true;
               if (finished_ok(c.completion)) {
@@ -443,8 +456,8 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
                   }
                   if (!c.tool_reply.calls.empty()) {
                     finish = "tool_calls";
-                  } else if (!c.tool_reply.content.empty()) {
-                    out += sse_event(stream_chunk(meta, index, c.tool_reply.content, ""));
+                  } else if (c.tool_reply.content.size() > c.answer_sent) {
+                    out += sse_event(stream_chunk(meta, index, c.tool_reply.content.substr(c.answer_sent), ""));
                   }
                 }
                 out += sse_event(stream_chunk(meta, index, "", finish));

@@ -215,11 +215,58 @@ std::vector<ChatMessage> tool_chat_messages(std::span<const ChatMessage> message
   return out;
 }
 
+std::optional<std::string> answer_so_far(std::string_view text) {
+  std::size_t i = 0;
+  auto skip_space = [&] {
+    while (i < text.size() && (text[i] == ' ' || text[i] == '\n' || text[i] == '\t' || text[i] == '\r')) ++i;
+  };
+  auto take = [&](std::string_view word) {
+    skip_space();
+    if (text.substr(i, word.size()) != word) return false;
+    i += word.size();
+    return true;
+  };
+  if (!take("{") || !take("\"response\"") || !take(":") || !take("\"")) return std::nullopt;
+  // The string's complete part: up to its closing quote, or to an escape the text cuts short.
+  const std::string_view body = text.substr(i);
+  std::size_t end = 0;
+  while (end < body.size() && body[end] != '"') {
+    if (body[end] != '\\') {
+      ++end;
+      continue;
+    }
+    std::size_t length = 2;  // \n, \", ...
+    if (end + 1 < body.size() && body[end + 1] == 'u') {
+      length = 6;
+      // A high surrogate decodes only with the low one after it.
+      if (end + 2 < body.size() && (body[end + 2] == 'd' || body[end + 2] == 'D') && end + 3 < body.size() &&
+          std::string_view("89abAB").find(body[end + 3]) != std::string_view::npos) {
+        length = 12;
+      }
+    }
+    if (end + length > body.size()) break;
+    end += length;
+  }
+  // Decoded by the JSON library; a UTF-8 sequence cut at the end is left for the next call.
+  for (std::size_t cut = 0; cut < 4 && cut <= end; ++cut) {
+    std::string quoted;
+    quoted.reserve(end - cut + 2);
+    quoted.append(1, '"').append(body.substr(0, end - cut)).append(1, '"');
+    const ordered_json s = ordered_json::parse(quoted, nullptr, /*allow_exceptions=*/false);
+    if (!s.is_discarded() && s.is_string()) return s.get<std::string>();
+  }
+  return std::string();
+}
+
 ToolReply read_tool_reply(std::string_view text) {
   ToolReply reply;
   reply.content = std::string(text);
   const ordered_json j = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return reply;
+  if (j.is_discarded()) {
+    if (auto answer = answer_so_far(text)) reply.content = std::move(*answer);
+    return reply;
+  }
+  if (!j.is_object()) return reply;
   if (auto calls = j.find("tool_calls"); calls != j.end() && calls->is_array() && !calls->empty()) {
     std::vector<ChatToolCall> out;
     for (const ordered_json& c : *calls) {

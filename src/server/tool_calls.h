@@ -72,14 +72,20 @@ std::vector<tokenizer::ChatMessage> tool_chat_messages(std::span<const tokenizer
                                                        const ToolRequest& request,
                                                        const tokenizer::ChatToolSupport& support);
 
-// A reply read back: calls (ids are new, arguments compact JSON text), or the plain answer, or,
-// when the text is not the JSON shape (cut by max_tokens or a stop string), the text as it is.
+// A reply read back: calls (ids are new, arguments compact JSON text), or the plain answer (also
+// when cut by max_tokens or a stop string inside its string: the answer so far), or, when the text
+// is no such shape (a call cut short), the text as it is.
 struct ToolReply {
   std::vector<tokenizer::ChatToolCall> calls;
   std::string content;
   bool content_null = false;  // calls and no answer: OpenAI's "content": null
 };
 ToolReply read_tool_reply(std::string_view text);
+
+// The plain answer of a reply still being generated, decoded as far as it is complete (an escape or
+// a UTF-8 sequence cut at the end waits for the rest): what a stream can send before the reply
+// ends. nullopt when the reply is not {"response": "<string>..." (calls, or a JSON answer).
+std::optional<std::string> answer_so_far(std::string_view text);
 
 // "call_" and 24 random letters and digits, as OpenAI's ids look.
 std::string new_tool_call_id();

@@ -409,6 +409,16 @@ def test_tools_streaming(s, client):
     check_calls(final.choices[0].message, final.choices[0].finish_reason)
     check([(c.function.name, c.function.arguments) for c in final.choices[0].message.tool_calls] == want,
           f"stream helper: {final.choices[0].message.tool_calls}")
+    # auto, answered without a call: the answer streams as content (decoded from the reply's JSON as
+    # it is written) and equals the non-streamed one.
+    hello = [{"role": "user", "content": "Hello! How are you today?"}]
+    plain = client.chat.completions.create(model=MODEL, messages=hello, tools=TOOLS, max_tokens=64, temperature=0)
+    check(plain.choices[0].finish_reason == "stop" and plain.choices[0].message.tool_calls is None,
+          f"auto answered: {plain.choices[0]}")
+    parts = [c.delta.content for chunk in client.chat.completions.create(
+        model=MODEL, messages=hello, tools=TOOLS, max_tokens=64, temperature=0, stream=True)
+        for c in chunk.choices if c.delta.content]
+    check("".join(parts) == plain.choices[0].message.content, f"streamed answer {parts}")
     # n = 2 with usage: each choice's calls under its own index. (Sampled at temperature 1 the small
     # model may append calls until max_tokens when it may make several: one call each here.)
     per_choice, usage = {}, None
