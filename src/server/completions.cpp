@@ -42,7 +42,8 @@ struct Generation {
   Clock::time_point arrival, last_token;
   double ttft_seconds = -1.0;
   std::vector<std::shared_ptr<runtime::RequestHandle>> handles;  // one per prompt
-  // Replies are JSON for tool calls: a stream holds each choice's text until it is complete.
+  // Replies are the tool-call JSON: each choice's text is kept whole and read when it ends (a
+  // stream sends a plain answer as it is decoded, calls at the end).
   bool tool_replies = false;
 
   bool all_done() const {
