@@ -369,7 +369,8 @@ ChatFormat choose_chat_format(const Tokenizer& tokenizer, std::string_view archi
       f.kind = ChatFormatKind::file_template;
       f.file_template = std::make_shared<const ChatTemplate>(std::move(*parsed));
       f.tools = f.file_template->tool_support();
-      f.description = "the file's tokenizer.chat_template";
+      f.description = f.tools.tools ? "the file's tokenizer.chat_template (it renders tools)"
+                                    : "the file's tokenizer.chat_template";
       return f;
     }
     why = "the file's chat template cannot be used: " + parsed.status().message();
