@@ -209,6 +209,12 @@ TEST(ChatFormatRealFiles, SmolLM2sOwnTemplateRendersTheChatMlKallpaWrites) {
   ASSERT_TRUE(tok.is_ok());
   const ChatFormat f = model::chat_format_from_gguf(**file, *tok);
   ASSERT_EQ(f.kind, ChatFormatKind::file_template) << f.description;
+  // Its template writes every role's content and nothing else: tools and calls take the generic
+  // scheme (docs/tools.md), tool results its own `<|im_start|>tool` turns.
+  EXPECT_FALSE(f.tools.tools);
+  EXPECT_FALSE(f.tools.tool_calls);
+  EXPECT_TRUE(f.tools.tool_responses);
+  EXPECT_TRUE(f.tools.system_role);
   const ChatMlOptions defaults = model::chat_options_from_gguf(**file);
   const std::vector<std::vector<ChatMessage>> chats = {
       {{"user", "What is the capital of France?"}},
@@ -239,6 +245,7 @@ TEST(ChatFormatRealFiles, GemmaWithoutATemplateUsesGemmasTurns) {
   EXPECT_FALSE((*file)->has("tokenizer.chat_template"));
   const ChatFormat f = model::chat_format_from_gguf(**file, *tok);
   EXPECT_EQ(f.kind, ChatFormatKind::gemma);
+  EXPECT_FALSE(f.tools.tools || f.tools.tool_calls || f.tools.tool_responses) << "built-in turns render no tools";
   const std::vector<ChatMessage> msgs = {{"user", "Hi"}};
   auto ids = encode_chat(*tok, f, msgs);
   ASSERT_TRUE(ids.is_ok());

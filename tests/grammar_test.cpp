@@ -18,9 +18,8 @@
 #include "kallpa/runtime/grammar.h"
 #include "kallpa/runtime/sampler.h"
 #include "kallpa/runtime/scheduler.h"
+#include "support/byte_tokenizer.h"
 #include "support/synthetic_llama.h"
-#include "tokenizer/byte_level.h"
-#include "tokenizer/utf8.h"
 
 namespace kallpa::runtime {
 namespace {
@@ -101,29 +100,8 @@ TEST(TokenMask, SamplerNeverDrawsAMaskedToken) {
   }
 }
 
-// A byte vocabulary laid out as SmolLM2's (and the synthetic Llama's): ids 0..2 control
-// (<|endoftext|>, <|im_start|>, <|im_end|>, the end of generation), then byte b at 3 + b.
-tokenizer::Tokenizer byte_tokenizer() {
-  tokenizer::TokenizerData d;
-  d.pre = "smollm";
-  for (const char* c : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
-    d.tokens.emplace_back(c);
-    d.token_types.push_back(static_cast<std::int32_t>(tokenizer::TokenType::control));
-  }
-  for (int b = 0; b < 256; ++b) {
-    std::string s;
-    tokenizer::detail::append_utf8(s, tokenizer::detail::ByteLevel::get().byte_to_cp[b]);
-    d.tokens.push_back(s);
-    d.token_types.push_back(static_cast<std::int32_t>(tokenizer::TokenType::normal));
-  }
-  d.bos_id = 1;
-  d.eos_id = 2;
-  auto t = tokenizer::Tokenizer::create(d);
-  EXPECT_TRUE(t.is_ok()) << t.status().to_string();
-  return std::move(t).value();
-}
-
-std::int32_t byte_token(char c) { return 3 + static_cast<unsigned char>(c); }
+using test::byte_token;
+using test::byte_tokenizer;
 
 std::string allowed_bytes(std::span<const std::uint32_t> mask) {
   std::string out;

@@ -335,6 +335,9 @@ TEST(Router, ExactPrefixAndWrongMethod) {
   req.path = "/m/x/y";
   EXPECT_EQ(r.dispatch(req, res), Router::Outcome::handled);
   EXPECT_EQ(seen, "m x/y");
+  req.path = "/m/A%20b%2fc%zz%4";  // a capture is percent-decoded; a '%' without two hex digits stays
+  EXPECT_EQ(r.dispatch(req, res), Router::Outcome::handled);
+  EXPECT_EQ(seen, "m A b/c%zz%4");
   req.path = "/m/";  // the prefix alone names nothing
   EXPECT_EQ(r.dispatch(req, res), Router::Outcome::no_route);
   std::string allowed;

@@ -24,6 +24,9 @@ struct ChoiceState {
   std::vector<LogprobEntry> entries;      // all log-probabilities (non-streaming answer)
   std::int64_t sent_bytes = 0;            // streamed text so far (the legacy text_offset)
   bool started = false;                   // the first chunk (role, echo) is sent
+  ToolReply tool_reply;                   // the reply read as tool calls (requests that offer tools)
+  bool text_new = false;                  // a stream's reply text grew since it was last looked at
+  std::size_t answer_sent = 0;            // bytes of a streamed reply's plain answer already sent
   bool done = false;
   bool finish_sent = false;
   runtime::Completion completion;
@@ -39,6 +42,9 @@ struct Generation {
   Clock::time_point arrival, last_token;
   double ttft_seconds = -1.0;
   std::vector<std::shared_ptr<runtime::RequestHandle>> handles;  // one per prompt
+  // Replies are the tool-call JSON: each choice's text is kept whole and read when it ends (a
+  // stream sends a plain answer as it is decoded, calls at the end).
+  bool tool_replies = false;
 
   bool all_done() const {
     return std::all_of(choices.begin(), choices.end(), [](const ChoiceState& c) { return c.done; });
@@ -72,10 +78,11 @@ runtime::RequestCallbacks callbacks_for(const std::shared_ptr<Generation>& g, st
     }
     if (text.empty()) return;
     ChoiceState& c = g->choices[index];
-    if (stream) {
+    if (stream && !g->tool_replies) {
       c.pieces.emplace_back(text);
     } else {
       c.text += text;
+      c.text_new = stream;
     }
     g->cv.notify_all();
   };
@@ -134,7 +141,12 @@ Usage usage_of(const Generation& g, std::int64_t n) {
 
 Result<std::vector<std::int32_t>> tokenize(const runtime::Engine& engine, const CompletionRequest& r,
                                            const PromptInput* prompt) {
-  if (r.endpoint == Endpoint::chat) return tokenizer::encode_chat(engine.tokenizer(), engine.chat_format(), r.messages);
+  if (r.endpoint == Endpoint::chat) {
+    const tokenizer::ChatFormat& format = engine.chat_format();
+    const std::vector<tokenizer::ChatMessage> messages = tool_chat_messages(r.messages, r.tools, format.tools);
+    const std::string tools = r.tools.offered() && format.tools.tools ? tools_template_json(r.tools) : "";
+    return tokenizer::encode_chat(engine.tokenizer(), format, messages, /*add_generation_prompt=*/true, tools);
+  }
   if (prompt->is_tokens) return prompt->tokens;
   // A raw completion prompt is the caller's whole input: special-token text in it is meant.
   return engine.tokenizer().encode(prompt->text, {.add_special = true, .parse_special = true});
@@ -211,7 +223,28 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
     return;
   }
   std::shared_ptr<const runtime::CompiledGrammar> grammar;
-  if (r.grammar) {
+  if (r.tools.offered()) {
+    // The reply's grammar: calls whose arguments follow their tools' schemas, or (auto) an answer.
+    // A schema the engine cannot compile is found by compiling each tool's alone.
+    const runtime::GrammarSpec spec{runtime::GrammarKind::json_schema, tool_reply_schema(r.tools, r.grammar), true};
+    auto compiled = structured->compile(spec, "tools");
+    if (auto* error = std::get_if<ApiError>(&compiled)) {
+      for (std::size_t i = 0; i < r.tools.tools.size() && error->code != "unsupported_value"; ++i) {
+        const std::string where = fmt::format("tools[{}].function.parameters", i);
+        const runtime::GrammarSpec one{runtime::GrammarKind::json_schema, tool_reply_schema(r.tools, r.grammar, i),
+                                       true};
+        auto alone = structured->compile(one, where);
+        if (auto* e = std::get_if<ApiError>(&alone)) {
+          write_error(res, *e);
+          return;
+        }
+      }
+      if (r.grammar && error->code != "unsupported_value") error->param = "response_format";
+      write_error(res, *error);
+      return;
+    }
+    grammar = std::get<std::shared_ptr<const runtime::CompiledGrammar>>(std::move(compiled));
+  } else if (r.grammar) {
     auto compiled = structured->compile(*r.grammar);
     if (auto* error = std::get_if<ApiError>(&compiled)) {
       write_error(res, *error);
@@ -223,6 +256,7 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
 
   auto g = std::make_shared<Generation>();
   g->arrival = arrival;
+  g->tool_replies = r.tools.offered();
   g->choices.resize(n_prompts * static_cast<std::size_t>(r.n));
   if (r.echo) {
     // The prompt as text, as the tokenizer sees it (a token-id prompt is decoded).
@@ -320,7 +354,7 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
     }
     std::vector<ChoiceBody> bodies;
     for (std::size_t i = 0; i < g->choices.size(); ++i) {
-      const ChoiceState& c = g->choices[i];
+      ChoiceState& c = g->choices[i];
       if (!finished_ok(c.completion)) {
         const runtime::Completion failed = c.completion;
         lock.unlock();
@@ -328,11 +362,20 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
         write_error(res, failure(failed));
         return;
       }
-      bodies.push_back(
-          {static_cast<std::int64_t>(i), c.text, c.completion.finish_reason, want_logprobs ? &c.entries : nullptr});
+      ChoiceBody body{static_cast<std::int64_t>(i), c.text, c.completion.finish_reason,
+                      want_logprobs ? &c.entries : nullptr};
+      if (g->tool_replies) {
+        c.tool_reply = read_tool_reply(c.text);
+        const ToolReply& reply = c.tool_reply;
+        body.text = reply.content;
+        body.tool_calls = &reply.calls;
+        body.content_null = reply.content_null;
+        if (!reply.calls.empty()) body.finish_reason = "tool_calls";
+      }
+      bodies.push_back(body);
     }
     const json body = completion_body(meta, bodies, usage_of(*g, n));
-    const std::string finish = g->choices[0].completion.finish_reason;
+    const std::string finish = bodies[0].finish_reason;
     lock.unlock();
     record(finish);
     res.status = 200;
@@ -346,6 +389,7 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
   res.set_chunked_content_provider(
       std::string(kSseContentType),
       [g, meta, n, include_usage, want_logprobs, record, in_flight](std::size_t, DataSink& sink) {
+        const bool tool_replies = g->tool_replies;
         std::string out;
         bool done = false;
         std::string first_finish;
@@ -356,7 +400,9 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
             for (const ChoiceState& c : g->choices) {
               // (A completions stream has no role chunk to start with: nothing to send yet.)
               const bool role_due = !c.started && meta.endpoint == Endpoint::chat;
-              if (role_due || !c.pieces.empty() || !c.new_entries.empty() || (c.done && !c.finish_sent)) return true;
+              if (role_due || !c.pieces.empty() || !c.new_entries.empty() || c.text_new || (c.done && !c.finish_sent)) {
+                return true;
+              }
             }
             return false;
           };
@@ -377,13 +423,41 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
               c.new_entries.clear();
               // A completions stream has no role chunk: its first chunk is its first text.
               if (meta.endpoint == Endpoint::chat || !text.empty() || !lp.is_null()) {
-                out += sse_event(stream_chunk(meta, index, text, "", first && meta.endpoint == Endpoint::chat, lp));
+                json chunk = stream_chunk(meta, index, text, "", first && meta.endpoint == Endpoint::chat, lp);
+                // A reply that may be tool calls starts without content (null, as OpenAI's does), so
+                // that a client accumulating the deltas ends with content null beside the calls.
+                if (first && tool_replies) chunk["choices"][0]["delta"]["content"] = nullptr;
+                out += sse_event(chunk);
+              }
+            }
+            if (tool_replies && c.text_new && !c.done) {
+              // A plain answer streams as it is written; calls wait for the end of the reply.
+              c.text_new = false;
+              if (auto answer = answer_so_far(c.text); answer && answer->size() > c.answer_sent) {
+                out += sse_event(stream_chunk(meta, index, answer->substr(c.answer_sent), ""));
+                c.answer_sent = answer->size();
               }
             }
             if (c.done && !c.finish_sent) {
               c.finish_sent = true;
               if (finished_ok(c.completion)) {
-                out += sse_event(stream_chunk(meta, index, "", c.completion.finish_reason));
+                std::string finish = c.completion.finish_reason;
+                if (tool_replies) {
+                  // The whole reply is known now: its calls (or its answer) go out as deltas.
+                  c.tool_reply = read_tool_reply(c.text);
+                  for (std::size_t k = 0; k < c.tool_reply.calls.size(); ++k) {
+                    for (const json& chunk :
+                         tool_call_chunks(meta, index, static_cast<std::int64_t>(k), c.tool_reply.calls[k])) {
+                      out += sse_event(chunk);
+                    }
+                  }
+                  if (!c.tool_reply.calls.empty()) {
+                    finish = "tool_calls";
+                  } else if (c.tool_reply.content.size() > c.answer_sent) {
+                    out += sse_event(stream_chunk(meta, index, c.tool_reply.content.substr(c.answer_sent), ""));
+                  }
+                }
+                out += sse_event(stream_chunk(meta, index, "", finish));
               } else {
                 out += sse_event(failure(c.completion).to_json());
               }
@@ -392,7 +466,8 @@ void Server::Impl::handle_generation(const HttpRequest& req, HttpResponse& res, 
           done = g->all_done();
           if (done) {
             usage = usage_of(*g, n);
-            first_finish = g->choices[0].completion.finish_reason;
+            first_finish = g->choices[0].tool_reply.calls.empty() ? g->choices[0].completion.finish_reason
+                                                                  : std::string("tool_calls");
           }
         }
         if (done) {

@@ -25,27 +25,6 @@ std::string HttpRequest::get_header_value(std::string_view name) const {
   return v ? *v : std::string();
 }
 
-std::string path_of_target(std::string_view target) {
-  const std::string_view raw = target.substr(0, target.find('?'));
-  const auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  std::string path;
-  path.reserve(raw.size());
-  for (std::size_t i = 0; i < raw.size(); ++i) {
-    if (raw[i] == '%' && i + 2 < raw.size() && hex(raw[i + 1]) >= 0 && hex(raw[i + 2]) >= 0) {
-      path += static_cast<char>(hex(raw[i + 1]) * 16 + hex(raw[i + 2]));
-      i += 2;
-    } else {
-      path += raw[i];
-    }
-  }
-  return path;
-}
-
 bool HttpRequest::has_header(std::string_view name) const { return find_header(headers, name) != nullptr; }
 
 void HttpResponse::set_header(std::string_view name, std::string value) {

@@ -17,15 +17,10 @@ using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 // Header names compare case-insensitively (RFC 9110 5.1).
 bool same_header_name(std::string_view a, std::string_view b);
 
-// A request target's path: the query cut off, %XX escapes decoded (RFC 3986 2.1), so that routes
-// and captures (a model id with a space in GET /v1/models/{id}) see what the client meant. A '%'
-// not followed by two hex digits stays as it is.
-std::string path_of_target(std::string_view target);
-
 struct HttpRequest {
   std::uint64_t serial = 0;  // unique per request in this process, for per-request state
   std::string method;
-  std::string path;    // the target without its query, percent-decoded (path_of_target)
+  std::string path;    // the target without its query
   std::string target;  // as sent
   int version = 11;    // 10: HTTP/1.0, 11: HTTP/1.1
   HttpHeaders headers;

@@ -183,7 +183,7 @@ class Session : public std::enable_shared_from_this<Session> {
     req_.serial = t_.next_serial.fetch_add(1);
     req_.method = std::string(m.method_string());
     req_.target = std::string(m.target());
-    req_.path = path_of_target(req_.target);
+    req_.path = req_.target.substr(0, req_.target.find('?'));
     req_.version = static_cast<int>(m.version());
     for (const auto& f : m) req_.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
     req_.body = std::move(m.body());
@@ -312,7 +312,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (parser_ && parser_->is_header_done()) {
       req.method = std::string(parser_->get().method_string());
       req.target = std::string(parser_->get().target());
-      req.path = path_of_target(req.target);
+      req.path = req.target.substr(0, req.target.find('?'));
     }
     auto res = std::make_shared<HttpResponse>();
     res->status = status;

@@ -73,7 +73,17 @@ json completion_body(const ResponseMeta& meta, const std::vector<ChoiceBody>& ch
                    {"finish_reason", finish_json(c.finish_reason)},
                    {"logprobs", c.logprobs ? logprobs_json(meta.endpoint, *c.logprobs, 0) : json(nullptr)}};
     if (meta.endpoint == Endpoint::chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      json message = {{"role", "assistant"}, {"content", c.content_null ? json(nullptr) : json(c.text)}};
+      if (c.tool_calls && !c.tool_calls->empty()) {
+        json calls = json::array();
+        for (const tokenizer::ChatToolCall& call : *c.tool_calls) {
+          calls.push_back({{"id", call.id},
+                           {"type", "function"},
+                           {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+        }
+        message["tool_calls"] = std::move(calls);
+      }
+      choice["message"] = std::move(message);
     } else {
       choice["text"] = c.text;
     }
@@ -98,6 +108,27 @@ json stream_chunk(const ResponseMeta& meta, std::int64_t index, const std::strin
   }
   body["choices"] = json::array({choice});
   return body;
+}
+
+std::vector<json> tool_call_chunks(const ResponseMeta& meta, std::int64_t index, std::int64_t call_index,
+                                   const tokenizer::ChatToolCall& call) {
+  std::vector<json> chunks;
+  const json deltas[] = {
+      {{"index", call_index},
+       {"id", call.id},
+       {"type", "function"},
+       {"function", {{"name", call.name}, {"arguments", ""}}}},
+      {{"index", call_index}, {"function", {{"arguments", call.arguments}}}},
+  };
+  for (const json& d : deltas) {
+    json body = envelope(meta, "chat.completion.chunk", "text_completion");
+    body["choices"] = json::array({{{"index", index},
+                                    {"delta", {{"tool_calls", json::array({d})}}},
+                                    {"finish_reason", nullptr},
+                                    {"logprobs", nullptr}}});
+    chunks.push_back(std::move(body));
+  }
+  return chunks;
 }
 
 json usage_chunk(const ResponseMeta& meta, const Usage& usage) {

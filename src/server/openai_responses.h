@@ -45,6 +45,9 @@ struct ChoiceBody {
   std::string text;
   std::string finish_reason;
   const std::vector<LogprobEntry>* logprobs = nullptr;  // null: "logprobs": null
+  // Chat: the message's tool_calls (null or empty: none) and whether its content is null.
+  const std::vector<tokenizer::ChatToolCall>* tool_calls = nullptr;
+  bool content_null = false;
 };
 
 nlohmann::json usage_json(const Usage& usage);
@@ -54,6 +57,11 @@ nlohmann::json completion_body(const ResponseMeta& meta, const std::vector<Choic
 nlohmann::json stream_chunk(const ResponseMeta& meta, std::int64_t index, const std::string& text,
                             const std::string& finish_reason, bool role_delta = false,
                             const nlohmann::json& logprobs = nullptr);
+// The chunks of one tool call of a chat choice, as OpenAI streams them: the first names it
+// (delta.tool_calls[0]: index, id, type, function.name, arguments ""), the second carries the
+// arguments. Clients accumulate a call's arguments over the chunks of its index.
+std::vector<nlohmann::json> tool_call_chunks(const ResponseMeta& meta, std::int64_t index, std::int64_t call_index,
+                                             const tokenizer::ChatToolCall& call);
 // The last chunk when stream_options.include_usage: no choices, the usage.
 nlohmann::json usage_chunk(const ResponseMeta& meta, const Usage& usage);
 // GET /v1/models/{id}: one model object.

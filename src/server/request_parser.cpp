@@ -1,5 +1,6 @@
 #include "server/request_parser.h"
 
+#include <algorithm>
 #include <charconv>
 #include <optional>
 
@@ -23,11 +24,15 @@ struct Invalid {
   throw Invalid{bad_request(std::move(param), std::move(message), std::move(code))};
 }
 
-[[noreturn]] void wrong_type(const std::string& param, std::string_view expected, const json& value) {
+using ordered_json = nlohmann::ordered_json;
+
+template <class Json>
+[[noreturn]] void wrong_type(const std::string& param, std::string_view expected, const Json& value) {
   fail(param, fmt::format("expected {}, got {}", expected, value.type_name()), "invalid_type");
 }
 
-const json* field(const json& obj, const char* key) {
+template <class Json>
+const Json* field(const Json& obj, const char* key) {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return nullptr;
   return &*it;
@@ -54,18 +59,21 @@ std::optional<std::int64_t> integer(const json& obj, const char* key) {
   return v->get<std::int64_t>();
 }
 
-std::optional<bool> boolean(const json& obj, const char* key) {
-  const json* v = field(obj, key);
+template <class Json>
+std::optional<bool> boolean(const Json& obj, const char* key) {
+  const Json* v = field(obj, key);
   if (!v) return std::nullopt;
   if (!v->is_boolean()) wrong_type(key, "a boolean", *v);
-  return v->get<bool>();
+  return v->template get<bool>();
 }
 
-std::optional<std::string> string(const json& obj, const char* key) {
-  const json* v = field(obj, key);
+// `where`: the parameter's full name in errors ("" : the key).
+template <class Json>
+std::optional<std::string> string(const Json& obj, const char* key, const std::string& where = "") {
+  const Json* v = field(obj, key);
   if (!v) return std::nullopt;
-  if (!v->is_string()) wrong_type(key, "a string", *v);
-  return v->get<std::string>();
+  if (!v->is_string()) wrong_type(where.empty() ? std::string(key) : where, "a string", *v);
+  return v->template get<std::string>();
 }
 
 void unsupported(const std::string& param, const std::string& what) {
@@ -89,6 +97,39 @@ std::string message_content(const json& content, const std::string& where) {
   return text;
 }
 
+// An assistant message's tool_calls: [{id, type "function", function: {name, arguments}}], the
+// arguments a JSON text (an object is taken too, as its text).
+std::vector<tokenizer::ChatToolCall> parse_message_tool_calls(const json& calls, const std::string& where) {
+  if (!calls.is_array()) wrong_type(where, "an array", calls);
+  std::vector<tokenizer::ChatToolCall> out;
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    const json& c = calls[i];
+    const std::string at = fmt::format("{}[{}]", where, i);
+    if (!c.is_object()) wrong_type(at, "an object", c);
+    auto id = string(c, "id", at + ".id");
+    if (!id) fail(at + ".id", "is required", "missing_required_parameter");
+    if (auto type = string(c, "type", at + ".type"); type && *type != "function") {
+      fail(at + ".type", fmt::format("'{}' is not 'function'", *type));
+    }
+    const json* function = field(c, "function");
+    if (!function) fail(at + ".function", "is required", "missing_required_parameter");
+    if (!function->is_object()) wrong_type(at + ".function", "an object", *function);
+    auto name = string(*function, "name", at + ".function.name");
+    if (!name) fail(at + ".function.name", "is required", "missing_required_parameter");
+    const json* arguments = field(*function, "arguments");
+    std::string args = "{}";
+    if (arguments && arguments->is_string()) {
+      args = arguments->get<std::string>();
+    } else if (arguments && arguments->is_object()) {
+      args = arguments->dump();
+    } else if (arguments) {
+      wrong_type(at + ".function.arguments", "a string (JSON text)", *arguments);
+    }
+    out.push_back({*id, *name, std::move(args)});
+  }
+  return out;
+}
+
 void parse_messages(const json& body, CompletionRequest& r) {
   const json* messages = field(body, "messages");
   if (!messages) fail("messages", "is required", "missing_required_parameter");
@@ -103,13 +144,123 @@ void parse_messages(const json& body, CompletionRequest& r) {
     if (!role->is_string()) wrong_type(at + ".role", "a string", *role);
     std::string name = role->get<std::string>();
     if (name == "developer") name = "system";  // OpenAI's newer name for the system role
-    if (name != "system" && name != "user" && name != "assistant") {
-      fail(at + ".role", fmt::format("'{}' is not one of system, developer, user, assistant", name));
+    if (name != "system" && name != "user" && name != "assistant" && name != "tool") {
+      fail(at + ".role", fmt::format("'{}' is not one of system, developer, user, assistant, tool", name));
+    }
+    tokenizer::ChatMessage message;
+    message.role = name;
+    if (name == "assistant") {
+      if (const json* calls = field(m, "tool_calls"))
+        message.tool_calls = parse_message_tool_calls(*calls, at + ".tool_calls");
     }
     const json* content = field(m, "content");
-    if (!content) fail(at + ".content", "is required", "missing_required_parameter");
-    r.messages.push_back({name, message_content(*content, at + ".content")});
+    if (content) {
+      message.content = message_content(*content, at + ".content");
+    } else if (message.tool_calls.empty()) {  // an assistant message with calls may have no content
+      fail(at + ".content", "is required", "missing_required_parameter");
+    }
+    if (name == "tool") {
+      auto id = string(m, "tool_call_id", at + ".tool_call_id");
+      if (!id) fail(at + ".tool_call_id", "is required", "missing_required_parameter");
+      // The function's name, from the call it answers: templates and the generic scheme show it.
+      for (const tokenizer::ChatMessage& earlier : r.messages) {
+        for (const tokenizer::ChatToolCall& c : earlier.tool_calls) {
+          if (c.id == *id) message.name = c.name;
+        }
+      }
+      if (message.name.empty()) {
+        fail(at + ".tool_call_id", fmt::format("'{}' answers no tool call of an earlier assistant message", *id));
+      }
+      message.tool_call_id = *id;
+    }
+    r.messages.push_back(std::move(message));
   }
+}
+
+// A function name as OpenAI allows it: 1-64 of a-z, A-Z, 0-9, '_' and '-'.
+bool valid_function_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
+constexpr std::size_t kMaxTools = 128;  // OpenAI's limit
+
+// tools (read from the body with its keys in the client's order: a schema's properties are
+// generated in it), tool_choice, parallel_tool_calls.
+void parse_tools(const ordered_json& body, CompletionRequest& r) {
+  ToolRequest& t = r.tools;
+  if (const ordered_json* tools = field(body, "tools")) {
+    if (!tools->is_array()) wrong_type("tools", "an array", *tools);
+    if (tools->empty()) fail("tools", "must not be empty (leave it out for no tools)");
+    if (tools->size() > kMaxTools) fail("tools", fmt::format("{} tools; at most {}", tools->size(), kMaxTools));
+    for (std::size_t i = 0; i < tools->size(); ++i) {
+      const ordered_json& tool = (*tools)[i];
+      const std::string at = fmt::format("tools[{}]", i);
+      if (!tool.is_object()) wrong_type(at, "an object", tool);
+      auto type = string(tool, "type", at + ".type");
+      if (!type) fail(at + ".type", "is required", "missing_required_parameter");
+      if (*type != "function") unsupported(at + ".type", fmt::format("tool type '{}' (only 'function')", *type));
+      const ordered_json* function = field(tool, "function");
+      if (!function) fail(at + ".function", "is required", "missing_required_parameter");
+      if (!function->is_object()) wrong_type(at + ".function", "an object", *function);
+      ToolSpec spec;
+      auto name = string(*function, "name", at + ".function.name");
+      if (!name) fail(at + ".function.name", "is required", "missing_required_parameter");
+      if (!valid_function_name(*name)) {
+        fail(at + ".function.name",
+             fmt::format("'{}' is not a function name: 1 to 64 letters, digits, '_' or '-'", *name));
+      }
+      for (std::size_t j = 0; j < t.tools.size(); ++j) {
+        if (t.tools[j].name == *name)
+          fail(at + ".function.name", fmt::format("'{}' is also tools[{}]'s name", *name, j));
+      }
+      spec.name = *name;
+      spec.description = string(*function, "description", at + ".function.description").value_or("");
+      if (const ordered_json* strict = field(*function, "strict"); strict && !strict->is_boolean()) {
+        wrong_type(at + ".function.strict", "a boolean", *strict);
+      }
+      if (const ordered_json* parameters = field(*function, "parameters")) {
+        if (!parameters->is_object()) wrong_type(at + ".function.parameters", "an object (a JSON schema)", *parameters);
+        spec.parameters = parameters->dump();
+      } else {
+        spec.parameters = R"({"type":"object","properties":{}})";
+      }
+      t.tools.push_back(std::move(spec));
+    }
+    t.choice = ToolChoice::automatic;
+  }
+  if (const ordered_json* choice = field(body, "tool_choice")) {
+    if (choice->is_string()) {
+      const std::string c = choice->get<std::string>();
+      if (c == "none") {
+        t.choice = ToolChoice::none;
+      } else if (c == "auto" || c == "required") {
+        t.choice = c == "auto" ? ToolChoice::automatic : ToolChoice::required;
+      } else {
+        fail("tool_choice", fmt::format("'{}' is not one of none, auto, required or a function", c));
+      }
+    } else if (choice->is_object()) {
+      auto type = string(*choice, "type", "tool_choice.type");
+      if (!type) fail("tool_choice.type", "is required", "missing_required_parameter");
+      if (*type != "function") unsupported("tool_choice.type", fmt::format("tool_choice type '{}'", *type));
+      const ordered_json* function = field(*choice, "function");
+      if (!function) fail("tool_choice.function", "is required", "missing_required_parameter");
+      if (!function->is_object()) wrong_type("tool_choice.function", "an object", *function);
+      auto name = string(*function, "name", "tool_choice.function.name");
+      if (!name) fail("tool_choice.function.name", "is required", "missing_required_parameter");
+      const bool known =
+          std::any_of(t.tools.begin(), t.tools.end(), [&](const ToolSpec& s) { return s.name == *name; });
+      if (!known) fail("tool_choice.function.name", fmt::format("'{}' is not the name of a function in tools", *name));
+      t.choice = ToolChoice::function;
+      t.function = *name;
+    } else {
+      wrong_type("tool_choice", "a string or an object", *choice);
+    }
+    if (t.tools.empty() && t.choice != ToolChoice::none) fail("tool_choice", "is only allowed when tools are given");
+  }
+  if (auto parallel = boolean(body, "parallel_tool_calls")) t.parallel = *parallel;
 }
 
 PromptInput token_prompt(const json& ids, const std::string& where) {
@@ -215,7 +366,8 @@ void parse_stop(const json& body, CompletionRequest& r) {
   }
 }
 
-CompletionRequest parse(const json& body, Endpoint endpoint, const RequestLimits& limits) {
+CompletionRequest parse(const json& body, const ordered_json* ordered_body, Endpoint endpoint,
+                        const RequestLimits& limits) {
   if (!body.is_object()) wrong_type("body", "a JSON object", body);
   CompletionRequest r;
   r.endpoint = endpoint;
@@ -268,10 +420,13 @@ CompletionRequest parse(const json& body, Endpoint endpoint, const RequestLimits
   if (endpoint == Endpoint::chat) {
     // Options that would change what is generated are refused; bookkeeping ones (store,
     // metadata, user, service_tier, ...) are ignored as unknown fields are.
-    for (const char* key :
-         {"tools", "functions", "tool_choice", "function_call", "audio", "prediction", "web_search_options"}) {
+    for (const char* key : {"audio", "prediction", "web_search_options"}) {
       if (field(body, key)) unsupported(key, key);
     }
+    for (const char* key : {"functions", "function_call"}) {
+      if (field(body, key)) unsupported(key, fmt::format("{} (deprecated by OpenAI; use tools and tool_choice)", key));
+    }
+    if (ordered_body) parse_tools(*ordered_body, r);
     if (const json* modalities = field(body, "modalities")) {
       if (*modalities != json::array({"text"})) unsupported("modalities", "an output other than [\"text\"]");
     }
@@ -314,7 +469,14 @@ ParsedRequest parse_completion_request(std::string_view body, Endpoint endpoint,
     return bad_request("", where, "invalid_json");
   }
   try {
-    CompletionRequest r = parse(doc, endpoint, limits);
+    // Tools are read again with their keys in the client's order (a schema's properties are
+    // generated in it), only when there are tools.
+    std::optional<ordered_json> ordered;
+    if (endpoint == Endpoint::chat && doc.is_object() &&
+        (doc.contains("tools") || doc.contains("tool_choice") || doc.contains("parallel_tool_calls"))) {
+      ordered = ordered_json::parse(body);
+    }
+    CompletionRequest r = parse(doc, ordered ? &*ordered : nullptr, endpoint, limits);
     if (r.grammar && r.grammar->kind == runtime::GrammarKind::json_schema) {
       r.grammar->source = json_schema_in_given_order(body);
     }

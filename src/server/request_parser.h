@@ -1,6 +1,6 @@
 // Parsing and validation of OpenAI request bodies (/v1/chat/completions, /v1/completions):
 // malformed JSON, wrong types and out-of-range values become 400 errors that name the field.
-// Unknown fields are ignored; known but unsupported options (tools, best_of, suffix, ...) are
+// Unknown fields are ignored; known but unsupported options (functions, best_of, suffix, ...) are
 // refused rather than silently dropped.
 #pragma once
 
@@ -15,6 +15,7 @@
 #include "kallpa/runtime/sampler.h"
 #include "kallpa/tokenizer/chat.h"
 #include "server/api_error.h"
+#include "server/tool_calls.h"
 
 namespace kallpa::server {
 
@@ -52,6 +53,7 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;                   // stream_options.include_usage
   std::optional<runtime::GrammarSpec> grammar;  // response_format json_object / json_schema
+  ToolRequest tools;                            // chat: tools, tool_choice, parallel_tool_calls
 };
 
 using ParsedRequest = std::variant<CompletionRequest, ApiError>;

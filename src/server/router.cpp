@@ -1,6 +1,36 @@
 #include "server/router.h"
 
+#include <string>
+#include <string_view>
+
 namespace kallpa::server {
+namespace {
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// A captured path segment as the client meant it: clients percent-encode what a path may not hold
+// (the openai client sends a model id "A B" as "A%20B", RFC 3986 2.1). A '%' not followed by two
+// hex digits stays as it is.
+std::string percent_decoded(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex_digit(s[i + 1]) >= 0 && hex_digit(s[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex_digit(s[i + 1]) * 16 + hex_digit(s[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 void Router::add(const char* method, const std::string& pattern, Handler handler) {
   Route r;
@@ -24,7 +54,7 @@ Router::Outcome Router::dispatch(HttpRequest& req, HttpResponse& res, std::strin
       continue;
     }
     req.matches = {req.path};
-    if (r.is_prefix) req.matches.push_back(req.path.substr(r.pattern.size()));
+    if (r.is_prefix) req.matches.push_back(percent_decoded(std::string_view(req.path).substr(r.pattern.size())));
     r.handler(req, res);
     if (res.status < 0) res.status = 200;  // a route that only set a body or a stream
     return Outcome::handled;

@@ -60,19 +60,20 @@ std::string json_schema_in_given_order(std::string_view body) {
 }
 
 std::variant<std::shared_ptr<const runtime::CompiledGrammar>, ApiError> StructuredOutput::compile(
-    const runtime::GrammarSpec& spec) {
+    const runtime::GrammarSpec& spec, const std::string& param) {
   std::call_once(
       once_, [&] { compiler_ = runtime::GrammarCompiler::create(engine_.tokenizer(), engine_.config().vocab_size); });
   if (!compiler_) {
-    return bad_request("response_format",
+    return bad_request(param.empty() ? "response_format" : param,
                        fmt::format("structured output is not available: {}", compiler_.status().message()),
                        "unsupported_value");
   }
   auto compiled = (*compiler_)->compile(spec);
   if (!compiled) {
-    const std::string param =
-        spec.kind == runtime::GrammarKind::json_schema ? "response_format.json_schema.schema" : "response_format";
-    return bad_request(param, compiled.status().message());
+    const std::string where = !param.empty()                                   ? param
+                              : spec.kind == runtime::GrammarKind::json_schema ? "response_format.json_schema.schema"
+                                                                               : "response_format";
+    return bad_request(where, compiled.status().message());
   }
   return *compiled;
 }

@@ -32,8 +32,10 @@ class StructuredOutput {
  public:
   explicit StructuredOutput(runtime::Engine& engine) : engine_(engine) {}
   // The compiled grammar for `spec`: a 400 naming response_format's part the engine cannot
-  // compile, a 501-style error when kallpa was built without the grammar engine.
-  std::variant<std::shared_ptr<const runtime::CompiledGrammar>, ApiError> compile(const runtime::GrammarSpec& spec);
+  // compile (or `param` when given: the part of the request the grammar came from), a 400
+  // unsupported_value when kallpa was built without the grammar engine.
+  std::variant<std::shared_ptr<const runtime::CompiledGrammar>, ApiError> compile(const runtime::GrammarSpec& spec,
+                                                                                  const std::string& param = "");
 
  private:
   runtime::Engine& engine_;

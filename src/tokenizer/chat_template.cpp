@@ -1,6 +1,7 @@
 #include "kallpa/tokenizer/chat_template.h"
 
 #include <exception>
+#include <optional>
 
 #include "tokenizer/utf8.h"
 
@@ -9,6 +10,7 @@
 #include "jinja/parser.h"
 #include "jinja/runtime.h"
 #include "jinja/value.h"
+#include "json.h"
 #endif
 
 namespace kallpa::tokenizer {
@@ -46,9 +48,109 @@ bool jinja_available() noexcept { return true; }
 struct ChatTemplate::Impl {
   std::string source;
   jinja::program program;
+  ChatToolSupport tools;
 };
 
 namespace {
+
+// One message as transformers hands it to a template: role and content; an assistant's
+// tool_calls [{id, type, function: {name, arguments}}], with the arguments parsed into an object
+// when the template reads them so (arguments that are not a JSON object stay text); a tool
+// message's tool_call_id and name. (JSON goes through the engine's own common_json: this file
+// builds with the engine's throwing assert, which nlohmann's noexcept code must not see.)
+common_json message_json(const ChatMessage& m, bool object_arguments) {
+  common_json obj = common_json::object();
+  obj["role"] = m.role;
+  obj["content"] = m.content;
+  if (!m.tool_calls.empty()) {
+    common_json calls = common_json::array();
+    for (const ChatToolCall& c : m.tool_calls) {
+      common_json function = common_json::object();
+      function["name"] = c.name;
+      common_json args = object_arguments ? common_json::parse_no_throw(c.arguments) : common_json();
+      function["arguments"] = !args.is_discarded() && args.is_object() ? args : common_json(c.arguments);
+      common_json call = common_json::object();
+      call["id"] = c.id;
+      call["type"] = "function";
+      call["function"] = function;
+      calls.push_back(call);
+    }
+    obj["tool_calls"] = calls;
+  }
+  if (!m.tool_call_id.empty()) obj["tool_call_id"] = m.tool_call_id;
+  if (!m.name.empty()) obj["name"] = m.name;
+  return obj;
+}
+
+// One template (its source and parsed program) rendered with these inputs.
+struct TemplateCode {
+  const std::string& source;
+  const jinja::program& program;
+};
+
+RenderedChat run_template(TemplateCode code, const ChatTemplateInputs& inputs, bool object_arguments) {
+  jinja::context ctx(code.source);
+  // Everything that came from the request is marked as message text, so that a special token's
+  // text inside it stays text.
+  common_json request = common_json::object();
+  common_json messages = common_json::array();
+  for (const ChatMessage& m : inputs.messages) messages.push_back(message_json(m, object_arguments));
+  request["messages"] = messages;
+  if (!inputs.tools_json.empty()) request["tools"] = common_json::parse(inputs.tools_json);  // throws: reported
+  jinja::global_from_json(ctx, request, /*mark_input=*/true);
+  ctx.set_val("bos_token", jinja::mk_val<jinja::value_string>(inputs.bos_token));
+  ctx.set_val("eos_token", jinja::mk_val<jinja::value_string>(inputs.eos_token));
+  ctx.set_val("add_generation_prompt", jinja::mk_val<jinja::value_bool>(inputs.add_generation_prompt));
+  jinja::runtime runtime(ctx);
+  const jinja::value results = runtime.execute(code.program);
+  const jinja::value_string parts = jinja::runtime::gather_string_parts(results);
+  RenderedChat out;
+  for (const jinja::string_part& p : parts->val_str.parts) append(out, p.val, p.is_input);
+  return out;
+}
+
+// The text these inputs render to; nullopt when the template raises.
+std::optional<std::string> try_render(TemplateCode impl, std::span<const ChatMessage> messages,
+                                      const std::string& tools_json, bool object_arguments) {
+  ChatTemplateInputs in;
+  in.messages = messages;
+  in.tools_json = tools_json;
+  try {
+    return run_template(impl, in, object_arguments).text;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+bool contains(const std::optional<std::string>& text, std::string_view marker) {
+  return text && text->find(marker) != std::string::npos;
+}
+
+ChatToolSupport probe_tool_support(TemplateCode impl) {
+  const std::string tools = R"([{"type":"function","function":{"name":"kallpa_probe_tool","description":"A probe.",)"
+                            R"("parameters":{"type":"object","properties":{"kallpa_probe_arg":{"type":"string"}}}}}])";
+  ChatMessage user("user", "Hello.");
+  ChatMessage call("assistant", "");
+  call.tool_calls.push_back({"call_kallpa_probe", "kallpa_probe_call", R"({"kallpa_probe_key":"v"})"});
+  ChatMessage result("tool", "kallpa_probe_result");
+  result.tool_call_id = "call_kallpa_probe";
+  result.name = "kallpa_probe_call";
+  const std::vector<ChatMessage> with_call = {user, call};
+  const std::vector<ChatMessage> with_result = {user, call, result, ChatMessage("assistant", "Done.")};
+  const std::vector<ChatMessage> with_system = {ChatMessage("system", "kallpa_probe_system"), user};
+  ChatToolSupport s;
+  s.tools = contains(try_render(impl, std::span(&user, 1), tools, false), "kallpa_probe_tool");
+  const auto as_object = try_render(impl, with_call, tools, true);
+  const auto as_text = try_render(impl, with_call, tools, false);
+  s.tool_calls = contains(as_object, "kallpa_probe_call") || contains(as_text, "kallpa_probe_call");
+  // Objects (transformers' convention) when the template writes them as JSON (`| tojson`): the key
+  // in double quotes, not escaped as inside a JSON string; otherwise the client's JSON text.
+  s.object_arguments =
+      s.tool_calls && contains(as_object, "\"kallpa_probe_key\"") && !contains(as_object, "\\\"kallpa_probe_key");
+  s.tool_responses = contains(try_render(impl, with_result, tools, s.object_arguments), "kallpa_probe_result");
+  s.system_role = contains(try_render(impl, with_system, "", false), "kallpa_probe_system");
+  return s;
+}
 
 // The engine parses and evaluates recursively, so a template nested deep enough overflows the
 // stack (about 10,000 levels of brackets, blocks or chained operators do). Real templates stay
@@ -110,6 +212,7 @@ Result<ChatTemplate> ChatTemplate::parse(std::string source) {
     auto impl = std::make_unique<Impl>();
     impl->program = jinja::parse_from_tokens(tokens);
     impl->source = std::move(source);
+    impl->tools = probe_tool_support({impl->source, impl->program});
     return ChatTemplate(std::move(impl));
   } catch (const std::exception& e) {
     return Status::invalid(kField, std::string("not a valid Jinja template: ") + e.what());
@@ -118,24 +221,7 @@ Result<ChatTemplate> ChatTemplate::parse(std::string source) {
 
 Result<RenderedChat> ChatTemplate::render(const ChatTemplateInputs& inputs) const {
   try {
-    jinja::context ctx(impl_->source);
-    auto messages = jinja::mk_val<jinja::value_array>();
-    for (const ChatMessage& m : inputs.messages) {
-      auto obj = jinja::mk_val<jinja::value_object>();
-      obj->insert("role", jinja::mk_val<jinja::value_string>(jinja::string(m.role, /*user_input=*/true)));
-      obj->insert("content", jinja::mk_val<jinja::value_string>(jinja::string(m.content, /*user_input=*/true)));
-      messages->push_back(obj);
-    }
-    ctx.set_val("messages", messages);
-    ctx.set_val("bos_token", jinja::mk_val<jinja::value_string>(inputs.bos_token));
-    ctx.set_val("eos_token", jinja::mk_val<jinja::value_string>(inputs.eos_token));
-    ctx.set_val("add_generation_prompt", jinja::mk_val<jinja::value_bool>(inputs.add_generation_prompt));
-    jinja::runtime runtime(ctx);
-    const jinja::value results = runtime.execute(impl_->program);
-    const jinja::value_string parts = jinja::runtime::gather_string_parts(results);
-    RenderedChat out;
-    for (const jinja::string_part& p : parts->val_str.parts) append(out, p.val, p.is_input);
-    return out;
+    return run_template({impl_->source, impl_->program}, inputs, impl_->tools.object_arguments);
   } catch (const std::exception& e) {
     return Status::invalid(kField, std::string("rendering failed: ") + e.what());
   }
@@ -147,6 +233,7 @@ bool jinja_available() noexcept { return false; }
 
 struct ChatTemplate::Impl {
   std::string source;
+  ChatToolSupport tools;
 };
 
 Result<ChatTemplate> ChatTemplate::parse(std::string) {
@@ -165,6 +252,7 @@ ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
 ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 ChatTemplate::~ChatTemplate() = default;
 const std::string& ChatTemplate::source() const noexcept { return impl_->source; }
+const ChatToolSupport& ChatTemplate::tool_support() const noexcept { return impl_->tools; }
 
 RenderedChat render_gemma(std::span<const ChatMessage> messages, bool add_generation_prompt,
                           std::string_view bos_token) {
@@ -219,15 +307,20 @@ std::string special_text(const Tokenizer& tokenizer, std::optional<TokenId> id) 
 }  // namespace
 
 Result<RenderedChat> render_chat(const Tokenizer& tokenizer, const ChatFormat& format,
-                                 std::span<const ChatMessage> messages, bool add_generation_prompt) {
+                                 std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                 std::string_view tools_json) {
   // Messages are made valid UTF-8 first, so that the marked ranges stay where the text is.
   std::vector<ChatMessage> clean(messages.begin(), messages.end());
+  auto sanitize = [](std::string& s) {
+    if (!detail::first_invalid_utf8(s)) return;
+    std::string fixed;
+    detail::utf8_sanitize(s, fixed, /*final=*/true);
+    s = std::move(fixed);
+  };
   for (ChatMessage& m : clean) {
-    for (std::string* s : {&m.role, &m.content}) {
-      if (!detail::first_invalid_utf8(*s)) continue;
-      std::string fixed;
-      detail::utf8_sanitize(*s, fixed, /*final=*/true);
-      *s = std::move(fixed);
+    for (std::string* s : {&m.role, &m.content, &m.tool_call_id, &m.name}) sanitize(*s);
+    for (ChatToolCall& c : m.tool_calls) {
+      for (std::string* s : {&c.id, &c.name, &c.arguments}) sanitize(*s);
     }
   }
   switch (format.kind) {
@@ -238,6 +331,7 @@ Result<RenderedChat> render_chat(const Tokenizer& tokenizer, const ChatFormat& f
       in.add_generation_prompt = add_generation_prompt;
       in.bos_token = special_text(tokenizer, tokenizer.bos_id());
       in.eos_token = special_text(tokenizer, tokenizer.eos_id());
+      in.tools_json = std::string(tools_json);
       return format.file_template->render(in);
     }
     case ChatFormatKind::gemma:
@@ -252,8 +346,9 @@ Result<RenderedChat> render_chat(const Tokenizer& tokenizer, const ChatFormat& f
 }
 
 Result<std::vector<TokenId>> encode_chat(const Tokenizer& tokenizer, const ChatFormat& format,
-                                         std::span<const ChatMessage> messages, bool add_generation_prompt) {
-  auto rendered = render_chat(tokenizer, format, messages, add_generation_prompt);
+                                         std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                         std::string_view tools_json) {
+  auto rendered = render_chat(tokenizer, format, messages, add_generation_prompt, tools_json);
   if (!rendered) return rendered.status();
   EncodeOptions opts;
   opts.add_special = false;
@@ -273,7 +368,9 @@ ChatFormat choose_chat_format(const Tokenizer& tokenizer, std::string_view archi
     if (parsed) {
       f.kind = ChatFormatKind::file_template;
       f.file_template = std::make_shared<const ChatTemplate>(std::move(*parsed));
-      f.description = "the file's tokenizer.chat_template";
+      f.tools = f.file_template->tool_support();
+      f.description = f.tools.tools ? "the file's tokenizer.chat_template (it renders tools)"
+                                    : "the file's tokenizer.chat_template";
       return f;
     }
     why = "the file's chat template cannot be used: " + parsed.status().message();

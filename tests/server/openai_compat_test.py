@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 try:
+    import jsonschema
     import openai
     import server_test as st
 except ImportError as e:  # pragma: no cover
@@ -248,9 +249,8 @@ def test_completions_prompts_and_echo(s, client):
 def test_refused(s, client):
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
     cases = [
-        ("tools", dict(tools=[tool]), "unsupported_value"),
-        ("tool_choice", dict(tool_choice="none"), "unsupported_value"),
         ("functions", dict(functions=[tool["function"]]), "unsupported_value"),
+        ("function_call", dict(function_call="auto"), "unsupported_value"),
         ("response_format.type", dict(response_format={"type": "xml"}), "invalid_value"),
         ("top_logprobs", dict(top_logprobs=2), "invalid_value"),
         ("top_logprobs", dict(logprobs=True, top_logprobs=21), "invalid_value"),
@@ -260,7 +260,7 @@ def test_refused(s, client):
         ("web_search_options", dict(web_search_options={}), "unsupported_value"),
         ("temperature", dict(temperature=2.5), "invalid_value"),
         ("max_tokens", dict(max_tokens=0), "invalid_value"),
-        ("messages[0].role", dict(messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}]), "invalid_value"),
+        ("messages[0].role", dict(messages=[{"role": "function", "content": "x", "name": "f"}]), "invalid_value"),
     ]
     for param, kw, code in cases:
         args = {"model": MODEL, "messages": CHAT, "max_tokens": 1, **kw}
@@ -269,6 +269,7 @@ def test_refused(s, client):
     r = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=1, store=False, metadata={"a": "b"},
                                        service_tier="auto", user="u", parallel_tool_calls=False,
                                        modalities=["text"])
+    check(r.choices[0].message.tool_calls is None, "parallel_tool_calls without tools offers none")
     check(r.choices[0].finish_reason in ("length", "stop"), "ignored fields")
 
 
@@ -306,8 +307,157 @@ def test_tokenize(s, client):
     st.expect_error(s, "POST", "/tokenize", "{", 400, "invalid_json")
 
 
+# Tools: two functions whose arguments the small model can fill in a few tokens (enums and short
+# strings), so that every reply completes well within max_tokens.
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object",
+                   "properties": {"city": {"type": "string", "description": "The city, e.g. Paris"},
+                                  "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Get the current time in a time zone.",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET", "PST"]}},
+                   "required": ["zone"]}}}
+TOOLS = [WEATHER, TIME]
+WEATHER_CHAT = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+def check_calls(message, finish_reason, names=None):
+    """The message is a tool call reply whose calls name known tools and whose arguments validate."""
+    check(finish_reason == "tool_calls", f"finish_reason {finish_reason!r}: {message}")
+    check(message.content is None and message.tool_calls, f"no tool calls: {message}")
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for call in message.tool_calls:
+        check(call.type == "function" and call.id.startswith("call_") and len(call.id) > 10, f"call {call}")
+        check(call.function.name in (names or schemas), f"function {call.function.name!r}, expected {names}")
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+    return message.tool_calls
+
+
+def test_tools_required_and_named(s, client):
+    r = client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, tools=TOOLS, tool_choice="required",
+                                       max_tokens=96, temperature=0)
+    calls = check_calls(r.choices[0].message, r.choices[0].finish_reason)
+    check(r.usage.completion_tokens > 0, f"usage {r.usage}")
+    r = client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, tools=TOOLS, max_tokens=96,
+                                       temperature=0, tool_choice={"type": "function", "function": {"name": "get_time"}})
+    check(len(check_calls(r.choices[0].message, r.choices[0].finish_reason, names=["get_time"])) == 1, "one call")
+    # parallel_tool_calls false: exactly one call; n = 3: every choice a valid call, every id unique.
+    r = client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, tools=TOOLS, tool_choice="required",
+                                       parallel_tool_calls=False, max_tokens=96, temperature=1.0, seed=5, n=3)
+    ids = set()
+    for c in r.choices:
+        one = check_calls(c.message, c.finish_reason)
+        check(len(one) == 1, f"parallel_tool_calls false gave {len(one)} calls")
+        ids |= {call.id for call in one}
+    check(len(ids) == 3, f"ids {ids}")
+    check(r.usage.completion_tokens >= 3 and r.usage.prompt_tokens > 0, f"usage {r.usage}")
+    # none: no tools offered, a plain answer.
+    r = client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, tools=TOOLS, tool_choice="none",
+                                       max_tokens=8, temperature=0)
+    check(r.choices[0].message.tool_calls is None and r.choices[0].message.content, f"none: {r.choices[0]}")
+    return calls
+
+
+def test_tools_multi_turn(s, client):
+    first = client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, tools=TOOLS,
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                           max_tokens=96, temperature=0)
+    call = check_calls(first.choices[0].message, first.choices[0].finish_reason, names=["get_weather"])[0]
+    # The assistant's message goes back as the client has it (content null, tool_calls), then the result.
+    history = WEATHER_CHAT + [first.choices[0].message.model_dump(exclude_none=True),
+                              {"role": "tool", "tool_call_id": call.id, "content": "18 degrees celsius, sunny"}]
+    r = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=96, temperature=0)
+    c = r.choices[0]
+    if c.finish_reason == "tool_calls":
+        check_calls(c.message, c.finish_reason)
+    else:
+        check(c.finish_reason == "stop" and c.message.content and c.message.tool_calls is None, f"auto: {c}")
+    # Without tools offered the same history is a plain chat; a follow-up user turn works too.
+    r = client.chat.completions.create(model=MODEL, messages=history + [{"role": "user", "content": "Thanks!"}],
+                                       max_tokens=8, temperature=0)
+    check(r.choices[0].message.content and r.choices[0].message.tool_calls is None, f"plain: {r.choices[0]}")
+    expect_400(lambda: client.chat.completions.create(
+        model=MODEL, max_tokens=1, messages=WEATHER_CHAT + [{"role": "tool", "tool_call_id": "call_x", "content": "x"}]),
+        "messages[1].tool_call_id", "invalid_value")
+
+
+def test_tools_streaming(s, client):
+    plain = client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, tools=TOOLS, tool_choice="required",
+                                           max_tokens=96, temperature=0)
+    want = [(c.function.name, c.function.arguments) for c in plain.choices[0].message.tool_calls]
+    # By hand: deltas accumulate by index (id, name once; argument fragments appended).
+    calls, finish = {}, None
+    for chunk in client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, tools=TOOLS,
+                                                tool_choice="required", max_tokens=96, temperature=0, stream=True):
+        for c in chunk.choices:
+            finish = c.finish_reason or finish
+            for d in c.delta.tool_calls or []:
+                call = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+                call["id"] = d.id or call["id"]
+                if d.function:
+                    call["name"] += d.function.name or ""
+                    call["arguments"] += d.function.arguments or ""
+    got = [(calls[i]["name"], calls[i]["arguments"]) for i in sorted(calls)]
+    check(finish == "tool_calls" and got == want, f"streamed {got} {finish}, expected {want}")
+    check(all(c["id"].startswith("call_") for c in calls.values()), f"ids {calls}")
+    # The openai client's own accumulation (the stream helper).
+    with client.chat.completions.stream(model=MODEL, messages=WEATHER_CHAT, tools=TOOLS, tool_choice="required",
+                                        max_tokens=96, temperature=0) as stream:
+        final = stream.get_final_completion()
+    check_calls(final.choices[0].message, final.choices[0].finish_reason)
+    check([(c.function.name, c.function.arguments) for c in final.choices[0].message.tool_calls] == want,
+          f"stream helper: {final.choices[0].message.tool_calls}")
+    # auto, answered without a call: the answer streams as content (decoded from the reply's JSON as
+    # it is written) and equals the non-streamed one.
+    hello = [{"role": "user", "content": "Hello! How are you today?"}]
+    plain = client.chat.completions.create(model=MODEL, messages=hello, tools=TOOLS, max_tokens=64, temperature=0)
+    check(plain.choices[0].finish_reason == "stop" and plain.choices[0].message.tool_calls is None,
+          f"auto answered: {plain.choices[0]}")
+    parts = [c.delta.content for chunk in client.chat.completions.create(
+        model=MODEL, messages=hello, tools=TOOLS, max_tokens=64, temperature=0, stream=True)
+        for c in chunk.choices if c.delta.content]
+    check("".join(parts) == plain.choices[0].message.content, f"streamed answer {parts}")
+    # n = 2 with usage: each choice's calls under its own index. (Sampled at temperature 1 the small
+    # model may append calls until max_tokens when it may make several: one call each here.)
+    per_choice, usage = {}, None
+    for chunk in client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, tools=TOOLS, n=2, seed=3,
+                                                tool_choice="required", parallel_tool_calls=False, max_tokens=96,
+                                                temperature=1.0, stream=True, stream_options={"include_usage": True}):
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            for d in c.delta.tool_calls or []:
+                if d.function and d.function.arguments:
+                    per_choice.setdefault(c.index, []).append(d.function.arguments)
+    check(sorted(per_choice) == [0, 1] and usage and usage.completion_tokens > 0, f"n=2: {per_choice} {usage}")
+    for args in per_choice.values():
+        for a in args:
+            json.loads(a)
+
+
+def test_tools_refused(s, client):
+    bad_schema = {"type": "function", "function": {"name": "broken", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}, "required": ["a"]}}}
+    cases = [
+        ("tools[1].function.name", dict(tools=[WEATHER, WEATHER]), "invalid_value"),
+        ("tools[0].function.name", dict(tools=[{"type": "function", "function": {"name": "a b"}}]), "invalid_value"),
+        ("tools[0].function", dict(tools=[{"type": "function"}]), "missing_required_parameter"),
+        ("tools", dict(tools=[]), "invalid_value"),
+        ("tool_choice.function.name",
+         dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_news"}}), "invalid_value"),
+        ("tool_choice", dict(tools=TOOLS, tool_choice="sometimes"), "invalid_value"),
+        ("tool_choice", dict(tool_choice="required"), "invalid_value"),
+        ("tools[1].function.parameters", dict(tools=[WEATHER, bad_schema]), "invalid_value"),
+    ]
+    for param, kw, code in cases:
+        args = {"model": MODEL, "messages": WEATHER_CHAT, "max_tokens": 1, **kw}
+        expect_400(lambda: client.chat.completions.create(**args), param, code)
+
+
 TESTS = [test_models, test_chat_basics, test_chat_logprobs, test_completions_logprobs, test_n,
-         test_penalties_and_bias, test_completions_prompts_and_echo, test_refused, test_tokenize]
+         test_penalties_and_bias, test_completions_prompts_and_echo, test_refused, test_tokenize,
+         test_tools_required_and_named, test_tools_multi_turn, test_tools_streaming, test_tools_refused]
 
 
 def main():

@@ -354,7 +354,8 @@ def test_bad_inputs():
                                    ("stop", ["a", "b", "c", "d", "e"], "invalid_value"), ("seed", "x", "invalid_type"),
                                    ("n", 9, "invalid_value"), ("top_logprobs", 2, "invalid_value"),
                                    ("logit_bias", {"5": 101}, "invalid_value"),
-                                   ("presence_penalty", 3, "invalid_value"), ("tools", [], "unsupported_value")]:
+                                   ("presence_penalty", 3, "invalid_value"), ("tools", [], "invalid_value"),
+                                   ("functions", [], "unsupported_value")]:
             expect_error(s, "POST", chat, {**ok, field: value}, 400, code, field)
         expect_error(s, "POST", comp, {"max_tokens": 2}, 400, "missing_required_parameter", "prompt")
         expect_error(s, "POST", comp, {"prompt": {"text": "x"}}, 400, "invalid_type", "prompt")
@@ -874,6 +875,40 @@ def test_real_model_gemma_chat():
         check(r.usage.prompt_tokens == 16, f"the prompt in Gemma's turns: {r.usage}")
         check(r.choices[0].finish_reason in ("stop", "length"), f"finished: {r.choices[0]!r}")
         check("<end_of_turn>" not in text, f"the end-of-turn token is not part of the text: {text!r}")
+
+
+def test_real_model_gemma_tools():
+    """Tool calling on a model whose chat format renders no tools (Gemma's built-in turns): the
+    definitions go into the system text, an earlier call and its result into ordinary turns that
+    alternate, and the reply, constrained by the tools' schemas, parses into valid tool_calls."""
+    model = Path(ARGS.model_dir) / "gemma-3-270m-q4_k_m.gguf"
+    if not model.exists():
+        raise Skip(f"{model} not found (scripts/fetch_model.sh --model gemma3-270m)")
+    info = json.loads(subprocess.run([ARGS.kallpa, "info", "--json", str(model)], capture_output=True,
+                                     text=True, check=True).stdout)
+    if not info["supported"]:
+        raise Skip(f"this build cannot run gemma3 yet: {info['unsupported_reason']}")
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
+                                         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"]}}}
+    with Server("real_model_gemma_tools", model=model) as s:
+        client = s.client()
+        history = [{"role": "system", "content": "You are a weather assistant."},
+                   {"role": "user", "content": "What is the weather in Lima?"},
+                   {"role": "assistant", "content": None, "tool_calls": [
+                       {"id": "call_1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Lima", "unit": "celsius"}'}}]},
+                   {"role": "tool", "tool_call_id": "call_1", "content": "19 degrees, cloudy"},
+                   {"role": "user", "content": "And in Paris?"}]
+        r = client.chat.completions.create(model=s.model_id, messages=history, tools=[weather], max_tokens=64,
+                                           tool_choice="required", parallel_tool_calls=False, temperature=0)
+        c = r.choices[0]
+        check(c.finish_reason == "tool_calls" and c.message.content is None and len(c.message.tool_calls) == 1,
+              f"one call: {c}")
+        args = json.loads(c.message.tool_calls[0].function.arguments)
+        check(c.message.tool_calls[0].function.name == "get_weather" and isinstance(args.get("city"), str)
+              and len(args["city"]) <= 24 and args.get("unit") in ("celsius", "fahrenheit"), f"arguments {args}")
 
 
 def test_device_opencl():

@@ -75,7 +75,7 @@ def real_model():
 def test_schema_corpus():
     """Every schema, greedy and sampled (two seeds), all at once (the scheduler batches them); then
     greedy again streamed, which must give the same text."""
-    with Server("structured_corpus", model=real_model()) as s:
+    with Server("structured_corpus", "--model-alias", "kallpa", model=real_model()) as s:
         client = s.client()
         jobs = []
         for name, prompt, schema in CORPUS:
@@ -99,7 +99,7 @@ def test_schema_corpus():
 
 
 def test_json_object_and_text():
-    with Server("structured_json_object", model=real_model()) as s:
+    with Server("structured_json_object", "--model-alias", "kallpa", model=real_model()) as s:
         client = s.client()
         for seed in (0, 1, 2):
             text, finish = ask(client, "Return a JSON object describing a cat: its name and age.", {"type": "json_object"},
@@ -121,7 +121,7 @@ def test_json_object_and_text():
 
 def test_bad_formats():
     """Refused with a 400 that names the part; no model needed beyond the fixture."""
-    with Server("structured_bad") as s:
+    with Server("structured_bad", "--model-alias", "kallpa") as s:
         chat = "/v1/chat/completions"
         base = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         cases = [

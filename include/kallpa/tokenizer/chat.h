@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kallpa/status.h"
@@ -20,9 +21,22 @@ namespace kallpa::tokenizer {
 inline constexpr std::string_view kSmolLM2DefaultSystemPrompt =
     "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 
+// A call of a tool (a function) that an assistant message made, as OpenAI's messages carry it.
+struct ChatToolCall {
+  std::string id;         // "call_..."
+  std::string name;       // the function's name
+  std::string arguments;  // the arguments: JSON text, as the client sent it
+};
+
 struct ChatMessage {
-  std::string role;  // "system", "user", "assistant", ...
+  ChatMessage() = default;
+  ChatMessage(std::string role_, std::string content_) : role(std::move(role_)), content(std::move(content_)) {}
+
+  std::string role;  // "system", "user", "assistant", "tool", ...
   std::string content;
+  std::vector<ChatToolCall> tool_calls;  // assistant: the calls it made (content may then be empty)
+  std::string tool_call_id;              // tool: the call this message answers
+  std::string name;                      // tool: the function that was called ("" when unknown)
 };
 
 struct ChatMlOptions {

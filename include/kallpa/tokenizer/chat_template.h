@@ -29,6 +29,22 @@ struct ChatTemplateInputs {
   bool add_generation_prompt = true;
   std::string bos_token;  // the vocabulary's BOS and EOS texts, as bos_token / eos_token
   std::string eos_token;
+  // The tools offered, as the template's `tools` variable (HF transformers' convention): a JSON
+  // array of {"type": "function", "function": {"name", "description", "parameters"}}. Empty: the
+  // variable is left undefined, as transformers leaves it without tools.
+  std::string tools_json;
+};
+
+// What a template does with tools, found by rendering probe conversations at parse time (the way
+// llama.cpp's minja finds a template's capabilities): a feature counts as supported when the probe's
+// marker text shows up in the output, so a template that ignores a variable, or raises on it, does
+// not support it.
+struct ChatToolSupport {
+  bool tools = false;             // renders the `tools` variable (the definitions the model sees)
+  bool tool_calls = false;        // renders an assistant message's tool_calls
+  bool tool_responses = false;    // renders a message of role "tool"
+  bool object_arguments = false;  // reads tool_calls[].function.arguments as an object, not a string
+  bool system_role = true;        // renders a system message's content
 };
 
 // The rendered prompt and the byte ranges of it that came from the messages.
@@ -51,6 +67,7 @@ class ChatTemplate {
   // raise_exception("Conversation roles must alternate ...").
   Result<RenderedChat> render(const ChatTemplateInputs& inputs) const;
   const std::string& source() const noexcept;
+  const ChatToolSupport& tool_support() const noexcept;
 
  private:
   struct Impl;
@@ -69,6 +86,8 @@ struct ChatFormat {
   ChatFormatKind kind = ChatFormatKind::chatml;
   std::shared_ptr<const ChatTemplate> file_template;  // kind == file_template
   ChatMlOptions chatml;                               // kind == chatml
+  // What the format does with tools; the built-in formats render none of them (system_role only).
+  ChatToolSupport tools;
   // "the file's tokenizer.chat_template", "built-in Gemma turns (the file has no chat template)", ...
   std::string description;
 };
@@ -83,15 +102,21 @@ RenderedChat render_gemma(std::span<const ChatMessage> messages, bool add_genera
 // ChatML (chat.h's layout), with message text marked in from_messages.
 RenderedChat render_chatml(std::span<const ChatMessage> messages, const ChatMlOptions& options);
 
-// The prompt text of a chat in the given format.
+// The prompt text of a chat in the given format. `tools_json` (a JSON array, see
+// ChatTemplateInputs) reaches a file template only; an assistant message's tool_calls and a tool
+// message's fields reach it as transformers passes them (arguments as an object or as the JSON
+// text, whichever the template reads: tool_support().object_arguments). The built-in formats
+// render role and content only: a caller rewrites tool messages for them (docs/tools.md).
 Result<RenderedChat> render_chat(const Tokenizer& tokenizer, const ChatFormat& format,
-                                 std::span<const ChatMessage> messages, bool add_generation_prompt = true);
+                                 std::span<const ChatMessage> messages, bool add_generation_prompt = true,
+                                 std::string_view tools_json = {});
 
 // The prompt's token ids: the rendered text encoded with special tokens read only outside the
 // messages' text, and BOS prepended when the vocabulary asks for it (add_bos) and the template did
 // not write it.
 Result<std::vector<TokenId>> encode_chat(const Tokenizer& tokenizer, const ChatFormat& format,
-                                         std::span<const ChatMessage> messages, bool add_generation_prompt = true);
+                                         std::span<const ChatMessage> messages, bool add_generation_prompt = true,
+                                         std::string_view tools_json = {});
 
 // The format for a model: its template when there is one and it parses; else Gemma's turns when the
 // architecture is gemma* or the vocabulary has <start_of_turn>; else ChatML (SmolLM2's defaults).
