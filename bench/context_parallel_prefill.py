@@ -29,7 +29,7 @@ def prompt_text(kallpa, model, tokens):
     while True:
         text += f"{i}. {PARAGRAPHS[i % len(PARAGRAPHS)]} "
         i += 1
-        if i % 40 == 0:
+        if i % 8 == 0:
             r = subprocess.run([kallpa, "tokenize", "--json", "-m", model, text], capture_output=True, text=True,
                                check=True)
             if r.stdout.count('"id"') >= tokens:
@@ -39,10 +39,18 @@ def prompt_text(kallpa, model, tokens):
 def run(cmd, env):
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
-        sys.exit(f"{' '.join(cmd[:6])} ... exited {r.returncode}:\n{r.stderr[-2000:]}")
+        sys.exit(f"{cmd[0]} ... exited {r.returncode}:\n{r.stderr[-2000:]}")
     m = re.search(r"\[(\d+) prompt tokens in ([\d.]+) s", r.stderr)
     wait = re.search(r"prefill waited ([\d.]+) s on transfers", r.stderr)
     return int(m.group(1)), float(m.group(2)), float(wait.group(1)) if wait else 0.0
+
+
+def decode_rate(cmd, env):
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"{cmd[0]} ... exited {r.returncode}:\n{r.stderr[-2000:]}")
+    m = re.search(r"(\d+) generated in ([\d.]+) s", r.stderr)
+    return int(m.group(1)), float(m.group(2))
 
 
 def main():
@@ -52,13 +60,15 @@ def main():
     ap.add_argument("--tokens", type=int, default=4000)
     ap.add_argument("--cores", type=int, default=os.cpu_count())
     ap.add_argument("--ranks", default="1,2,4")
+    ap.add_argument("--decode-tokens", type=int, default=64)
     args = ap.parse_args()
     prompt = prompt_text(args.kallpa, args.model, args.tokens)
     gen = [args.kallpa, "generate", "-m", args.model, "-p", prompt, "--temp", "0", "-n", "1",
-           "--context", str(args.tokens + 256)]
+           "--context", "8192"]
     mpirun = ["mpirun", "--oversubscribe", "--mca", "btl_vader_single_copy_mechanism", "none"]
     if os.geteuid() == 0:
         mpirun.append("--allow-run-as-root")
+    print(f"load average before: {os.getloadavg()}")
     rows = []
     for threads in sorted({args.cores, 1}, reverse=True):
         env = dict(os.environ, KALLPA_THREADS=str(threads))
@@ -74,6 +84,21 @@ def main():
     for name, n, secs, wait in rows:
         share = f"{wait:.2f} s ({100 * wait / secs:.1f}%)" if wait else "-"
         print(f"| {name} | {n} | {secs:.2f} | {n / secs:.0f} | {base / secs:.2f}x | {share} |")
+    # Decode steps after a short prompt: every rank runs the token's row, plus an all-gather of the
+    # partial attention per layer.
+    short = [args.kallpa, "generate", "-m", args.model, "-p", "Count: 1, 2, 3, 4, 5, 6,", "--temp", "0", "-n",
+             str(args.decode_tokens)]
+    print()
+    print("| run | generated | decode s | tok/s |")
+    print("| --- | ---: | ---: | ---: |")
+    for threads in sorted({args.cores, 1}, reverse=True):
+        n, secs = decode_rate(short, dict(os.environ, KALLPA_THREADS=str(threads)))
+        print(f"| 1 process, {threads} thread(s) | {n} | {secs:.2f} | {n / secs:.1f} |")
+    for ranks in [int(x) for x in args.ranks.split(",") if int(x) > 1]:
+        n, secs = decode_rate(mpirun + ["-np", str(ranks)] + short + ["--context-parallel"],
+                              dict(os.environ, KALLPA_THREADS="1"))
+        print(f"| {ranks} ranks x 1 thread | {n} | {secs:.2f} | {n / secs:.1f} |")
+    print(f"load average after: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

@@ -161,9 +161,17 @@ Status MpiComm::wait(MPI_Request* request, int peer, std::string_view what) {
                          fmt::format("rank {}: no {} with rank {} within {} s: rank {} died or stalls", rank_, what,
                                      peer, timeout_.count(), peer)));
     }
-    // A rank that spins would take the core its peers compute on when ranks share a machine.
-    std::this_thread::sleep_for(pause);
-    if (pause < std::chrono::microseconds(1000)) pause *= 2;
+    // The first moments of a wait yield rather than sleep: a short message (a decode step's partial
+    // result) is usually a few microseconds away, and a sleep costs at least the timer slack. After
+    // that a rank sleeps, since one that spins would take the core its peers compute on when ranks
+    // share a machine; but never long, as MPI moves a large message's fragments only while some
+    // call (this MPI_Test) drives its progress.
+    if (now - start < std::chrono::microseconds(1000)) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(pause);
+      if (pause < std::chrono::microseconds(50)) pause *= 2;
+    }
   }
   wait_seconds_.store(wait_seconds() + std::chrono::duration<double>(clock::now() - start).count(),
                       std::memory_order_relaxed);
