@@ -222,8 +222,8 @@ int run_generate(const GenerateCliOptions& o, const GlobalOptions& global) {
   if (group != nullptr) {
     const double before = group->wait_seconds();
     auto inner = std::move(gen.on_token);
-    bool first = true;
-    gen.on_token = [&, before, inner = std::move(inner)](std::int32_t token, std::span<const float> logits) mutable {
+    gen.on_token = [&prefill_wait, group, before, first = true, inner = std::move(inner)](
+                       std::int32_t token, std::span<const float> logits) mutable {
       if (first) prefill_wait = group->wait_seconds() - before;
       first = false;
       if (inner) inner(token, logits);
