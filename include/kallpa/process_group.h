@@ -1,9 +1,11 @@
 // The processes one run spans: the ranks of an MPI job (`mpirun -np N kallpa ...`). A backend that
 // carries work across processes (ring, docs/scale-out.md) installs its group at load time; the
 // front ends use it through this interface to print once and to check that every rank was started
-// alike, without naming the transport.
+// alike, and the model spreads one sequence over it (context parallelism), without naming the
+// transport.
 #pragma once
 
+#include <cstddef>
 #include <string_view>
 
 #include "kallpa/status.h"
@@ -24,6 +26,20 @@ class ProcessGroup {
   // naming the first rank whose text differs from rank 0's. Also fails (naming the rank) when a
   // rank does not join within the group's deadline.
   virtual Status agree(std::string_view what, std::string_view text) noexcept = 0;
+
+  // The collectives of a computation spread over the ranks (context-parallel generation,
+  // docs/scale-out.md). Every rank makes the same calls in the same order with the same sizes;
+  // each wait has the group's deadline, and a rank that does not answer in time is named in the
+  // error (backend_failure), after which the group is broken and every later call fails at once.
+  //
+  // All-gather: every rank passes `bytes` bytes at `mine`; `all` (size() * bytes) receives rank k's
+  // at offset k * bytes, its own included. `mine` and `all` must not overlap.
+  virtual Status all_gather(const void* mine, std::size_t bytes, void* all) noexcept = 0;
+  // Broadcast: rank `root`'s `bytes` bytes at `data` replace every other rank's.
+  virtual Status broadcast(void* data, std::size_t bytes, int root) noexcept = 0;
+  // Seconds this rank has spent waiting on the group's transfers since it started: the time
+  // communication (and waiting for slower ranks) adds to a computation, not hidden behind it.
+  virtual double wait_seconds() const noexcept = 0;
 };
 
 // The process group of this run, or nullptr when it is a single process.

@@ -285,7 +285,9 @@ Status LlamaModel::attention_block(std::size_t l, ops::KvCache& cache, Dispatche
   if (!(s = ops.rope_ext(q, positions_, c.n_head, c.head_dim, c.n_rot, rope)) ||
       !(s = ops.rope_ext(k, positions_, c.n_head_kv, c.head_dim, c.n_rot, rope)) ||
       !(s = cache.write_rows(static_cast<std::int32_t>(l), kv_slots_, k, v)) || !(s = ops.finish()) ||
-      !(s = attention(static_cast<std::int32_t>(l), cache, dispatcher)) ||
+      !(s = cp_ == CpStep::prefill  ? prefill_attention_cp(static_cast<std::int32_t>(l), cache, dispatcher)
+            : cp_ == CpStep::decode ? decode_attention_cp(static_cast<std::int32_t>(l), cache, dispatcher)
+                                    : attention(static_cast<std::int32_t>(l), cache, dispatcher)) ||
       !(s = ops.matmul(L.wo, att_.get(), total, tmp, decode_rows))) {
     return s;
   }

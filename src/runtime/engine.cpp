@@ -95,13 +95,17 @@ std::map<std::string, std::uint64_t> Engine::op_fallbacks() const {
   return fallback != nullptr ? fallback->fallbacks() : std::map<std::string, std::uint64_t>{};
 }
 
-Session::Session(Engine& engine, SamplingParams sampling)
-    : engine_(&engine), sampler_(sampling), seq_(engine.cache().add_sequence()) {}
+Session::Session(Engine& engine, SamplingParams sampling, ProcessGroup* context_parallel)
+    : engine_(&engine),
+      sampler_(sampling),
+      seq_(engine.cache().add_sequence()),
+      group_(context_parallel != nullptr && context_parallel->size() > 1 ? context_parallel : nullptr) {}
 
 Session::~Session() { engine_->cache().remove(seq_); }
 
 void Session::reset() {
   engine_->cache().truncate(seq_, 0);
+  shard_keys_ = 0;
   tokens_.clear();
   logits_.clear();
   sampler_.reset();
@@ -109,12 +113,52 @@ void Session::reset() {
 
 void Session::rewind(std::int64_t position) {
   position = std::clamp<std::int64_t>(position, 0, this->position());
+  if (group_ != nullptr && position < this->position()) {
+    // A shard holds keys of scattered positions: only the start is a place to cut every shard alike.
+    engine_->cache().truncate(seq_, 0);
+    shard_keys_ = 0;
+    tokens_.clear();
+    logits_.clear();
+    return;
+  }
   position = engine_->cache().truncate(seq_, position);
   tokens_.resize(static_cast<std::size_t>(position));
   logits_.clear();
 }
 
+Status Session::feed_context_parallel(std::span<const std::int32_t> tokens) {
+  model::LlamaModel& model = engine_->model();
+  const bool rank0 = group_->rank() == 0;
+  logits_.resize(rank0 ? static_cast<std::size_t>(engine_->config().vocab_size) : 0);
+  float* logits = rank0 ? logits_.data() : nullptr;
+  std::size_t done = 0;
+  if (position() == 0 && !tokens.empty()) {
+    Status s = model.prefill_context_parallel(seq_, tokens, engine_->cache(), engine_->dispatcher(), *group_, logits,
+                                              &shard_keys_);
+    if (!s) {
+      engine_->cache().truncate(seq_, 0);
+      shard_keys_ = 0;
+      logits_.clear();
+      return s;
+    }
+    tokens_.assign(tokens.begin(), tokens.end());
+    done = tokens.size();
+  }
+  for (; done < tokens.size(); ++done) {
+    Status s = model.decode_context_parallel(seq_, tokens[done], position(), engine_->cache(), engine_->dispatcher(),
+                                             *group_, logits, &shard_keys_);
+    if (!s) {
+      engine_->cache().truncate(seq_, shard_keys_);  // the failed step never happened
+      logits_.clear();
+      return s;
+    }
+    tokens_.push_back(tokens[done]);
+  }
+  return {};
+}
+
 Status Session::feed(std::span<const std::int32_t> tokens) {
+  if (group_ != nullptr) return feed_context_parallel(tokens);
   const std::int64_t chunk = std::max<std::int64_t>(1, engine_->options().prefill_chunk);
   const std::int64_t vocab = engine_->config().vocab_size;
   for (std::size_t done = 0; done < tokens.size();) {
@@ -143,9 +187,23 @@ Status Session::feed(std::span<const std::int32_t> tokens) {
 }
 
 Result<std::int32_t> Session::sample(std::span<const std::uint32_t> allowed) {
-  if (logits_.empty()) return Status(ErrorCode::invalid_argument, "session", "no logits yet: feed a prompt first");
-  scratch_ = logits_;  // the repetition penalty and the mask edit their input
-  return sampler_.sample(scratch_, tokens_, allowed);
+  if (group_ != nullptr && group_->rank() != 0) {
+    // Rank 0 samples; every other rank takes its token (-1: rank 0 failed, and says why itself).
+    std::int32_t token = -1;
+    if (Status s = group_->broadcast(&token, sizeof token, 0); !s) return s;
+    if (token < 0) return Status(ErrorCode::backend_failure, "session", "rank 0 could not sample the next token");
+    return token;
+  }
+  Result<std::int32_t> next = Status(ErrorCode::invalid_argument, "session", "no logits yet: feed a prompt first");
+  if (!logits_.empty()) {
+    scratch_ = logits_;  // the repetition penalty and the mask edit their input
+    next = sampler_.sample(scratch_, tokens_, allowed);
+  }
+  if (group_ != nullptr) {
+    std::int32_t token = next ? *next : -1;
+    if (Status s = group_->broadcast(&token, sizeof token, 0); !s) return s;
+  }
+  return next;
 }
 
 std::size_t held_back(std::string_view text, const std::vector<std::string>& stops) {

@@ -22,6 +22,7 @@
 #include "cli.h"
 #include "engine_cli.h"
 #include "kallpa/model/gguf_tokenizer.h"
+#include "kallpa/process_group.h"
 #include "kallpa/runtime/engine.h"
 #include "model_path.h"
 #include "output.h"
@@ -108,6 +109,8 @@ struct GenerateCliOptions {
   std::string json_schema_file;  // --json-schema FILE
   std::string grammar_file;      // --grammar FILE (EBNF)
   bool json = false;             // --json: any JSON object
+  // --context-parallel: under mpirun, the sequence is spread over the ranks (docs/scale-out.md).
+  bool context_parallel = false;
 };
 
 // The grammar the options ask for (null when none), compiled against the engine's vocabulary.
@@ -163,13 +166,18 @@ int run_generate(const GenerateCliOptions& o, const GlobalOptions& global) {
   int code = kExitOk;
   auto engine = load_for_sampling(o.engine, o.sampling, global, &params, &code);
   if (!engine) return code;
+  // Context parallel: rank 0 prints; the other ranks compute their share in silence.
+  ProcessGroup* group = o.context_parallel ? process_group() : nullptr;
+  if (group != nullptr && group->size() < 2) group = nullptr;
+  const bool quiet = o.quiet || (group != nullptr && group->rank() != 0);
+  const bool silent = group != nullptr && group->rank() != 0;
   Result<std::vector<std::int32_t>> prompt = std::vector<std::int32_t>{};
   if (o.chat) {
     std::vector<tokenizer::ChatMessage> messages;
     if (!o.system.empty()) messages.push_back({"system", o.system});
     messages.push_back({"user", o.prompt});
     prompt = tokenizer::encode_chat(engine->tokenizer(), engine->chat_format(), messages);
-    if (!o.quiet && engine->chat_format().kind != tokenizer::ChatFormatKind::file_template) {
+    if (!quiet && engine->chat_format().kind != tokenizer::ChatFormatKind::file_template) {
       fmt::print(stderr, "[chat prompt in {}]\n", engine->chat_format().description);
     }
   } else {
@@ -184,7 +192,7 @@ int run_generate(const GenerateCliOptions& o, const GlobalOptions& global) {
     print_error("structured output", grammar.status());
     return grammar.status().code() == ErrorCode::unsupported ? kExitFailure : kExitUsage;
   }
-  runtime::Session session(*engine, params);
+  runtime::Session session(*engine, params, group);
   runtime::GenerateOptions gen;
   gen.max_tokens = o.sampling.max_tokens;
   gen.stop = o.stop;
@@ -196,7 +204,9 @@ int run_generate(const GenerateCliOptions& o, const GlobalOptions& global) {
   // The step counter outlives the generation, which calls on_token by reference to it.
   const tokenizer::Tokenizer& tok = engine->tokenizer();
   std::int64_t step = 0;
-  if (o.logits_top > 0) {
+  if (silent) {
+    on_text = {};
+  } else if (o.logits_top > 0) {
     // One JSON object per line and step; the text itself is not printed.
     gen.on_token = [&](std::int32_t token, std::span<const float> logits) {
       nlohmann::json line = top_logits(tok, token, logits, o.logits_top);
@@ -207,14 +217,35 @@ int run_generate(const GenerateCliOptions& o, const GlobalOptions& global) {
     };
     on_text = {};
   }
+  // The transfers' share of the prefill: the group's wait time when the first token is sampled.
+  double prefill_wait = 0.0;
+  if (group != nullptr) {
+    const double before = group->wait_seconds();
+    auto inner = std::move(gen.on_token);
+    gen.on_token = [&prefill_wait, group, before, first = true, inner = std::move(inner)](
+                       std::int32_t token, std::span<const float> logits) mutable {
+      if (first) prefill_wait = group->wait_seconds() - before;
+      first = false;
+      if (inner) inner(token, logits);
+    };
+  }
   auto result = runtime::generate(session, *prompt, gen, on_text);
   if (!result) {
-    if (o.logits_top == 0) std::fputc('\n', stdout);
-    print_error("generation failed", result.status());
+    if (o.logits_top == 0 && !silent) std::fputc('\n', stdout);
+    const std::string what =
+        group != nullptr ? fmt::format("rank {}: generation failed", group->rank()) : std::string("generation failed");
+    print_error(what, result.status());
     return result.status().code() == ErrorCode::invalid_argument ? kExitUsage : kExitFailure;
   }
-  if (o.logits_top == 0) std::fputc('\n', stdout);
-  if (!o.quiet) print_summary(*engine, *result);
+  if (o.logits_top == 0 && !silent) std::fputc('\n', stdout);
+  if (!quiet) {
+    print_summary(*engine, *result);
+    if (group != nullptr) {
+      fmt::print(stderr, "[context parallel over {} ranks ({}): prefill waited {:.3f} s on transfers ({:.1f}%)]\n",
+                 group->size(), group->transport(), prefill_wait,
+                 result->prefill_seconds > 0 ? 100.0 * prefill_wait / result->prefill_seconds : 0.0);
+    }
+  }
   return kExitOk;
 }
 
@@ -411,6 +442,9 @@ Command add_generate_command(CLI::App& app) {
                                   "Structured output: the text follows the EBNF grammar in FILE (xgrammar's "
                                   "dialect, root rule 'root')");
   auto* json = sub->add_flag("--json", o->json, "Structured output: the text is one JSON object");
+  sub->add_flag("--context-parallel", o->context_parallel,
+                "Under mpirun: spread the prompt's prefill and the KV cache over the ranks; rank 0 samples and "
+                "prints (docs/scale-out.md). Alone, an ordinary run");
   schema->excludes(grammar)->excludes(json);
   grammar->excludes(json);
   add_engine_options(sub, o->engine);

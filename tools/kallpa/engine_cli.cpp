@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 
+#include "kallpa/model/gguf.h"
+#include "kallpa/process_group.h"
 #include "model_path.h"
 #include "output.h"
 
@@ -82,6 +84,30 @@ class LoadIndicator {
   std::thread thread_;  // last: starts after everything it reads
 };
 
+// What identifies a model file across the ranks of a job: its size and its whole header (metadata,
+// tokenizer, and the tensor table with every tensor's name, type, shape and offset). Another
+// model, quantization, conversion or a truncated copy changes one of them; reading the weights
+// themselves would cost every rank a pass over the whole file at each start.
+std::string model_file_identity(const std::string& path) {
+  auto file = model::GgufFile::open(path);
+  if (!file) return "unreadable: " + file.status().to_string();
+  const model::GgufFile& f = **file;
+  std::string identity = fmt::format("{} bytes|", f.file_size());
+  if (f.base() != nullptr) {
+    identity.append(reinterpret_cast<const char*>(f.base()), static_cast<std::size_t>(f.data_offset()));
+  }
+  return identity;
+}
+
+// Under mpirun every rank must run the same model, or the ranks' shares of one computation would
+// not fit together: the ranks compare their files' identities before loading, naming the rank
+// whose file differs from rank 0's.
+Status agree_on_model_file(const std::string& path) {
+  ProcessGroup* group = process_group();
+  if (group == nullptr || group->size() < 2) return {};
+  return group->agree("model file", model_file_identity(path));
+}
+
 }  // namespace
 
 void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
@@ -145,6 +171,11 @@ std::unique_ptr<runtime::Engine> load_engine(const EngineCliOptions& o, const Gl
     return nullptr;
   }
   options.attention = *dispatch;
+  if (Status s = agree_on_model_file(options.model_path); !s) {
+    print_error("", s);
+    *code = kExitUsage;
+    return nullptr;
+  }
   options.cache.max_tokens = o.context;
   options.device = o.device;
   options.strict_device = global.strict;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kallpa/dispatcher.h"
@@ -20,6 +21,7 @@
 #include "kallpa/ops/ops.h"
 #include "kallpa/ops/quant.h"
 #include "kallpa/ops/scratch.h"
+#include "kallpa/process_group.h"
 
 namespace kallpa::model {
 
@@ -73,6 +75,43 @@ class LlamaModel {
   // order is one decision, the batch builder's.
   Status forward(std::span<const ForwardItem> items, ops::KvCache& cache, Dispatcher& attention, float* logits);
 
+  // Context parallelism (docs/scale-out.md): one sequence spread over the ranks of `group`. Each
+  // rank's cache sequence `seq` holds its shard of the keys, in the order it stored them: a key's
+  // position lives only in the rotation already applied to it, which is all causal attention needs
+  // once the rows see the right keys. Both calls are collective: every rank makes them alike, in
+  // the same order, and each reserves its own shard's room in `cache` (out_of_memory "kv_cache"
+  // when it has none left). The model needs no window (a sliding window would need the shards'
+  // positions): unsupported otherwise.
+  //
+  // The prompt (the same on every rank, positions [0, prompt.size())) in 2N chunks: rank r runs
+  // chunks r and 2N-1-r through every layer (the matrix products split N ways; the pairs even out
+  // the causal attention's work), and the K/V of every rank's rows reach every rank by an
+  // all-gather per layer, in the cache's storage type, for its rows' attention. Each rank keeps
+  // its own rows' K/V. The cache sequence must be empty. Rank 0, which holds the last chunk,
+  // writes the last token's logits (vocab_size floats) to `logits`; other ranks may pass null.
+  // `*shard_keys` receives how many keys this rank's shard holds.
+  Status prefill_context_parallel(ops::SeqId seq, std::span<const std::int32_t> prompt, ops::KvCache& cache,
+                                  Dispatcher& attention, ProcessGroup& group, float* logits, std::int64_t* shard_keys);
+  // One decode step at `position` (the tokens before it went through prefill_context_parallel and
+  // this call): every rank computes the token's q/k/v (one row, replicated), the rank
+  // context_parallel_owner() names stores its K/V, each rank attends over its shard, and the
+  // partial outputs merge by log-sum-exp (an all-gather of rows x heads x (Dv + 1) floats per
+  // layer, merged in rank order, so every rank gets the same numbers). Rank 0 writes the logits.
+  // `*shard_keys`: the keys this rank's shard holds, before the call and (updated) after it.
+  Status decode_context_parallel(ops::SeqId seq, std::int32_t token, std::int64_t position, ops::KvCache& cache,
+                                 Dispatcher& attention, ProcessGroup& group, float* logits, std::int64_t* shard_keys);
+  // The rank that keeps the K/V of a decode step at `position`, round-robin so that the shards
+  // grow evenly.
+  static int context_parallel_owner(std::int64_t position, int ranks) noexcept {
+    return static_cast<int>(position % ranks);
+  }
+  // Rows [begin, end) of the prompt's chunk `chunk` of 2 * ranks.
+  static std::pair<std::int64_t, std::int64_t> context_parallel_chunk(std::int64_t prompt_tokens, int chunk,
+                                                                      int ranks) noexcept {
+    const std::int64_t parts = 2 * std::int64_t{ranks};
+    return {prompt_tokens * chunk / parts, prompt_tokens * (chunk + 1) / parts};
+  }
+
  private:
   struct Layer {
     ops::WeightMatrix attn_norm;       // 1 x n_embd f32
@@ -87,6 +126,14 @@ class LlamaModel {
   // layer, so built once per forward pass.
   void plan_attention(std::span<const ForwardItem> items, const ops::KvCache& cache);
   Status attention(std::int32_t layer, const ops::KvCache& cache, Dispatcher& dispatcher);
+  // The context-parallel attention steps (context_parallel.cpp), run by attention_block in place
+  // of attention() while cp_ is set.
+  enum class CpStep { none, prefill, decode };
+  Status check_context_parallel(const ops::KvCache& cache, ops::SeqId seq) const;
+  Status prefill_attention_cp(std::int32_t layer, const ops::KvCache& cache, Dispatcher& dispatcher);
+  Status decode_attention_cp(std::int32_t layer, const ops::KvCache& cache, Dispatcher& dispatcher);
+  // The logits of one row of x (`decode`: a decode step's row, with its cheaper activations).
+  Status output_head(std::int64_t row, bool decode, float* logits);
   Status attention_block(std::size_t layer, ops::KvCache& cache, Dispatcher& dispatcher, std::int64_t total,
                          std::int64_t decode_rows);
   Status ffn_block(std::size_t layer, std::int64_t total, std::int64_t decode_rows);
@@ -106,6 +153,15 @@ class LlamaModel {
   std::vector<std::int32_t> tokens_, positions_, cu_q_, block_table_, seqlens_k_;
   std::vector<std::int64_t> kv_slots_, wanted_rows_;  // cache slot of each row; rows whose logits are wanted
   std::int32_t max_blocks_ = 0;
+
+  // Context parallelism: the step under way, its group and geometry, and its buffers.
+  CpStep cp_ = CpStep::none;
+  ProcessGroup* group_ = nullptr;
+  std::int64_t cp_prompt_ = 0;    // prefill: prompt tokens
+  std::int64_t cp_max_rows_ = 0;  // prefill: the most rows any rank holds (all-gather's stride)
+  std::vector<std::byte> cp_send_, cp_all_, cp_keys_, cp_values_;  // storage-type K/V rows
+  std::vector<float> cp_partial_, cp_partials_, lse_;
+  std::vector<std::int32_t> cp_cu_q_, cp_seqlens_k_, cp_table_;
 };
 
 }  // namespace kallpa::model

@@ -19,6 +19,7 @@
 #include "kallpa/observer.h"
 #include "kallpa/ops/kv_cache.h"
 #include "kallpa/ops/ops.h"
+#include "kallpa/process_group.h"
 #include "kallpa/runtime/grammar.h"
 #include "kallpa/runtime/sampler.h"
 #include "kallpa/tokenizer/chat.h"
@@ -85,9 +86,16 @@ class Engine {
 
 // One conversation's state: a sequence in the engine's KV cache, the tokens so far, the sampler
 // and the logits of the last token. One thread at a time.
+//
+// Context parallelism (docs/scale-out.md): given a process group of more than one rank, the
+// session's sequence is spread over the ranks. Every rank makes the same calls in the same order.
+// A prompt fed to an empty session is split over the ranks (LlamaModel::prefill_context_parallel);
+// every later token, and every token of a later feed, is a decode step whose K/V one rank keeps
+// (decode_context_parallel). Only rank 0 has logits: it samples, and sample() hands its token to
+// every rank. rewind() goes back to the start, as the shards keep no positions to cut at.
 class Session {
  public:
-  Session(Engine& engine, SamplingParams sampling);
+  Session(Engine& engine, SamplingParams sampling, ProcessGroup* context_parallel = nullptr);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -107,16 +115,23 @@ class Session {
 
   std::int64_t position() const noexcept { return static_cast<std::int64_t>(tokens_.size()); }
   const std::vector<std::int32_t>& tokens() const noexcept { return tokens_; }
+  // Empty on ranks other than 0 of a context-parallel session.
   std::span<const float> logits() const noexcept { return logits_; }
+  // The group the sequence is spread over (null: this process alone).
+  ProcessGroup* context_parallel() const noexcept { return group_; }
   Engine& engine() noexcept { return *engine_; }
   // The session's sequence in the engine's KV cache, for callers that batch several sessions'
   // tokens into one LlamaModel::forward themselves (feed() and sample() then no longer apply).
   ops::SeqId seq() const noexcept { return seq_; }
 
  private:
+  Status feed_context_parallel(std::span<const std::int32_t> tokens);
+
   Engine* engine_;
   Sampler sampler_;
   ops::SeqId seq_;
+  ProcessGroup* group_ = nullptr;  // set only for a group of more than one rank
+  std::int64_t shard_keys_ = 0;    // keys this rank's shard holds
   std::vector<std::int32_t> tokens_;
   std::vector<float> logits_;
   std::vector<float> scratch_;

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +39,8 @@ std::string mpi_error(int code) {
 
 constexpr int kAgreeTag = 30001;
 constexpr int kVerdictTag = 30002;
+constexpr int kAllGatherTag = 40000;  // + step
+constexpr int kBroadcastTag = 50000;
 
 std::atomic<bool> g_skip_finalize{false};
 
@@ -158,9 +161,17 @@ Status MpiComm::wait(MPI_Request* request, int peer, std::string_view what) {
                          fmt::format("rank {}: no {} with rank {} within {} s: rank {} died or stalls", rank_, what,
                                      peer, timeout_.count(), peer)));
     }
-    // A rank that spins would take the core its peers compute on when ranks share a machine.
-    std::this_thread::sleep_for(pause);
-    if (pause < std::chrono::microseconds(1000)) pause *= 2;
+    // The first moments of a wait yield rather than sleep: a short message (a decode step's partial
+    // result) is usually a few microseconds away, and a sleep costs at least the timer slack. After
+    // that a rank sleeps, since one that spins would take the core its peers compute on when ranks
+    // share a machine; but never long, as MPI moves a large message's fragments only while some
+    // call (this MPI_Test) drives its progress.
+    if (now - start < std::chrono::microseconds(1000)) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(pause);
+      if (pause < std::chrono::microseconds(50)) pause *= 2;
+    }
   }
   wait_seconds_.store(wait_seconds() + std::chrono::duration<double>(clock::now() - start).count(),
                       std::memory_order_relaxed);
@@ -222,6 +233,57 @@ Status MpiComm::agree(std::string_view what, std::string_view text) noexcept {
     return Status::ok();
   } catch (...) {
     return Status(ErrorCode::out_of_memory, std::string(what), "out of memory");
+  }
+}
+
+Status MpiComm::all_gather(const void* mine, std::size_t bytes, void* all) noexcept {
+  try {
+    if (Status s = start(); !s) return s;
+    std::lock_guard lock(collective_mu_);
+    auto* out = static_cast<std::byte*>(all);
+    const auto block = [&](int k) { return out + static_cast<std::size_t>(k) * bytes; };
+    if (bytes > 0) std::memcpy(block(rank_), mine, bytes);
+    const int left = (rank_ + size_ - 1) % size_, right = (rank_ + 1) % size_;
+    // Step s passes on block r - s (this rank's own at s = 0, then what arrived at step s - 1) and
+    // takes block r - s - 1 from the left.
+    for (int s = 0; s + 1 < size_; ++s) {
+      const int send_block = (rank_ - s + 2 * size_) % size_, recv_block = (rank_ - s - 1 + 2 * size_) % size_;
+      MPI_Request recv = MPI_REQUEST_NULL, send = MPI_REQUEST_NULL;
+      if (Status st = irecv(block(recv_block), bytes, left, kAllGatherTag + s, &recv); !st) return st;
+      if (Status st = isend(block(send_block), bytes, right, kAllGatherTag + s, &send); !st) return st;
+      if (Status st = wait(&recv, left, "all-gather block"); !st) return st;
+      if (Status st = wait(&send, right, "all-gather hand-over"); !st) return st;
+    }
+    return Status::ok();
+  } catch (...) {
+    return Status(ErrorCode::out_of_memory, "process group", "out of memory");
+  }
+}
+
+Status MpiComm::broadcast(void* data, std::size_t bytes, int root) noexcept {
+  try {
+    if (root < 0 || root >= size_) {
+      return Status::invalid("root", fmt::format("rank {} is not in a group of {}", root, size_));
+    }
+    if (Status s = start(); !s) return s;
+    std::lock_guard lock(collective_mu_);
+    if (rank_ != root) {
+      MPI_Request recv = MPI_REQUEST_NULL;
+      if (Status s = irecv(data, bytes, root, kBroadcastTag, &recv); !s) return s;
+      return wait(&recv, root, "broadcast");
+    }
+    std::vector<MPI_Request> sends(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
+    for (int k = 0; k < size_; ++k) {
+      if (k == root) continue;
+      if (Status s = isend(data, bytes, k, kBroadcastTag, &sends[static_cast<std::size_t>(k)]); !s) return s;
+    }
+    for (int k = 0; k < size_; ++k) {
+      if (k == root) continue;
+      if (Status s = wait(&sends[static_cast<std::size_t>(k)], k, "broadcast hand-over"); !s) return s;
+    }
+    return Status::ok();
+  } catch (...) {
+    return Status(ErrorCode::out_of_memory, "process group", "out of memory");
   }
 }
 

@@ -34,6 +34,11 @@ class MpiComm final : public ProcessGroup {
   int size() const noexcept override { return size_; }
   std::string_view transport() const noexcept override { return "mpi"; }
   Status agree(std::string_view what, std::string_view text) noexcept override;
+  // Round the ring (size - 1 steps, each passing one rank's bytes to the right), the pattern whose
+  // cost docs/scale-out.md models: every rank sends and receives (size - 1) * bytes.
+  Status all_gather(const void* mine, std::size_t bytes, void* all) noexcept override;
+  // Straight from the root to each rank: meant for a few bytes (a sampled token).
+  Status broadcast(void* data, std::size_t bytes, int root) noexcept override;
 
   // Starts MPI once per process (MPI_Init_thread, the communicator, the error handler); cheap after.
   Status start();
@@ -48,7 +53,7 @@ class MpiComm final : public ProcessGroup {
   // The first failure, once the communicator is broken; empty while it works.
   std::string broken() const;
   // Seconds spent waiting on transfers since the process started (the communication share).
-  double wait_seconds() const noexcept { return wait_seconds_.load(std::memory_order_relaxed); }
+  double wait_seconds() const noexcept override { return wait_seconds_.load(std::memory_order_relaxed); }
 
  private:
   MpiComm();
@@ -58,6 +63,7 @@ class MpiComm final : public ProcessGroup {
   int size_ = 1;
   std::chrono::duration<double> timeout_{60.0};
   std::mutex start_mu_;
+  std::mutex collective_mu_;  // one group collective at a time, so that their messages pair in order
   bool started_ = false;
   MPI_Comm comm_ = MPI_COMM_NULL;
   mutable std::mutex broken_mu_;
