@@ -103,19 +103,8 @@ Status LlamaModel::prefill_context_parallel(ops::SeqId seq, std::span<const std:
   for (std::int64_t i = 0; i < local; ++i) kv_slots_.push_back(cache.slot(table, i));
 
   ops::Ops& ops = *ops_;
-  const std::int64_t rows = std::max<std::int64_t>(local, 1);
-  const std::int64_t embd = config_.n_embd, qd = config_.q_dim(), kvd = config_.kv_dim(), ff = config_.n_ff;
-  for (auto [buffer, floats, what] : {std::tuple{&x_, rows * embd, "x"},
-                                      {&h_, rows * embd, "h"},
-                                      {&q_, rows * qd, "q"},
-                                      {&k_, rows * kvd, "k"},
-                                      {&v_, rows * kvd, "v"},
-                                      {&att_, rows * qd, "att"},
-                                      {&gate_, rows * ff, "gate"},
-                                      {&up_, rows * ff, "up"},
-                                      {&tmp_, rows * std::max(embd, qd), "tmp"}}) {
-    if (Status s = buffer->reserve(ops, floats, what); !s) return s;
-  }
+  const std::int64_t embd = config_.n_embd;
+  if (Status s = reserve_step_buffers(std::max<std::int64_t>(local, 1)); !s) return s;
   cp_ = CpStep::prefill;
   group_ = &group;
   cp_prompt_ = total;

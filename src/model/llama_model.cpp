@@ -154,6 +154,23 @@ Result<std::unique_ptr<ops::KvCache>> LlamaModel::make_cache(ops::KvCacheOptions
                               static_cast<std::int32_t>(config_.head_dim), options, ops_);
 }
 
+Status LlamaModel::reserve_step_buffers(std::int64_t rows) {
+  ops::Ops& ops = *ops_;
+  const std::int64_t embd = config_.n_embd, qd = config_.q_dim(), kvd = config_.kv_dim(), ff = config_.n_ff;
+  for (auto [buffer, floats, what] : {std::tuple{&x_, rows * embd, "x"},
+                                      {&h_, rows * embd, "h"},
+                                      {&q_, rows * qd, "q"},
+                                      {&k_, rows * kvd, "k"},
+                                      {&v_, rows * kvd, "v"},
+                                      {&att_, rows * qd, "att"},
+                                      {&gate_, rows * ff, "gate"},
+                                      {&up_, rows * ff, "up"},
+                                      {&tmp_, rows * std::max(embd, qd), "tmp"}}) {
+    if (Status s = buffer->reserve(ops, floats, what); !s) return s;
+  }
+  return {};
+}
+
 Status LlamaModel::forward(std::span<const ForwardItem> items, ops::KvCache& cache, Dispatcher& dispatcher,
                            float* logits) {
   ops::Ops& ops = *ops_;
@@ -170,7 +187,7 @@ Status LlamaModel::forward(std::span<const ForwardItem> items, ops::KvCache& cac
     }
   }
 
-  const std::int64_t embd = config_.n_embd, qd = config_.q_dim(), kvd = config_.kv_dim(), ff = config_.n_ff;
+  const std::int64_t embd = config_.n_embd;
   std::int64_t total = 0;
   for (const ForwardItem& it : items) {
     if (it.tokens.empty()) return Status::invalid("tokens", "a forward item has no tokens");
@@ -190,17 +207,7 @@ Status LlamaModel::forward(std::span<const ForwardItem> items, ops::KvCache& cac
   if (total == 0) return {};
 
   const std::int64_t vocab = config_.vocab_size;
-  for (auto [buffer, floats, what] : {std::tuple{&x_, total * embd, "x"},
-                                      {&h_, total * embd, "h"},
-                                      {&q_, total * qd, "q"},
-                                      {&k_, total * kvd, "k"},
-                                      {&v_, total * kvd, "v"},
-                                      {&att_, total * qd, "att"},
-                                      {&gate_, total * ff, "gate"},
-                                      {&up_, total * ff, "up"},
-                                      {&tmp_, total * std::max(embd, qd), "tmp"}}) {
-    if (Status s = buffer->reserve(ops, floats, what); !s) return s;
-  }
+  if (Status s = reserve_step_buffers(total); !s) return s;
   tokens_.clear();
   positions_.clear();
   for (const ForwardItem& it : items) {

@@ -8,31 +8,25 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mpi_job import fail, mpirun_command, rank_env, rank_pids as find_rank_pids  # noqa: E402
+
 MPIRUN, KALLPA, TEST = sys.argv[1], sys.argv[2], sys.argv[3]
 DEADLINE = 5  # KALLPA_RING_TIMEOUT for the failure tests, seconds
 
 
 def mpirun(n):
-    cmd = [MPIRUN, "-np", str(n), "--oversubscribe"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    # Containers often forbid the cross-process memory reads of shared-memory single copy.
-    cmd += ["--mca", "btl_vader_single_copy_mechanism", "none"]
-    return cmd
+    return mpirun_command(MPIRUN, n)
+
+
+def rank_pids(marker, n):
+    return find_rank_pids(KALLPA, marker, n)
+
 
 
 def env(**extra):
-    e = dict(os.environ)
-    # Each rank takes a share of the cores, as on a machine the ranks share.
-    e.setdefault("KALLPA_THREADS", "1")
-    e.update({k: str(v) for k, v in extra.items()})
-    return e
+    return rank_env(**extra)
 
-
-def fail(msg, out=""):
-    print(out)
-    print(f"FAIL: {msg}")
-    sys.exit(1)
 
 
 def conformance(n):
@@ -49,33 +43,6 @@ def conformance(n):
         if int(failed) != 0 or int(passed) < 100:
             fail(f"a rank reports {passed} passed, {failed} failed", out)
 
-
-def rank_pids(launcher_pid, n, timeout=60):
-    """The pids of the ranks mpirun started, by rank, read from their environment."""
-    end = time.time() + timeout
-    while time.time() < end:
-        found = {}
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    environ = f.read().split(b"\0")
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmdline = f.read()
-            except OSError:
-                continue
-            if not cmdline.startswith(KALLPA.encode()):
-                continue
-            values = dict(v.split(b"=", 1) for v in environ if b"=" in v)
-            if values.get(b"KALLPA_RING_TEST_RUN") != str(launcher_pid).encode():
-                continue
-            if b"OMPI_COMM_WORLD_RANK" in values:
-                found[int(values[b"OMPI_COMM_WORLD_RANK"])] = int(pid)
-        if len(found) == n:
-            return found
-        time.sleep(0.1)
-    fail(f"could not find the {n} ranks' processes")
 
 
 def fault(kind):

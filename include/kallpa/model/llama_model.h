@@ -131,6 +131,8 @@ class LlamaModel {
   enum class CpStep { none, prefill, decode };
   Status check_context_parallel(const ops::KvCache& cache, ops::SeqId seq) const;
   Status prefill_attention_cp(std::int32_t layer, const ops::KvCache& cache, Dispatcher& dispatcher);
+  // Sizes the per-step buffers (x_ ... tmp_) for `rows` token rows.
+  Status reserve_step_buffers(std::int64_t rows);
   Status decode_attention_cp(std::int32_t layer, const ops::KvCache& cache, Dispatcher& dispatcher);
   // The logits of one row of x (`decode`: a decode step's row, with its cheaper activations).
   Status output_head(std::int64_t row, bool decode, float* logits);
