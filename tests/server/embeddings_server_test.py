@@ -10,7 +10,6 @@ same texts, which tests/embeddings/crosscheck.py holds to an independent impleme
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import math
@@ -221,17 +220,5 @@ def test_concurrent_with_chat():
         check(not errors, "; ".join(errors))
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--kallpa", required=True)
-    p.add_argument("--fixture-tool", required=True)
-    p.add_argument("--work", required=True)
-    p.add_argument("--model-dir", required=True)
-    p.add_argument("tests", nargs="*")
-    server_test.ARGS = p.parse_args()
-    names = server_test.ARGS.tests or [n[5:] for n in globals() if n.startswith("test_")]
-    return server_test.run_tests(globals(), names)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(server_test.suite_main(globals()))

@@ -1020,6 +1020,20 @@ def run_tests(namespace, names):
     return 77 if skipped == len(names) else 0
 
 
+def suite_main(namespace):
+    """The main of a suite beside this one (structured output, embeddings): the same arguments,
+    ARGS set here, and every test_NAME of `namespace` when no names are given."""
+    global ARGS
+    p = argparse.ArgumentParser()
+    p.add_argument("--kallpa", required=True)
+    p.add_argument("--fixture-tool", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("tests", nargs="*")
+    ARGS = p.parse_args()
+    return run_tests(namespace, ARGS.tests or [n[5:] for n in namespace if n.startswith("test_")])
+
+
 def main():
     global ARGS
     p = argparse.ArgumentParser()

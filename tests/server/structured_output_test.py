@@ -12,7 +12,6 @@ Reuses server_test.py's Server. Exit 0 passed, 1 failed, 77 skipped (no model, n
 """
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -176,17 +175,5 @@ def test_cli_json_schema():
     check(r.returncode != 0 and "absent.json" in r.stderr, f"a missing schema file is an error naming it: {r.stderr!r}")
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--kallpa", required=True)
-    p.add_argument("--fixture-tool", required=True)
-    p.add_argument("--work", required=True)
-    p.add_argument("--model-dir", required=True)
-    p.add_argument("tests", nargs="*")
-    server_test.ARGS = p.parse_args()
-    names = server_test.ARGS.tests or [n[5:] for n in globals() if n.startswith("test_")]
-    return server_test.run_tests(globals(), names)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(server_test.suite_main(globals()))
