@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kallpa/process_group.h"
+#include "rank_zero_report.h"
 
 namespace {
 
@@ -38,12 +39,6 @@ void bm_all_gather(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(bytes) * (group->size() - 1) * n, benchmark::Counter::kIsRate);
 }
 
-class NullReporter : public benchmark::BenchmarkReporter {
- public:
-  bool ReportContext(const Context&) override { return true; }
-  void ReportRuns(const std::vector<Run>&) override {}
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -64,12 +59,7 @@ int main(int argc, char** argv) {
     std::byte one{}, all[64]{};
     if (group->size() <= 64 && !group->all_gather(&one, 1, all)) return 1;
   }
-  if (group != nullptr && group->rank() != 0) {
-    NullReporter quiet;
-    benchmark::RunSpecifiedBenchmarks(&quiet);
-  } else {
-    benchmark::RunSpecifiedBenchmarks();
-  }
+  kallpa::bench::run_benchmarks_rank_zero_reports();
   benchmark::Shutdown();
   return 0;
 }

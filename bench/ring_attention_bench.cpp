@@ -17,6 +17,7 @@
 #include "kallpa/problem_spec.h"
 #include "kallpa/process_group.h"
 #include "kallpa/registry.h"
+#include "rank_zero_report.h"
 
 namespace {
 
@@ -64,12 +65,6 @@ void bm_attention(benchmark::State& state, const std::string& spec_text) {
   state.counters["GFLOP/s"] = benchmark::Counter((*instance)->flops() * n / 1e9, benchmark::Counter::kIsRate);
 }
 
-class NullReporter : public benchmark::BenchmarkReporter {
- public:
-  bool ReportContext(const Context&) override { return true; }
-  void ReportRuns(const std::vector<Run>&) override {}
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -85,13 +80,7 @@ int main(int argc, char** argv) {
         ->UseRealTime();
   }
   benchmark::Initialize(&argc, argv);
-  const ProcessGroup* group = process_group();
-  if (group != nullptr && group->rank() != 0) {
-    NullReporter quiet;
-    benchmark::RunSpecifiedBenchmarks(&quiet);
-  } else {
-    benchmark::RunSpecifiedBenchmarks();
-  }
+  kallpa::bench::run_benchmarks_rank_zero_reports();
   benchmark::Shutdown();
   return 0;
 }

@@ -188,6 +188,22 @@ ToolRequest weather_and_time(ToolChoice choice, bool parallel = true) {
   return t;
 }
 
+// A user question, the assistant's get_weather call and the tool's result (named after the tool
+// when `result_names_tool`), rendered by `t` with the weather-and-time tools offered.
+Result<tokenizer::RenderedChat> render_weather_exchange(const tokenizer::ChatTemplate& t,
+                                                        const std::string& result_text, bool result_names_tool) {
+  ChatMessage call("assistant", "");
+  call.tool_calls = {{"call_1", "get_weather", R"({"city":"Paris"})"}};
+  ChatMessage result("tool", result_text);
+  result.tool_call_id = "call_1";
+  if (result_names_tool) result.name = "get_weather";
+  const std::vector<ChatMessage> chat = {ChatMessage("user", "Weather?"), call, result};
+  tokenizer::ChatTemplateInputs in;
+  in.messages = chat;
+  in.tools_json = tools_template_json(weather_and_time(ToolChoice::automatic));
+  return t.render(in);
+}
+
 // Whether the grammar of `schema` takes `text` whole (every byte allowed, then the end). The
 // engine writes JSON with ", " and ": " between items (docs/structured-output.md).
 bool grammar_takes(const std::string& schema, const std::string& text) {
@@ -453,15 +469,7 @@ TEST(ChatTemplateTools, PassesToolsAndCallsToTheTemplate) {
   REQUIRE_JINJA();
   auto t = tokenizer::ChatTemplate::parse(kToolTemplate);
   ASSERT_TRUE(t.is_ok());
-  ChatMessage call("assistant", "");
-  call.tool_calls = {{"call_1", "get_weather", R"({"city":"Paris"})"}};
-  ChatMessage result("tool", "18 C <|im_end|>");
-  result.tool_call_id = "call_1";
-  const std::vector<ChatMessage> chat = {ChatMessage("user", "Weather?"), call, result};
-  tokenizer::ChatTemplateInputs in;
-  in.messages = chat;
-  in.tools_json = tools_template_json(weather_and_time(ToolChoice::automatic));
-  auto r = t->render(in);
+  auto r = render_weather_exchange(*t, "18 C <|im_end|>", /*result_names_tool=*/false);
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_NE(r->text.find(R"(Tools: {"name": "get_weather", "description": "The weather in a city.", )"),
             std::string::npos)
@@ -521,16 +529,7 @@ TEST(ChatTemplateTools, RealTemplatesWithAndWithoutTools) {
   if (qwen.empty()) return;
   auto t = tokenizer::ChatTemplate::parse(qwen);
   ASSERT_TRUE(t.is_ok());
-  ChatMessage call("assistant", "");
-  call.tool_calls = {{"call_1", "get_weather", R"({"city":"Paris"})"}};
-  ChatMessage result("tool", "18 C");
-  result.tool_call_id = "call_1";
-  result.name = "get_weather";
-  const std::vector<ChatMessage> chat = {ChatMessage("user", "Weather?"), call, result};
-  tokenizer::ChatTemplateInputs in;
-  in.messages = chat;
-  in.tools_json = tools_template_json(weather_and_time(ToolChoice::automatic));
-  auto r = t->render(in);
+  auto r = render_weather_exchange(*t, "18 C", /*result_names_tool=*/true);
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_NE(r->text.find(R"("name": "get_weather")"), std::string::npos) << r->text;
   EXPECT_NE(r->text.find(R"("arguments": {"city": "Paris"})"), std::string::npos) << r->text;

@@ -186,7 +186,8 @@ std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32
     if (id >= 0 && id < vocab) logits[static_cast<std::size_t>(id)] += bias;
   }
   if ((params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) && !generated.empty()) {
-    std::vector<std::int32_t> counted(generated.begin(), generated.end());
+    std::vector<std::int32_t>& counted = penalized_;
+    counted.assign(generated.begin(), generated.end());
     std::sort(counted.begin(), counted.end());
     for (std::size_t i = 0; i < counted.size();) {
       std::size_t j = i;
@@ -205,7 +206,8 @@ std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32
   if (params_.repetition_penalty != 1.0f && params_.repetition_window > 0) {
     const std::size_t window =
         std::min<std::size_t>(recent.size(), static_cast<std::size_t>(params_.repetition_window));
-    std::vector<std::int32_t> seen(recent.end() - static_cast<std::ptrdiff_t>(window), recent.end());
+    std::vector<std::int32_t>& seen = penalized_;
+    seen.assign(recent.end() - static_cast<std::ptrdiff_t>(window), recent.end());
     std::sort(seen.begin(), seen.end());
     seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
     for (std::int32_t id : seen) {

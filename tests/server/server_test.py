@@ -857,10 +857,8 @@ def test_real_model_paris():
         check(text2 == text, f"streamed {text2!r} != {text!r}")
 
 
-def test_real_model_gemma_chat():
-    """Gemma-3-270M's file has no chat template: the server writes Gemma's turns. The file is the
-    pretrained model, which continues the turn rather than answering (llama.cpp too), so only the
-    prompt size and a clean, finished response are checked. Skipped until this build runs gemma3."""
+def gemma_model():
+    """Gemma-3-270M's file, or Skip when it is absent or this build cannot run it."""
     model = Path(ARGS.model_dir) / "gemma-3-270m-q4_k_m.gguf"
     if not model.exists():
         raise Skip(f"{model} not found (scripts/fetch_model.sh --model gemma3-270m)")
@@ -868,6 +866,14 @@ def test_real_model_gemma_chat():
                                      text=True, check=True).stdout)
     if not info["supported"]:
         raise Skip(f"this build cannot run gemma3 yet: {info['unsupported_reason']}")
+    return model
+
+
+def test_real_model_gemma_chat():
+    """Gemma-3-270M's file has no chat template: the server writes Gemma's turns. The file is the
+    pretrained model, which continues the turn rather than answering (llama.cpp too), so only the
+    prompt size and a clean, finished response are checked. Skipped until this build runs gemma3."""
+    model = gemma_model()
     with Server("real_model_gemma", model=model) as s:
         messages = [{"role": "user", "content": "What is the capital of France?"}]
         text, r = chat_text(s.client(), seed=0, max_tokens=24, temperature=0, messages=messages, model=s.model_id)
@@ -881,13 +887,7 @@ def test_real_model_gemma_tools():
     """Tool calling on a model whose chat format renders no tools (Gemma's built-in turns): the
     definitions go into the system text, an earlier call and its result into ordinary turns that
     alternate, and the reply, constrained by the tools' schemas, parses into valid tool_calls."""
-    model = Path(ARGS.model_dir) / "gemma-3-270m-q4_k_m.gguf"
-    if not model.exists():
-        raise Skip(f"{model} not found (scripts/fetch_model.sh --model gemma3-270m)")
-    info = json.loads(subprocess.run([ARGS.kallpa, "info", "--json", str(model)], capture_output=True,
-                                     text=True, check=True).stdout)
-    if not info["supported"]:
-        raise Skip(f"this build cannot run gemma3 yet: {info['unsupported_reason']}")
+    model = gemma_model()
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
                                          "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},

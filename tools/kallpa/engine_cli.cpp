@@ -122,6 +122,23 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
       ->envname("KALLPA_DEVICE");
 }
 
+namespace {
+
+// The attention dispatch the global options ask for (--attention, --verify-rate, ...); false, with
+// the error printed and *code set, when they are not valid.
+bool cli_dispatch_options(const GlobalOptions& global, DispatchOptions& out, int* code) {
+  auto dispatch = dispatch_options(global, BackendRegistry::global());
+  if (!dispatch) {
+    print_error("", dispatch.status());
+    *code = kExitUsage;
+    return false;
+  }
+  out = *dispatch;
+  return true;
+}
+
+}  // namespace
+
 std::unique_ptr<runtime::Embedder> load_embedder(const std::string& folder, const std::string& device,
                                                  const GlobalOptions& global, int* code) {
   runtime::EmbedderOptions options;
@@ -134,13 +151,7 @@ std::unique_ptr<runtime::Embedder> load_embedder(const std::string& folder, cons
     *code = kExitUsage;
     return nullptr;
   }
-  auto dispatch = dispatch_options(global, BackendRegistry::global());
-  if (!dispatch) {
-    print_error("", dispatch.status());
-    *code = kExitUsage;
-    return nullptr;
-  }
-  options.attention = *dispatch;
+  if (!cli_dispatch_options(global, options.attention, code)) return nullptr;
   options.device = device;
   options.strict_device = global.strict;
   auto embedder = runtime::Embedder::load(options);
@@ -164,13 +175,7 @@ std::unique_ptr<runtime::Engine> load_engine(const EngineCliOptions& o, const Gl
     *code = kExitUsage;
     return nullptr;
   }
-  auto dispatch = dispatch_options(global, BackendRegistry::global());
-  if (!dispatch) {
-    print_error("", dispatch.status());
-    *code = kExitUsage;
-    return nullptr;
-  }
-  options.attention = *dispatch;
+  if (!cli_dispatch_options(global, options.attention, code)) return nullptr;
   if (Status s = agree_on_model_file(options.model_path); !s) {
     print_error("", s);
     *code = kExitUsage;

@@ -88,6 +88,7 @@ class Sampler {
   std::vector<double> block_sums_;
   std::vector<std::int64_t> position_by_id_;  // sort_by_logit's scratch
   std::vector<Candidate> radix_in_, radix_out_;
+  std::vector<std::int32_t> penalized_;  // the penalties' sorted token ids, reused across calls
 };
 
 }  // namespace kallpa::runtime
