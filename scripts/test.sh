@@ -96,12 +96,14 @@ if [[ $sanitize == 1 ]]; then
   # The plugin's first contact (a child process loading XLA's CPU plugin) is several times slower
   # under ASan than the production deadline allows for on a busy 2-core machine.
   export KALLPA_PJRT_PROBE_TIMEOUT="${KALLPA_PJRT_PROBE_TIMEOUT:-600}"
-  # Left to the Release tree: the benchmark smoke tests, and the multi-rank MPI runs of the real
+  # Left to the Release tree: the benchmark smoke tests; the multi-rank MPI runs of the real
   # model and of the 4-rank conformance (OpenMPI's runtime under ASan is slow and its leaks are its
-  # own); the ring's arithmetic and the context-parallel engine run here in process
-  # (RingBlocks.*, ContextParallel.*), and the 2-rank ring tests still run under mpirun.
+  # own; the ring's arithmetic and the context-parallel engine run here in process, RingBlocks.* and
+  # ContextParallel.*, and the 2-rank ring tests still run under mpirun); the conformance matrix
+  # through XLA's CPU plugins (its time is XLA compiling each shape, not kallpa's code, which the
+  # other pjrt.* tests run here); and cpu-flash's default tier, whose quick tier runs below.
   if ((${#ctest_args[@]} == 0)); then
-    tree_ctest_args=(-E '^(bench\.|ring\.(cp_generate_np[24]|conformance_np4)$)')
+    tree_ctest_args=(-E '^(bench\.|ring\.(cp_generate_np[24]|conformance_np4)$|pjrt\.conformance_quick\.|conformance\.full\.)')
   fi
   build_and_test build-san Sanitize "${sanitizer_tree_args[@]}"
   tree_ctest_args=()

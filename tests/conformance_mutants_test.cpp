@@ -366,5 +366,52 @@ TEST(ConformanceMutants, DecliningBackendIsSkippedNotFailed) {
   EXPECT_EQ(r.results.front().skip_reason, "this mutant declines everything");
 }
 
+// A backend spread over processes whose peer dies (the ring) answers every call after that with
+// ErrorCode::backend_lost: the suite runs no later case on it, while the other backends go on.
+class LosesItsPeer final : public AttentionBackend {
+ public:
+  explicit LosesItsPeer(int good_calls) : good_calls_(good_calls) {}
+  std::string_view name() const noexcept override { return "loses-its-peer"; }
+  std::string_view version() const noexcept override { return "0"; }
+  DeviceKind device_kind() const noexcept override { return DeviceKind::cpu; }
+  int priority() const noexcept override { return 0; }
+  Support supports(const ProblemSignature& sig) const noexcept override { return inner_.supports(sig); }
+  std::size_t workspace_size(const ValidatedProblem& vp) const noexcept override { return inner_.workspace_size(vp); }
+  Status run(const ValidatedProblem& vp, Workspace ws) noexcept override {
+    ++calls_;
+    if (calls_ > good_calls_) return Status(ErrorCode::backend_lost, "peer", "rank 1 died or stalls");
+    return inner_.run(vp, ws);
+  }
+  int calls() const { return calls_; }
+
+ private:
+  MutantBackend inner_{Bug::none};
+  int good_calls_;
+  int calls_ = 0;
+};
+
+TEST(ConformanceSuite, LostBackendRunsNoLaterCase) {
+  const std::vector<Case> cases(quick_cases().begin(), quick_cases().begin() + 10);
+  MutantBackend good(Bug::none);
+  LosesItsPeer lossy(3);
+  const std::vector<Report> reports = run_suites({&lossy, &good}, cases);
+  EXPECT_EQ(lossy.calls(), 4);
+  const Report& r = reports[0];
+  ASSERT_EQ(r.results.size(), 4u);
+  EXPECT_EQ(r.passed(), 3u);
+  EXPECT_EQ(r.failed(), 1u);
+  EXPECT_TRUE(r.results.back().lost);
+  EXPECT_NE(r.results.back().failure.find("backend_lost"), std::string::npos) << r.results.back().failure;
+  EXPECT_EQ(r.not_run, 6u);
+  EXPECT_EQ(reports[1].passed(), 10u);
+  EXPECT_EQ(reports[1].not_run, 0u);
+
+  LosesItsPeer alone(0);
+  const Report only = run_suite(alone, cases);
+  EXPECT_EQ(alone.calls(), 1);
+  EXPECT_EQ(only.results.size(), 1u);
+  EXPECT_EQ(only.not_run, 9u);
+}
+
 }  // namespace
 }  // namespace kallpa::conformance

@@ -106,6 +106,7 @@ struct CaseResult {
   double max_abs_error = 0.0;  // over o (and lse when requested)
   double allowed_error = 0.0;  // the absolute tolerance o was held to (atol_eff; + rtol * |ref|)
   std::string failure;         // first problem found: element index, values, or the status
+  bool lost = false;           // run() returned ErrorCode::backend_lost (status.h)
 };
 
 // Builds the case's tensors (inputs, outputs with guard regions), runs `backend` directly (not
@@ -123,6 +124,9 @@ CaseResult run_case(AttentionBackend& backend, const Case& c, const AttentionOra
 struct Report {
   std::string backend;
   std::vector<CaseResult> results;
+  // A backend lost on a case (CaseResult::lost) runs no later case: its process or a peer is gone,
+  // and each further call would fail the same way. not_run counts the cases it was not given.
+  std::size_t not_run = 0;
   std::size_t passed() const;
   std::size_t failed() const;
   std::size_t skipped() const;
@@ -135,7 +139,8 @@ Report run_suite(AttentionBackend& backend, const std::vector<Case>& cases,
 
 // Runs every case on each backend (one Report per backend, in the given order). Each case's inputs
 // and double-precision reference are built once and shared by all backends, which is what makes
-// running the full matrix over many backends affordable.
+// running the full matrix over many backends affordable. A lost backend's remaining cases are left
+// out (Report::not_run); once every backend is lost the run ends.
 std::vector<Report> run_suites(const std::vector<AttentionBackend*>& backends, const std::vector<Case>& cases,
                                const std::function<void(const CaseResult&)>& progress = {},
                                const AttentionOracle* oracle = nullptr);

@@ -30,7 +30,8 @@ class ProcessGroup {
   // The collectives of a computation spread over the ranks (context-parallel generation,
   // docs/scale-out.md). Every rank makes the same calls in the same order with the same sizes;
   // each wait has the group's deadline, and a rank that does not answer in time is named in the
-  // error (backend_failure), after which the group is broken and every later call fails at once.
+  // error (backend_lost: the peer process died or stalls), after which the group is broken and
+  // every later call fails at once.
   //
   // All-gather: every rank passes `bytes` bytes at `mine`; `all` (size() * bytes) receives rank k's
   // at offset k * bytes, its own included. `mine` and `all` must not overlap.

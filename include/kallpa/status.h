@@ -19,9 +19,9 @@ enum class ErrorCode {
   out_of_memory,
   internal,
   // The backend's process died (signal, abort), overran its watchdog deadline, wrote outside its
-  // outputs (a guard page) or outgrew its memory limit. Only an isolated plugin's proxy returns it;
-  // the registry quarantines such a backend at its first occurrence, as a second call could not
-  // be trusted either.
+  // outputs (a guard page) or outgrew its memory limit; or, for a backend spread over processes
+  // (the ring), a peer process died or missed its deadline. The registry quarantines such a
+  // backend at its first occurrence, as a second call could not be trusted either.
   backend_lost,
 };
 

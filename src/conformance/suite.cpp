@@ -117,14 +117,17 @@ class GuardedWorkspace {
 // regions and stride gaps included, so that after the outputs and inputs are downloaded back over
 // the host buffers the host-side checks see exactly what the kernel did on the device. Index
 // arrays and ALiBi slopes stay on the host, as the contract has them. Returns the failure, or "".
-std::string run_on_device(AttentionBackend& backend, DeviceMemory& memory, CaseData& data, Workspace ws) {
+std::string run_on_device(AttentionBackend& backend, DeviceMemory& memory, CaseData& data, Workspace ws, bool& lost) {
   const std::string where = memory.device().to_string();
   Result<StagedProblem> staged = StagedProblem::stage(memory, data.problem, detail::GuardedBuffer::kGuardBytes);
   if (!staged) return fmt::format("could not stage the case onto {}: {}", where, staged.status().to_string());
   Result<ValidatedProblem> vp = validate(staged->problem());
   if (!vp) return "suite bug: the staged problem does not validate: " + vp.status().to_string();
   const Status status = backend.run(*vp, ws);
-  if (!status) return "run() failed: " + status.to_string();
+  if (!status) {
+    lost = status.code() == ErrorCode::backend_lost;
+    return "run() failed: " + status.to_string();
+  }
   if (Status s = staged->download_outputs(); !s) {
     return fmt::format("could not download o/lse from {}: {}", where, s.to_string());
   }
@@ -175,8 +178,11 @@ CaseResult run_prepared(AttentionBackend& backend, Prepared& p) {
 
   if (!on_device) {
     const Status status = backend.run(vp, ws->workspace());
-    if (!status) return fail("run() failed: " + status.to_string());
-  } else if (std::string why = run_on_device(backend, *memory, data, ws->workspace()); !why.empty()) {
+    if (!status) {
+      r.lost = status.code() == ErrorCode::backend_lost;
+      return fail("run() failed: " + status.to_string());
+    }
+  } else if (std::string why = run_on_device(backend, *memory, data, ws->workspace(), r.lost); !why.empty()) {
     return fail(std::move(why));
   }
   if (auto what = detail::find_input_change(data)) {
@@ -246,12 +252,28 @@ std::vector<Report> run_suites(const std::vector<AttentionBackend*>& backends, c
   // cost, so this nearly halves the wall time on two cores and costs nothing on one.
   std::future<Prepared> next;
   if (!cases.empty()) next = std::async(std::launch::async, prepare, std::cref(cases.front()), oracle);
+  std::vector<bool> lost(backends.size(), false);
+  std::size_t live = backends.size();
   for (std::size_t c = 0; c < cases.size(); ++c) {
     Prepared p = next.get();
-    if (c + 1 < cases.size()) next = std::async(std::launch::async, prepare, std::cref(cases[c + 1]), oracle);
+    if (c + 1 < cases.size() && live > 0) {
+      next = std::async(std::launch::async, prepare, std::cref(cases[c + 1]), oracle);
+    }
     for (std::size_t n = 0; n < backends.size(); ++n) {
+      if (lost[n]) {
+        ++reports[n].not_run;
+        continue;
+      }
       reports[n].results.push_back(run_prepared(*backends[n], p));
       if (progress) progress(reports[n].results.back());
+      if (reports[n].results.back().lost) {
+        lost[n] = true;
+        --live;
+      }
+    }
+    if (live == 0) {
+      for (Report& r : reports) r.not_run += cases.size() - c - 1;
+      break;
     }
   }
   return reports;

@@ -33,6 +33,7 @@ nlohmann::json to_json(const conformance::CaseResult& r) {
           {"allowed", r.allowed_error},
           {"passed", r.passed},
           {"skipped", r.skipped},
+          {"lost", r.lost},
           {"reason", r.skipped ? r.skip_reason : r.failure}};
 }
 
@@ -117,8 +118,16 @@ int run_conformance(const ConformanceOptions& options) {
   }
   fmt::print(text, "\n");
   table.print(text);
+  std::size_t not_run = 0;
+  for (const conformance::Report& r : reports) {
+    if (r.not_run == 0) continue;
+    not_run += r.not_run;
+    fmt::print(text, "{}: lost on '{}'; its {} later case(s) were not run\n", r.backend, r.results.back().case_name,
+               r.not_run);
+  }
   std::string summary = fmt::format("{} passed, {} failed", passed, failed);
   if (skipped > 0) summary += fmt::format(", {} skipped", skipped);
+  if (not_run > 0) summary += fmt::format(", {} not run", not_run);
   fmt::print(text, "{}\n", summary);
   return failed == 0 ? kExitOk : kExitFailure;
 }

@@ -83,7 +83,7 @@ Status MpiComm::fail(Status status) {
 Status MpiComm::start() {
   std::lock_guard lock(start_mu_);
   if (std::string b = broken(); !b.empty()) {
-    return Status(ErrorCode::backend_failure, "ring", "the ring broke earlier: " + b);
+    return Status(ErrorCode::backend_lost, "ring", "the ring broke earlier: " + b);
   }
   if (started_) return Status::ok();
   int initialized = 0;
@@ -123,7 +123,7 @@ Status MpiComm::isend(const void* data, std::size_t bytes, int to, int tag, MPI_
   }
   const int rc = MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, to, tag, comm_, request);
   if (rc != MPI_SUCCESS) {
-    return fail(Status(ErrorCode::backend_failure, "ring",
+    return fail(Status(ErrorCode::backend_lost, "ring",
                        fmt::format("rank {}: sending to rank {} failed: {}", rank_, to, mpi_error(rc))));
   }
   return Status::ok();
@@ -136,7 +136,7 @@ Status MpiComm::irecv(void* data, std::size_t bytes, int from, int tag, MPI_Requ
   }
   const int rc = MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, from, tag, comm_, request);
   if (rc != MPI_SUCCESS) {
-    return fail(Status(ErrorCode::backend_failure, "ring",
+    return fail(Status(ErrorCode::backend_lost, "ring",
                        fmt::format("rank {}: receiving from rank {} failed: {}", rank_, from, mpi_error(rc))));
   }
   return Status::ok();
@@ -151,13 +151,13 @@ Status MpiComm::wait(MPI_Request* request, int peer, std::string_view what) {
     int done = 0;
     const int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) {
-      return fail(Status(ErrorCode::backend_failure, "ring",
+      return fail(Status(ErrorCode::backend_lost, "ring",
                          fmt::format("rank {}: {} with rank {} failed: {}", rank_, what, peer, mpi_error(rc))));
     }
     if (done) break;
     const auto now = clock::now();
     if (now >= deadline) {
-      return fail(Status(ErrorCode::backend_failure, "ring",
+      return fail(Status(ErrorCode::backend_lost, "ring",
                          fmt::format("rank {}: no {} with rank {} within {} s: rank {} died or stalls", rank_, what,
                                      peer, timeout_.count(), peer)));
     }
