@@ -31,11 +31,12 @@ class TestDevice final : public Ops {
   Status upload(void* dst, const void* src, std::size_t bytes) override { return cpu_->upload(dst, src, bytes); }
   Status download(void* dst, const void* src, std::size_t bytes) override { return cpu_->download(dst, src, bytes); }
   Status copy(void* dst, const void* src, std::size_t bytes) override { return cpu_->copy(dst, src, bytes); }
-  Result<std::shared_ptr<const void>> place_weights(std::span<WeightMatrix* const> matrices, WeightUse use) override {
+  Result<std::shared_ptr<const void>> place_weights(std::span<WeightMatrix* const> matrices, WeightUse use,
+                                                    const CopiedFn& copied) override {
     for (const WeightMatrix* m : matrices) {
       if (lacks_.count("q4_1") && m->type == GgmlType::q4_1) return no("Q4_1 weights");
     }
-    return cpu_->place_weights(matrices, use);
+    return cpu_->place_weights(matrices, use, copied);
   }
   Status embedding(const WeightMatrix& t, std::span<const std::int32_t> ids, float* out) override {
     return lacks_.count("embedding") ? no("embedding") : cpu_->embedding(t, ids, out);

@@ -130,7 +130,7 @@ struct Placed {
 Placed place(Ops& ops, const WeightMatrix& host) {
   Placed p{host, nullptr};
   WeightMatrix* list[] = {&p.w};
-  Result<std::shared_ptr<const void>> r = ops.place_weights(list, Ops::WeightUse::matmul);
+  Result<std::shared_ptr<const void>> r = ops.place_weights(list, Ops::WeightUse::matmul, {});
   EXPECT_TRUE(r) << r.status().to_string();
   if (r) p.holder = *r;
   return p;
@@ -186,7 +186,7 @@ TEST(OpenClOps, PlaceWeightsSharesTiedMatricesAndRefusesWhatItCannotRun) {
   std::vector<float> norm_values = random_floats(64, 2);
   norm.data = norm_values.data();
   WeightMatrix* list[] = {&a, &b, &norm};
-  Result<std::shared_ptr<const void>> held = cl.place_weights(list, Ops::WeightUse::lookup);
+  Result<std::shared_ptr<const void>> held = cl.place_weights(list, Ops::WeightUse::lookup, {});
   ASSERT_TRUE(held) << held.status().to_string();
   EXPECT_EQ(a.data, b.data);  // one copy of the same host bytes
   EXPECT_NE(a.data, m.w.data);
@@ -205,7 +205,7 @@ TEST(OpenClOps, PlaceWeightsSharesTiedMatricesAndRefusesWhatItCannotRun) {
   for (WeightMatrix* w : {&q5, &repacked}) {
     const void* before = w->data;
     WeightMatrix* one[] = {w};
-    Result<std::shared_ptr<const void>> r = cl.place_weights(one, Ops::WeightUse::matmul);
+    Result<std::shared_ptr<const void>> r = cl.place_weights(one, Ops::WeightUse::matmul, {});
     ASSERT_FALSE(r);
     EXPECT_EQ(r.status().code(), ErrorCode::unsupported) << r.status().to_string();
     EXPECT_EQ(w->data, before);

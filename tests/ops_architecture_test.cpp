@@ -119,8 +119,9 @@ class LlamaOnlyDevice final : public Ops {
   Status upload(void* dst, const void* src, std::size_t bytes) override { return cpu_->upload(dst, src, bytes); }
   Status download(void* dst, const void* src, std::size_t bytes) override { return cpu_->download(dst, src, bytes); }
   Status copy(void* dst, const void* src, std::size_t bytes) override { return cpu_->copy(dst, src, bytes); }
-  Result<std::shared_ptr<const void>> place_weights(std::span<WeightMatrix* const> m, WeightUse use) override {
-    return cpu_->place_weights(m, use);
+  Result<std::shared_ptr<const void>> place_weights(std::span<WeightMatrix* const> m, WeightUse use,
+                                                    const CopiedFn& copied) override {
+    return cpu_->place_weights(m, use, copied);
   }
   Status embedding(const WeightMatrix& t, std::span<const std::int32_t> ids, float* out) override {
     return cpu_->embedding(t, ids, out);

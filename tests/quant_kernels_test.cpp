@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kallpa/half.h"
@@ -556,6 +557,35 @@ TEST(QuantKernels, RepackRejectsWhatItCannotPack) {
   }
   EXPECT_EQ(c.layout, WeightLayout::rows);
   EXPECT_EQ(c.data, p.wm.data);
+}
+
+// RepackedWeights copies a large matrix in slices of whole 4-row groups and hands each slice's
+// original to `copied` as soon as it is written (the model drops the file's pages then): the
+// slices cover every row once, in order, and the bytes equal one repack of the whole matrix.
+TEST(QuantKernels, RepackedWeightsHandsBackEachRowOnce) {
+  Problem big = make_problem(GgmlType::q4_1, 4 * 1000, 576, 1, 7);  // 1.4 MiB: more than one slice
+  Problem small = make_problem(GgmlType::q8_0, 8, 64, 1, 8);
+  WeightMatrix a = big.wm, b = small.wm;
+  std::vector<std::pair<const void*, std::int64_t>> handed;  // (data, rows) of each slice, in order
+  RepackedWeights store;
+  ASSERT_TRUE(store.repack({&a, &b}, [&](const WeightMatrix& w) { handed.emplace_back(w.data, w.rows); }).is_ok());
+  if (store.bytes() == 0) GTEST_SKIP() << "KALLPA_REPACK=0 turns repacking off";
+  std::vector<std::byte> whole(big.w.size());
+  ASSERT_TRUE(repack_rows4(big.wm, whole.data()).is_ok());
+  ASSERT_EQ(a.layout, WeightLayout::rows4);
+  EXPECT_EQ(std::memcmp(a.data, whole.data(), whole.size()), 0);
+  ASSERT_GT(handed.size(), 2u);  // the big matrix in several slices, the small one in one
+  const auto* next = static_cast<const std::byte*>(big.wm.data);
+  std::int64_t rows = 0;
+  for (std::size_t i = 0; i + 1 < handed.size(); ++i) {
+    EXPECT_EQ(handed[i].first, next) << "slice " << i;
+    EXPECT_EQ(handed[i].second % 4, 0) << "slice " << i;
+    next += static_cast<std::size_t>(handed[i].second) * big.wm.row_bytes;
+    rows += handed[i].second;
+  }
+  EXPECT_EQ(rows, big.wm.rows);
+  EXPECT_EQ(handed.back().first, small.wm.data);
+  EXPECT_EQ(handed.back().second, small.wm.rows);
 }
 
 TEST(QuantKernels, MatmulRejectsBadArguments) {

@@ -254,7 +254,7 @@ Result<std::unique_ptr<BertModel>> BertModel::load(const std::string& folder, op
   if (!s) return s;
   for (auto [list, use] :
        {std::pair{&matrices, ops::Ops::WeightUse::matmul}, {&lookups, ops::Ops::WeightUse::lookup}}) {
-    Result<std::shared_ptr<const void>> placed = ops.place_weights(*list, use);
+    Result<std::shared_ptr<const void>> placed = ops.place_weights(*list, use, {});
     if (!placed) return placed.status();
     w.placed.push_back(std::move(*placed));
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -15,22 +16,16 @@ namespace kallpa::model {
 
 namespace {
 
-// The file's copies of repacked matrices are not read again by this model: drop their pages from
+// A matrix whose copy the ops hold is not read from the file again by this model: its pages leave
 // this process (clean pages of a read-only file mapping; a later read, say by another model on the
-// same file, faults them back in), so that resident memory holds the weights once. The embedding
-// table stays, as lookups read it from the file.
-void release_file_pages(const std::vector<ops::WeightMatrix>& originals, const ops::WeightMatrix& keep) {
+// same file, faults them back in), as each copy is made, so that resident memory holds the weights
+// once and the load never holds the file and the copies whole at the same time.
+void release_file_pages(const ops::WeightMatrix& original) {
   const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
-  const auto* keep_begin = static_cast<const std::byte*>(keep.data);
-  const std::byte* keep_end = keep_begin + static_cast<std::size_t>(keep.rows) * keep.row_bytes;
-  for (const ops::WeightMatrix& w : originals) {
-    const auto* begin = static_cast<const std::byte*>(w.data);
-    const std::byte* end = begin + static_cast<std::size_t>(w.rows) * w.row_bytes;
-    if (w.data == keep.data || (begin < keep_end && keep_begin < end)) continue;  // tied to the embedding
-    const auto first = (reinterpret_cast<std::uintptr_t>(begin) + page - 1) / page * page;
-    const auto last = reinterpret_cast<std::uintptr_t>(end) / page * page;
-    if (last > first) (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
-  }
+  const auto begin = reinterpret_cast<std::uintptr_t>(original.data);
+  const std::uintptr_t end = begin + static_cast<std::size_t>(original.rows) * original.row_bytes;
+  const std::uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (last > first) (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 }  // namespace
@@ -118,27 +113,68 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufF
       if (p->data != nullptr) lookups.push_back(p);
     }
   }
-  std::vector<ops::WeightMatrix*> all = products;
-  all.insert(all.end(), lookups.begin(), lookups.end());
-  std::vector<ops::WeightMatrix> originals;
-  for (const ops::WeightMatrix* mat : all) originals.push_back(*mat);
+  const ops::WeightMatrix embedding_in_file = m->token_embd_;
+  const bool tied = m->output_.data == embedding_in_file.data;  // the output head is the embedding table
+  ops::Ops::CopiedFn release;
+  if (m->file_->file_backed()) release = release_file_pages;
   for (auto [mats, use] :
        {std::pair{&products, ops::Ops::WeightUse::matmul}, std::pair{&lookups, ops::Ops::WeightUse::lookup}}) {
-    auto placed = ops.place_weights(*mats, use);
+    auto placed = ops.place_weights(*mats, use, release);
     if (!placed) return placed.status();
     m->placed_.push_back(std::move(*placed));
   }
-  if (m->file_->file_backed()) {
-    std::vector<ops::WeightMatrix> replaced;
-    for (std::size_t i = 0; i < all.size(); ++i) {
-      if (all[i]->data != originals[i].data) replaced.push_back(originals[i]);
-    }
-    release_file_pages(replaced, m->token_embd_);
+  // Lookups that still read the file's table while the (tied) output head has a copy in host memory
+  // read that copy instead (dequantize_rows reads every layout the ops place), so the table is
+  // resident once; its file pages went with the output head's.
+  if (tied && ops.host_addressable() && m->token_embd_.data == embedding_in_file.data &&
+      m->output_.data != embedding_in_file.data) {
+    m->token_embd_ = m->output_;
   }
   return m;
 }
 
 LlamaModel::~LlamaModel() = default;
+
+double LlamaModel::bytes_read_per_token(std::int64_t context, std::size_t kv_bytes) const noexcept {
+  auto bytes = [](const ops::WeightMatrix& w) { return double(w.rows) * double(w.row_bytes); };
+  double total = bytes(output_) + double(token_embd_.row_bytes);
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = layers_[i];
+    total += bytes(l.wq) + bytes(l.wk) + bytes(l.wv) + bytes(l.wo) + bytes(l.gate) + bytes(l.up) + bytes(l.down);
+    const std::int64_t window = config_.window_left(static_cast<std::uint32_t>(i));
+    const std::int64_t keys = window < 0 ? context : std::min(context, window + 1);
+    total += double(keys) * double(config_.kv_dim()) * 2.0 * double(kv_bytes);
+  }
+  return total;
+}
+
+void LlamaModel::memory_regions(std::vector<ops::MemoryRegion>& out) const {
+  if (!ops_->host_addressable()) return;
+  const std::byte* file_begin = file_->base();
+  const std::byte* file_end = file_begin != nullptr ? file_begin + file_->file_size() : nullptr;
+  if (file_begin != nullptr) {
+    out.push_back({file_->file_backed() ? "model file (mapped)" : "model (in memory)", file_begin,
+                   static_cast<std::size_t>(file_->file_size())});
+  }
+  std::set<const void*> seen;  // a tied matrix counts once
+  auto weight = [&](const ops::WeightMatrix& w) {
+    if (w.data == nullptr || !seen.insert(w.data).second) return;
+    const auto* data = static_cast<const std::byte*>(w.data);
+    if (data >= file_begin && data < file_end) return;  // read in place: part of the file's pages
+    out.push_back({"weights (copies)", w.data, static_cast<std::size_t>(w.rows) * w.row_bytes});
+  };
+  for (const ops::WeightMatrix* w : {&token_embd_, &output_, &output_norm_}) weight(*w);
+  for (const Layer& l : layers_) {
+    for (const ops::WeightMatrix* w :
+         {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down, &l.attn_norm, &l.ffn_norm, &l.bq, &l.bk, &l.bv,
+          &l.q_norm, &l.k_norm, &l.post_attention_norm, &l.post_ffw_norm}) {
+      weight(*w);
+    }
+  }
+  for (const ops::Scratch* s : {&x_, &h_, &q_, &k_, &v_, &att_, &gate_, &up_, &tmp_, &logits_}) {
+    out.push_back({"activations", s->get(), static_cast<std::size_t>(s->size()) * sizeof(float)});
+  }
+}
 
 std::int64_t LlamaModel::matmul_weights_per_token() const noexcept {
   auto count = [](const ops::WeightMatrix& w) { return w.rows * w.cols; };

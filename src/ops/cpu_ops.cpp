@@ -103,10 +103,11 @@ class CpuOps final : public Ops {
   }
   // Matrix products read the weights repacked for the SIMD kernels (ops/repack.h); lookups read
   // them where they are (the model file's mapping), so nothing is copied for them.
-  Result<std::shared_ptr<const void>> place_weights(std::span<WeightMatrix* const> matrices, WeightUse use) override {
+  Result<std::shared_ptr<const void>> place_weights(std::span<WeightMatrix* const> matrices, WeightUse use,
+                                                    const CopiedFn& copied) override {
     if (use == WeightUse::lookup) return std::shared_ptr<const void>();
     auto packed = std::make_shared<RepackedWeights>();
-    if (Status s = packed->repack({matrices.begin(), matrices.end()}); !s) return s;
+    if (Status s = packed->repack({matrices.begin(), matrices.end()}, copied); !s) return s;
     return std::shared_ptr<const void>(std::move(packed));
   }
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");

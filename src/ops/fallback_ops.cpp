@@ -28,18 +28,19 @@ Result<std::vector<float>> FallbackOps::down(const float* src, std::int64_t n) {
   return host;
 }
 
-Result<std::shared_ptr<const void>> FallbackOps::place_weights(std::span<WeightMatrix* const> matrices, WeightUse use) {
-  auto all = device_->place_weights(matrices, use);
+Result<std::shared_ptr<const void>> FallbackOps::place_weights(std::span<WeightMatrix* const> matrices, WeightUse use,
+                                                               const CopiedFn& copied) {
+  auto all = device_->place_weights(matrices, use, copied);
   if (all || !fall_back(all.status(), "place_weights")) return all;
   // One by one: what the device takes goes there, the rest stays with the CPU.
   auto holders = std::make_shared<std::vector<std::shared_ptr<const void>>>();
   for (WeightMatrix* m : matrices) {
     WeightMatrix copy = *m;
     WeightMatrix* one[] = {&copy};
-    auto placed = device_->place_weights(one, use);
+    auto placed = device_->place_weights(one, use, copied);
     if (!placed) {
       if (placed.status().code() != ErrorCode::unsupported) return placed.status();
-      placed = cpu_->place_weights(one, use);
+      placed = cpu_->place_weights(one, use, copied);
       if (!placed) return placed.status();
       host_weights_.insert(copy.data);
     }

@@ -39,7 +39,8 @@ class FallbackOps final : public Ops {
   }
   Status copy(void* dst, const void* src, std::size_t bytes) override { return device_->copy(dst, src, bytes); }
   Status finish() override { return device_->finish(); }
-  Result<std::shared_ptr<const void>> place_weights(std::span<WeightMatrix* const> matrices, WeightUse use) override;
+  Result<std::shared_ptr<const void>> place_weights(std::span<WeightMatrix* const> matrices, WeightUse use,
+                                                    const CopiedFn& copied) override;
 
   Status embedding(const WeightMatrix& table, std::span<const std::int32_t> ids, float* out) override;
   Status rmsnorm(const float* x, const float* weight, float eps, float* y, std::int64_t rows,

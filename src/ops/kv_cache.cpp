@@ -357,6 +357,12 @@ Status KvCache::write_rows(std::int32_t layer, std::span<const std::int64_t> slo
   return {};
 }
 
+void KvCache::memory_regions(std::vector<MemoryRegion>& out) const {
+  if (device_ != nullptr) return;
+  out.push_back({fmt::format("KV cache ({}, {} tokens)", dtype_name(options_.dtype), n_blocks_ * options_.page_size),
+                 storage_.get(), layer_bytes_ * 2 * static_cast<std::size_t>(n_layer_)});
+}
+
 TensorView KvCache::k_view(std::int32_t layer) const {
   return make_contiguous_view(k_data(layer), options_.dtype, {n_blocks_, options_.page_size, n_head_kv_, head_dim_},
                               device_ != nullptr ? device_->device() : Device::cpu());

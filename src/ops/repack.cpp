@@ -1,9 +1,11 @@
 #include "ops/repack.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -40,7 +42,8 @@ Result<WeightMatrix> repack_rows4(const WeightMatrix& w, std::byte* dst) {
   return out;
 }
 
-Status RepackedWeights::repack(std::vector<WeightMatrix*> matrices) {
+Status RepackedWeights::repack(std::vector<WeightMatrix*> matrices,
+                               const std::function<void(const WeightMatrix&)>& copied) {
   const char* env = std::getenv("KALLPA_REPACK");
   if (env != nullptr && std::string_view(env) == "0") return {};
   std::size_t total = 0;
@@ -51,12 +54,26 @@ Status RepackedWeights::repack(std::vector<WeightMatrix*> matrices) {
   if (!buffer) return buffer.status();
   storage_ = std::move(*buffer);
   std::size_t at = 0;
+  // In slices of whole 4-row groups (each group's bytes depend on its rows alone), handing each
+  // slice's original to `copied` as soon as it is written: a large matrix (an output head) is then
+  // never resident twice while it is copied.
+  constexpr std::size_t kSliceBytes = 1u << 20;
   for (WeightMatrix* m : matrices) {
     if (!can_repack_rows4(*m)) continue;
-    auto r = repack_rows4(*m, storage_.data() + at);
-    if (!r) return r.status();
+    const std::int64_t slice_rows =
+        std::max<std::int64_t>(4, static_cast<std::int64_t>(kSliceBytes / m->row_bytes) / 4 * 4);
+    std::byte* dst = storage_.data() + at;
+    for (std::int64_t first = 0; first < m->rows; first += slice_rows) {
+      WeightMatrix slice = *m;
+      slice.data = static_cast<const std::byte*>(m->data) + static_cast<std::size_t>(first) * m->row_bytes;
+      slice.rows = std::min(slice_rows, m->rows - first);
+      auto r = repack_rows4(slice, dst + static_cast<std::size_t>(first) * m->row_bytes);
+      if (!r) return r.status();
+      if (copied) copied(slice);
+    }
     at += static_cast<std::size_t>(m->rows) * m->row_bytes;
-    *m = *r;
+    m->data = dst;
+    m->layout = WeightLayout::rows4;
   }
   return {};
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "kallpa/ops/quant.h"
@@ -27,8 +28,9 @@ Result<WeightMatrix> repack_rows4(const WeightMatrix& w, std::byte* dst);
 class RepackedWeights {
  public:
   // Repacks each matrix that can_repack_rows4 accepts, in place in *matrices (the others are left
-  // as they are), unless KALLPA_REPACK=0 is set in the environment.
-  Status repack(std::vector<WeightMatrix*> matrices);
+  // as they are), unless KALLPA_REPACK=0 is set in the environment. `copied` (may be empty) is
+  // called with each part of an original (a range of its rows) right after its copy is written.
+  Status repack(std::vector<WeightMatrix*> matrices, const std::function<void(const WeightMatrix&)>& copied = {});
   std::size_t bytes() const noexcept { return storage_.size(); }
 
  private:

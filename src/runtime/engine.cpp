@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <string>
+#include <vector>
 
-#include <sys/mman.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -16,29 +19,28 @@ namespace kallpa::runtime {
 
 namespace {
 
-// Reads one byte per page of the weights, so that the disk reads happen here, with progress shown,
+// Reads the weights into the page cache, so that the disk reads happen here, with progress shown,
 // rather than as page faults spread over the first forward passes (which would make the first
-// tokens look slow and the load look instant).
-void page_in_weights(const model::GgufFile& file, const std::function<void(const LoadProgress&)>& on_progress) {
+// tokens look slow and the load look instant). It reads with pread, not through the mapping, so
+// that the pages enter this process only when something reads them: a matrix the ops copy
+// (repacked, or uploaded to a device) then never has its file pages and its copy resident at once.
+void page_in_weights(const std::string& path, const model::GgufFile& file,
+                     const std::function<void(const LoadProgress&)>& on_progress) {
   const std::uint64_t begin = file.data_offset();
   const std::uint64_t total = file.file_size() > begin ? file.file_size() - begin : 0;
-  if (total == 0 || file.base() == nullptr) return;
-  const std::byte* data = file.base() + begin;
-  constexpr std::uint64_t kChunk = 8u << 20;
-  constexpr std::uint64_t kPage = 4096;
-  // Asks the kernel to start reading ahead; advisory, so a failure changes nothing.
-  const auto page_start = reinterpret_cast<std::uintptr_t>(data) & ~(kPage - 1);
-  (void)madvise(reinterpret_cast<void*>(page_start), total + (reinterpret_cast<std::uintptr_t>(data) - page_start),
-                MADV_WILLNEED);
-  volatile unsigned char sink = 0;
+  if (total == 0) return;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;                       // the mapping still reads the file, only without the progress
+  constexpr std::size_t kChunk = 1u << 20;  // small: it counts towards the process's peak
+  std::vector<std::byte> buffer(kChunk);
   for (std::uint64_t done = 0; done < total;) {
-    const std::uint64_t end = std::min(total, done + kChunk);
-    unsigned char acc = 0;
-    for (std::uint64_t at = done; at < end; at += kPage) acc ^= static_cast<unsigned char>(data[at]);
-    sink = sink ^ acc;
-    done = end;
+    const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(total - done, kChunk));
+    const ssize_t got = ::pread(fd, buffer.data(), want, static_cast<off_t>(begin + done));
+    if (got <= 0) break;
+    done += static_cast<std::uint64_t>(got);
     if (on_progress) on_progress({done, total});
   }
+  ::close(fd);
 }
 
 }  // namespace
@@ -46,7 +48,7 @@ void page_in_weights(const model::GgufFile& file, const std::function<void(const
 Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   auto file = model::GgufFile::open(options.model_path);
   if (!file) return file.status();
-  page_in_weights(**file, options.on_progress);
+  page_in_weights(options.model_path, **file, options.on_progress);
   return load(*file, options);
 }
 
@@ -93,6 +95,13 @@ Result<std::unique_ptr<Engine>> Engine::load(std::shared_ptr<const model::GgufFi
 std::map<std::string, std::uint64_t> Engine::op_fallbacks() const {
   const auto* fallback = dynamic_cast<const ops::FallbackOps*>(ops_.get());
   return fallback != nullptr ? fallback->fallbacks() : std::map<std::string, std::uint64_t>{};
+}
+
+std::vector<ops::MemoryRegion> Engine::memory_regions() const {
+  std::vector<ops::MemoryRegion> out;
+  model_->memory_regions(out);
+  cache_->memory_regions(out);
+  return out;
 }
 
 Session::Session(Engine& engine, SamplingParams sampling, ProcessGroup* context_parallel)

@@ -254,6 +254,84 @@ def test_bench_model_batch():
     expect_usage_error(["bench", "model", "-m", model, "-B", "0"], ["--batch"])
 
 
+def test_bench_model_memory():
+    model = model_or_skip()
+    r = run("bench", "model", "-m", model, "-p", "8", "-n", "4", "-d", "0", "-r", "1", "--threads", "1", "--memory",
+            "--json")
+    check(r.returncode == 0, "bench model --memory exits 0", r)
+    doc = json.loads(r.stdout)
+    check(set(doc) == {"results", "memory"}, f"results and memory: {sorted(doc)}", r)
+    parts = {p["part"]: p for p in doc["memory"]}
+    f = parts.get("model file (mapped)")
+    copies = parts.get("weights (copies)")
+    check(f is not None and copies is not None, f"the file and the weight copies are reported: {sorted(parts)}", r)
+    kv = [p for name, p in parts.items() if name.startswith("KV cache (f16, ")]
+    check(len(kv) == 1, f"one KV cache part: {sorted(parts)}", r)
+    # The cache holds what the run needs (8 prompt tokens: one 16-token block per sequence).
+    check(kv[0]["part"] == "KV cache (f16, 16 tokens)", f"the cache is sized by the run: {kv[0]['part']}", r)
+    # A weight is held once: the file's pages of every matrix the CPU repacked left the process.
+    check(copies["resident_bytes"] >= 0.9 * copies["bytes"], f"the copies are resident: {copies}", r)
+    check(f["resident_bytes"] < 0.1 * f["bytes"], f"the file's pages of copied weights were dropped: {f}", r)
+    now, peak = parts["process: resident now"]["resident_bytes"], parts["process: peak resident"]["resident_bytes"]
+    held = sum(p["resident_bytes"] for name, p in parts.items() if not name.startswith("process"))
+    check(0 < now <= peak, f"resident now {now} <= peak {peak}", r)
+    check(abs(held - now) <= 0.05 * now, f"the parts add up to the resident total: {held} vs {now}", r)
+
+
+def test_bench_model_limit():
+    model = model_or_skip()
+    r = run("bench", "model", "-m", model, "-p", "8", "-n", "4", "-d", "0", "-d", "16", "-r", "1", "--threads", "1",
+            "--limit", "--json")
+    check(r.returncode == 0, "bench model --limit exits 0", r)
+    rows = {(row["test"], row["depth"]): row for row in json.loads(r.stdout)}
+    check(all("bytes_per_token" not in row for (t, _), row in rows.items() if t.startswith("pp")),
+          "prompt tests have no bandwidth limit", r)
+    tg0, tg16 = rows[("tg4", 0)], rows[("tg4", 16)]
+    for row in (tg0, tg16):
+        check(row["read_gbps"] > 0 and row["bandwidth_limit_tokens_per_second"] > 0, f"a limit: {row}", r)
+        limit = row["read_gbps"] * 1e9 / row["bytes_per_token"]
+        check(abs(row["bandwidth_limit_tokens_per_second"] - limit) < 1e-6 * limit, f"limit = bandwidth / bytes: {row}")
+        check(abs(row["fraction_of_limit"] - row["tokens_per_second"] / limit) < 1e-9 * limit,
+              f"fraction = rate / limit: {row}", r)
+    # The weights dominate a token's reads at an empty context: about the file's size.
+    size = os.path.getsize(model)
+    check(0.8 * size < tg0["bytes_per_token"] < 1.05 * size, f"{tg0['bytes_per_token']} bytes vs a {size}-byte file", r)
+    if "SmolLM2-135M" in model:
+        # 16 more keys per layer: 30 layers x (K + V) x 3 heads x 64 dims x 2 bytes (f16) each.
+        grew = tg16["bytes_per_token"] - tg0["bytes_per_token"]
+        check(abs(grew - 16 * 30 * 2 * 3 * 64 * 2) < 1e-6, f"16 keys more cost {grew} bytes", r)
+
+
+def test_kv_type():
+    model = model_or_skip()
+    sizes = {}
+    for kv in ("f32", "bf16"):
+        r = run("bench", "model", "-m", model, "-p", "8", "-n", "4", "-d", "0", "-r", "1", "--threads", "1",
+                "--memory", "--json", "--kv-type", kv)
+        check(r.returncode == 0, f"bench model --kv-type {kv} exits 0", r)
+        parts = {p["part"]: p for p in json.loads(r.stdout)["memory"]}
+        name = f"KV cache ({kv}, 16 tokens)"
+        check(name in parts, f"the cache is {kv}: {sorted(parts)}", r)
+        sizes[kv] = parts[name]["bytes"]
+    check(sizes["f32"] == 2 * sizes["bf16"], f"an f32 cache is twice a bf16 one: {sizes}", r)
+    first = {}
+    for kv in ("f32", "f16", "bf16"):
+        r = run("generate", "-m", model, "-p", "The capital of France is", "-n", "4", "--temp", "0",
+                "--logits-top", "1", "--kv-type", kv, "--threads", "1")
+        check(r.returncode == 0, f"generate --kv-type {kv} exits 0", r)
+        steps = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+        check(len(steps) == 4, f"four steps with --kv-type {kv}", r)
+        first[kv] = steps[0]
+    # The first token reads only the prompt's K/V, rounded to the type: the same answer, and a
+    # logprob within the rounding of f16/bf16 (bench/kv_type_drift.py measures more).
+    for kv in ("f16", "bf16"):
+        check(first[kv]["id"] == first["f32"]["id"], f"{kv} picks f32's first token: {first}")
+        check(abs(first[kv]["logprob"] - first["f32"]["logprob"]) < 0.1, f"{kv}'s logprob is near f32's: {first}")
+    for sub in ("generate", "serve"):
+        expect_usage_error([sub, "-m", model, "--kv-type", "q4"] + (["-p", "x"] if sub == "generate" else []),
+                           ["--kv-type"])
+
+
 def test_tokenize_json():
     model = model_or_skip()
     r = run("tokenize", "-m", model, "--json", "Hello world 123")

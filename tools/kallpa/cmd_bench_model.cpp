@@ -11,14 +11,26 @@
 //
 // Prompts are real text (a paragraph tiled to length) rather than random ids, so the tokens are
 // ones the model meets; generation is greedy and never stops early, so every run does the same work.
+//
+// --limit also measures the host's read bandwidth (`kallpa bench peak`'s DRAM read) and gives each
+// generation test the bytes a token reads (weights and the visible K/V at the run's mean context),
+// the rate that bandwidth allows at that many bytes, and the measured rate's fraction of it.
+//
+// The KV cache holds what the run needs unless --context says otherwise (llama-bench sizes its
+// context the same way), and --memory reports where the process's memory went once the runs are
+// done: each part's size and resident bytes, and the process's resident and peak figures.
 #include "cmd_bench_model.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +39,8 @@
 
 #include "core/parallel.h"
 #include "engine_cli.h"
+#include "harness/peak.h"
+#include "kallpa/ops/memory_region.h"
 #include "output.h"
 
 namespace kallpa::cli {
@@ -40,6 +54,9 @@ struct BenchModelOptions {
   std::vector<std::int64_t> batches = {1};
   int repetitions = 3;
   bool json = false;
+  bool memory = false;
+  bool limit = false;
+  bool context_given = false;  // --context was on the command line
 };
 
 constexpr const char* kText =
@@ -57,6 +74,7 @@ struct Measurement {
   std::int64_t depth = 0;
   std::int64_t tokens = 0;      // over all sequences of a batch
   std::vector<double> seconds;  // one per repetition
+  bool generation = false;      // one sequence's decode steps (tg)
 };
 
 double mean(const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0) / double(v.size()); }
@@ -155,14 +173,78 @@ Status run_batched(runtime::Engine& engine, const BenchModelOptions& o, std::int
   return {};
 }
 
+struct MemoryPart {
+  std::string part;
+  std::optional<std::size_t> bytes;  // none for the process's own figures
+  std::size_t resident = 0;
+};
+
+// A "Name:   123 kB" line of /proc/self/status, in bytes (0 when absent).
+std::size_t status_bytes(const std::string& status, std::string_view name) {
+  const std::size_t at = status.find(fmt::format("\n{}:", name));
+  if (at == std::string::npos) return 0;
+  return static_cast<std::size_t>(std::strtoull(status.c_str() + at + name.size() + 2, nullptr, 10)) * 1024;
+}
+
+// The engine's parts (model file, weight copies, activations, KV cache: their sizes and what is
+// resident of them), what the rest of the process holds, and its resident and peak totals.
+std::vector<MemoryPart> memory_parts(const runtime::Engine& engine) {
+  std::vector<MemoryPart> parts;
+  std::vector<std::vector<ops::MemoryRegion>> by_part;
+  std::vector<ops::MemoryRegion> file, anon;
+  for (const ops::MemoryRegion& r : engine.memory_regions()) {
+    auto it = std::find_if(parts.begin(), parts.end(), [&](const MemoryPart& p) { return p.part == r.part; });
+    if (it == parts.end()) {
+      it = parts.insert(parts.end(), MemoryPart{r.part, 0, 0});
+      by_part.emplace_back();
+    }
+    *it->bytes += r.bytes;
+    by_part[static_cast<std::size_t>(it - parts.begin())].push_back(r);
+    (r.part.starts_with("model") ? file : anon).push_back(r);
+  }
+  for (std::size_t i = 0; i < parts.size(); ++i) parts[i].resident = ops::resident_bytes(by_part[i]);
+  const std::size_t file_resident = ops::resident_bytes(file), anon_resident = ops::resident_bytes(anon);
+  std::ifstream in("/proc/self/status");
+  const std::string status = "\n" + std::string(std::istreambuf_iterator<char>(in), {});
+  const std::size_t rss_anon = status_bytes(status, "RssAnon"), rss_file = status_bytes(status, "RssFile");
+  parts.push_back({"other anonymous (heap, stacks, tokenizer)", std::nullopt,
+                   rss_anon > anon_resident ? rss_anon - anon_resident : 0});
+  parts.push_back({"code and other files", std::nullopt, rss_file > file_resident ? rss_file - file_resident : 0});
+  parts.push_back({"process: resident now", std::nullopt, status_bytes(status, "VmRSS")});
+  parts.push_back({"process: peak resident", std::nullopt, status_bytes(status, "VmHWM")});
+  return parts;
+}
+
+void print_memory(const std::vector<MemoryPart>& parts) {
+  auto mib = [](std::size_t b) { return fmt::format("{:.1f}", double(b) / double(1 << 20)); };
+  Table table({{"memory"}, {"size MiB", Table::Align::right}, {"resident MiB", Table::Align::right}});
+  for (const MemoryPart& p : parts) table.add_row({p.part, p.bytes ? mib(*p.bytes) : "-", mib(p.resident)});
+  table.print(stdout);
+}
+
 int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
   const std::int64_t max_depth = *std::max_element(o.depths.begin(), o.depths.end());
   const std::int64_t max_batch = *std::max_element(o.batches.begin(), o.batches.end());
-  o.engine.context = std::max({o.engine.context, max_depth + std::max(o.prompt_tokens, o.gen_tokens + 1),
-                               max_batch * (max_depth + o.gen_tokens + 1)});
+  // Each sequence holds whole blocks of the cache.
+  const std::int64_t page = ops::KvCacheOptions{}.page_size;
+  auto blocks_of = [&](std::int64_t tokens) { return (tokens + page - 1) / page * page; };
+  const std::int64_t needed = std::max(blocks_of(max_depth + std::max(o.prompt_tokens, o.gen_tokens + 1)),
+                                       max_batch * blocks_of(max_depth + o.gen_tokens + 1));
+  o.engine.context = o.context_given ? std::max(o.engine.context, needed) : needed;
   int code = kExitOk;
   auto engine = load_engine(o.engine, global, &code);
   if (!engine) return code;
+  // Measured before the runs, on the threads they use, while nothing else of ours runs.
+  std::optional<double> read_gbps;
+  if (o.limit) {
+    if (!engine->ops().host_addressable()) {
+      print_error("", Status::invalid("--limit", fmt::format("measures this host's memory bandwidth; the model runs "
+                                                             "on {}",
+                                                             engine->ops().device_name())));
+      return kExitUsage;
+    }
+    read_gbps = harness::measure_peak(0).dram_read_gbps;
+  }
   const std::int64_t limit = engine->config().context_length;
   if (max_depth + std::max(o.prompt_tokens, o.gen_tokens + 1) > limit) {
     print_error(
@@ -183,7 +265,7 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
   std::vector<Measurement> results;
   for (std::int64_t depth : o.depths) {
     Measurement pp{fmt::format("pp{}", o.prompt_tokens), depth, o.prompt_tokens, {}};
-    Measurement tg{fmt::format("tg{}", o.gen_tokens), depth, o.gen_tokens, {}};
+    Measurement tg{fmt::format("tg{}", o.gen_tokens), depth, o.gen_tokens, {}, true};
     for (int rep = -1; rep < o.repetitions; ++rep) {  // rep -1 warms up caches and the thread pool
       double pp_s = 0, tg_s = 0;
       if (Status s = run_once(*engine, o, depth, *context, *prompt, &pp_s, &tg_s); !s) {
@@ -224,6 +306,12 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
   // 2 ops (multiply, add) per weight of every matrix product a token goes through.
   const double ops_per_token = 2.0 * double(engine->model().matmul_weights_per_token());
   auto matmul_gops = [&](double tokens_per_second) { return tokens_per_second * ops_per_token * 1e-9; };
+  // A generation test's bytes per token at its mean context (the depth, then half the tokens).
+  const std::size_t kv_bytes = dtype_size(engine->options().cache.dtype);
+  auto bytes_per_token = [&](const Measurement& m) {
+    return engine->model().bytes_read_per_token(m.depth + 1 + o.gen_tokens / 2, kv_bytes);
+  };
+  const std::vector<MemoryPart> memory = o.memory ? memory_parts(*engine) : std::vector<MemoryPart>{};
   if (o.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const Measurement& m : results) {
@@ -239,24 +327,65 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
                      {"tokens_per_second", rate},
                      {"tokens_per_second_stddev", sd},
                      {"matmul_gops", matmul_gops(rate)}});
+      if (read_gbps && m.generation) {
+        const double bytes = bytes_per_token(m), allowed = *read_gbps * 1e9 / bytes;
+        out.back()["bytes_per_token"] = bytes;
+        out.back()["read_gbps"] = *read_gbps;
+        out.back()["bandwidth_limit_tokens_per_second"] = allowed;
+        out.back()["fraction_of_limit"] = rate / allowed;
+      }
+    }
+    if (o.memory) {
+      nlohmann::json parts = nlohmann::json::array();
+      for (const MemoryPart& p : memory) {
+        nlohmann::json part = {{"part", p.part}, {"resident_bytes", p.resident}};
+        if (p.bytes) part["bytes"] = *p.bytes;
+        parts.push_back(std::move(part));
+      }
+      out = {{"results", out}, {"memory", parts}};
     }
     fmt::print("{}\n", out.dump(2));
     return kExitOk;
   }
-  Table table({{"model"},
-               {"threads", Table::Align::right},
-               {"device"},
-               {"attention"},
-               {"test"},
-               {"tok/s", Table::Align::right},
-               {"matmul GOP/s", Table::Align::right}});
+  std::vector<Table::Column> columns = {{"model"},
+                                        {"threads", Table::Align::right},
+                                        {"device"},
+                                        {"attention"},
+                                        {"test"},
+                                        {"tok/s", Table::Align::right},
+                                        {"matmul GOP/s", Table::Align::right}};
+  if (read_gbps) {
+    for (const char* name : {"MB/token", "limit tok/s", "of limit"}) columns.push_back({name, Table::Align::right});
+  }
+  Table table(columns);
   for (const Measurement& m : results) {
     const auto [rate, sd] = rate_stats(m);
-    table.add_row({std::filesystem::path(model).filename().string(), std::to_string(threads), device, backend,
-                   m.depth > 0 ? fmt::format("{} @ d{}", m.test, m.depth) : m.test,
-                   fmt::format("{:.1f} ± {:.1f}", rate, sd), fmt::format("{:.1f}", matmul_gops(rate))});
+    std::vector<std::string> row = {std::filesystem::path(model).filename().string(),
+                                    std::to_string(threads),
+                                    device,
+                                    backend,
+                                    m.depth > 0 ? fmt::format("{} @ d{}", m.test, m.depth) : m.test,
+                                    fmt::format("{:.1f} ± {:.1f}", rate, sd),
+                                    fmt::format("{:.1f}", matmul_gops(rate))};
+    if (read_gbps) {
+      if (m.generation) {
+        const double bytes = bytes_per_token(m), allowed = *read_gbps * 1e9 / bytes;
+        for (std::string cell : {fmt::format("{:.1f}", bytes / 1e6), fmt::format("{:.0f}", allowed),
+                                 fmt::format("{:.0f}%", 100.0 * rate / allowed)}) {
+          row.push_back(std::move(cell));
+        }
+      } else {
+        row.insert(row.end(), {"-", "-", "-"});
+      }
+    }
+    table.add_row(row);
   }
   table.print(stdout);
+  if (read_gbps) fmt::print("read bandwidth (bench peak's DRAM read): {:.1f} GB/s\n", *read_gbps);
+  if (o.memory) {
+    fmt::print("\n");
+    print_memory(memory);
+  }
   return kExitOk;
 }
 
@@ -284,8 +413,19 @@ std::function<int(const GlobalOptions&)> add_bench_model_subcommand(CLI::App* be
   sub->add_option("-r,--repetitions", o->repetitions, "Timed runs per test (after one warm-up)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  sub->add_flag("--json", o->json, "Results as a JSON array on stdout");
-  return [o](const GlobalOptions& g) { return run_bench_model(*o, g); };
+  sub->add_flag("--json", o->json,
+                "Results as a JSON array on stdout (with --memory: an object of \"results\" and \"memory\")");
+  sub->add_flag("--memory", o->memory,
+                "Also report where memory went after the runs: model file, weight copies, activations, KV cache, "
+                "the rest of the process, and its resident and peak totals");
+  sub->add_flag("--limit", o->limit,
+                "Also measure this host's read bandwidth and give each generation test its bytes per token, the "
+                "rate that bandwidth allows, and the fraction of it reached");
+  CLI::Option* context = sub->get_option("--context");
+  return [o, context](const GlobalOptions& g) {
+    o->context_given = context->count() > 0;
+    return run_bench_model(*o, g);
+  };
 }
 
 }  // namespace kallpa::cli

@@ -116,6 +116,11 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
   sub->add_option("--threads,-t", o.threads, "CPU threads (default: all cores; env KALLPA_THREADS)")
       ->check(CLI::Range(1, 1024));
   sub->add_option("--context", o.context, "KV cache capacity in tokens")->check(CLI::Range(16, 1 << 20));
+  sub->add_option("--kv-type", o.kv_type,
+                  "KV cache storage type: f16 (default), bf16 (same size, wider range, fewer mantissa bits) or f32 "
+                  "(twice the memory, exact); docs/memory.md gives each one's effect on answers")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}))
+      ->capture_default_str();
   sub->add_option("--device", o.device,
                   "Where the model runs: cpu, opencl[:N] or cuda[:N] (env KALLPA_DEVICE). An op the device lacks "
                   "runs on the CPU with copies, counted and logged once; --strict refuses that instead")
@@ -182,6 +187,11 @@ std::unique_ptr<runtime::Engine> load_engine(const EngineCliOptions& o, const Gl
     return nullptr;
   }
   options.cache.max_tokens = o.context;
+  if (!parse_dtype(o.kv_type, &options.cache.dtype)) {
+    print_error("", Status::invalid("--kv-type", fmt::format("'{}' is not f32, f16 or bf16", o.kv_type)));
+    *code = kExitUsage;
+    return nullptr;
+  }
   options.device = o.device;
   options.strict_device = global.strict;
   LoadIndicator indicator(std::filesystem::path(options.model_path).filename().string());

@@ -19,6 +19,7 @@ struct EngineCliOptions {
   std::string model;
   int threads = 0;
   std::int64_t context = 4096;  // KV cache capacity in tokens
+  std::string kv_type = "f16";  // KV cache storage type: f32, f16 or bf16
   std::string device = "cpu";   // --device; --strict also refuses CPU fallbacks of device ops
 };
 

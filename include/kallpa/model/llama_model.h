@@ -18,6 +18,7 @@
 #include "kallpa/model/gguf.h"
 #include "kallpa/model/llama.h"
 #include "kallpa/ops/kv_cache.h"
+#include "kallpa/ops/memory_region.h"
 #include "kallpa/ops/ops.h"
 #include "kallpa/ops/quant.h"
 #include "kallpa/ops/scratch.h"
@@ -57,6 +58,13 @@ class LlamaModel {
   // Weights of the matrix products one token goes through (every layer's projections and the
   // output head; not the embedding lookup or the norms): its matmul multiply-adds.
   std::int64_t matmul_weights_per_token() const noexcept;
+  // Bytes a decode step reads at `context` tokens of context, with K/V stored as `kv_bytes` bytes
+  // per value: every matrix product's weights, one embedding row, and each layer's visible keys'
+  // K and V rows (a sliding-window layer's window at most). Against the machine's read bandwidth
+  // it bounds generation's tokens per second.
+  double bytes_read_per_token(std::int64_t context, std::size_t kv_bytes) const noexcept;
+  // Where its host memory is (weights, activations); nothing when its ops' memory is a device's.
+  void memory_regions(std::vector<ops::MemoryRegion>& out) const;
 
   // A KV cache shaped for this model, in the memory of its ops' device.
   Result<std::unique_ptr<ops::KvCache>> make_cache(ops::KvCacheOptions options) const;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kallpa/attention.h"
+#include "kallpa/ops/memory_region.h"
 #include "kallpa/ops/ops.h"
 #include "kallpa/status.h"
 
@@ -105,6 +106,8 @@ class KvCache {
   std::uint64_t pool_id() const noexcept { return pool_id_; }
   // The sequence's block ids, in order (valid until the next reserve/truncate/remove).
   std::vector<std::int32_t> blocks(SeqId seq) const;
+  // Its storage, when in host memory (none on a device).
+  void memory_regions(std::vector<MemoryRegion>& out) const;
 
  private:
   KvCache() = default;

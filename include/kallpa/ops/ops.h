@@ -69,8 +69,14 @@ class Ops {
   // matrix (data, and layout if the device prefers another for `use`) in place. The returned holder
   // keeps the copies alive; the host matrices are not needed afterwards (the CPU may keep reading
   // them where it copies nothing). f32 vectors (norm weights) are placed as 1-row f32 matrices.
+  // `copied` (may be empty) is called with a matrix as it was given, or with a range of its rows
+  // (the same matrix with data and rows narrowed), once its copy is made: the caller may drop that
+  // memory from then on (a model drops the file's pages as it goes, so that the file and the
+  // copies are never resident whole at the same time).
   enum class WeightUse { matmul, lookup };  // lookup: embedding tables and norm weights
-  virtual Result<std::shared_ptr<const void>> place_weights(std::span<WeightMatrix* const> matrices, WeightUse use) = 0;
+  using CopiedFn = std::function<void(const WeightMatrix& original)>;
+  virtual Result<std::shared_ptr<const void>> place_weights(std::span<WeightMatrix* const> matrices, WeightUse use,
+                                                            const CopiedFn& copied) = 0;
 
   // --- Compute --------------------------------------------------------------------------------
   // out[t] = row ids[t] of the table, dequantised (out: ids.size() x table.cols); invalid_argument

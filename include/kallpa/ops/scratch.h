@@ -19,6 +19,7 @@ class Scratch {
   // At least `floats` floats in `ops`' memory; out_of_memory naming `what` when it fails.
   Status reserve(Ops& ops, std::int64_t floats, const char* what);
   float* get() const noexcept { return data_; }
+  std::int64_t size() const noexcept { return size_; }  // floats
   void reset() noexcept;
 
  private:

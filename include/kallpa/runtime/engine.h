@@ -69,6 +69,9 @@ class Engine {
   const StatsObserver& attention_stats() const noexcept { return *stats_; }
   // Ops the device lacked that ran on the CPU since load, by op name (empty on the CPU).
   std::map<std::string, std::uint64_t> op_fallbacks() const;
+  // Where the model, its activations and the KV cache keep their host memory (none of it when
+  // they live on a device), for accounting.
+  std::vector<ops::MemoryRegion> memory_regions() const;
 
  private:
   Engine() = default;

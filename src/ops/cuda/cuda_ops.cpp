@@ -128,7 +128,8 @@ class CudaOps final : public ops::Ops {
     return check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", "finish");
   }
 
-  Result<std::shared_ptr<const void>> place_weights(std::span<ops::WeightMatrix* const> matrices, WeightUse) override {
+  Result<std::shared_ptr<const void>> place_weights(std::span<ops::WeightMatrix* const> matrices, WeightUse,
+                                                    const CopiedFn& copied) override {
     for (const ops::WeightMatrix* m : matrices) {
       if (auto c = code_of(*m); !c) return c.status();
     }
@@ -149,9 +150,14 @@ class CudaOps final : public ops::Ops {
         if (Status s = upload(*p, m->data, bytes); !s) return s;
         it->second = *p;
       }
-      m->data = it->second;
     }
+    // The uploads are queued: the originals are needed until they have run.
     if (Status s = finish(); !s) return s;
+    for (ops::WeightMatrix* m : matrices) {
+      const ops::WeightMatrix original = *m;
+      m->data = copies.at(original.data);
+      if (copied) copied(original);
+    }
     return std::shared_ptr<const void>(std::move(holder));
   }
 

@@ -176,7 +176,8 @@ class OpenClOps final : public ops::Ops {
   }
 
   Result<std::shared_ptr<const void>> place_weights(std::span<WeightMatrix* const> matrices,
-                                                    WeightUse /*every use reads the GGUF row layout*/) override {
+                                                    WeightUse /*every use reads the GGUF row layout*/,
+                                                    const CopiedFn& copied) override {
     for (std::size_t i = 0; i < matrices.size(); ++i) {
       const WeightMatrix* w = matrices[i];
       if (w == nullptr) return Status::invalid(fmt::format("matrices[{}]", i), "is null");
@@ -208,6 +209,7 @@ class OpenClOps final : public ops::Ops {
       if (Status s = mem_.upload(*a, w.data, bytes); !s) return s;
       copies[w.data] = Copy{*a, bytes};
       addresses[i] = *a;
+      if (copied) copied(w);
     }
     for (std::size_t i = 0; i < matrices.size(); ++i) matrices[i]->data = addresses[i];
     return std::shared_ptr<const void>(placed, placed.get());
