@@ -10,6 +10,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <span>
 
 #include "kallpa/half.h"
 #include "kallpa/ops/kv_cache.h"
@@ -43,11 +44,16 @@ void fill(KvCache& c, SeqId seq, std::int64_t from, std::int64_t to, float tag) 
 }
 
 // K of position p, layer l, as the sequence's block table finds it.
+// Element offset of position p's row in a view of the pool (blocks are strided: the pool is
+// block-major over the layers).
+std::int64_t row_at(const TensorView& view, std::span<const std::int32_t> blocks, std::int64_t page, std::int64_t p) {
+  return std::int64_t{blocks[static_cast<std::size_t>(p / page)]} * view.stride[0] + p % page * view.stride[1];
+}
+
 float k_at(const KvCache& c, SeqId seq, std::int32_t l, std::int64_t p) {
   const auto blocks = c.blocks(seq);
-  const auto* base = static_cast<const float*>(c.k_view(l).data);
-  const std::int64_t slot = std::int64_t{blocks[static_cast<std::size_t>(p / kPage)]} * kPage + p % kPage;
-  return base[slot * kHeads * kDim];
+  const TensorView k = c.k_view(l);
+  return static_cast<const float*>(k.data)[row_at(k, blocks, kPage, p)];
 }
 
 // A sequence holding positions [0, n) written (tag 1) and published as tokens_of(n).
@@ -294,16 +300,17 @@ TEST(KvCacheWrite, HalfRowsHoldTheScalarConversionsBitForBit) {
     const auto blocks = c.blocks(seq);
     ASSERT_TRUE(c.write(0, blocks, 0, k.data(), v.data(), 1));                // one row
     ASSERT_TRUE(c.write(0, blocks, 1, k.data() + kRow, v.data() + kRow, 6));  // a batch
-    const auto* kb = static_cast<const std::uint16_t*>(c.k_view(0).data);
-    const auto* vb = static_cast<const std::uint16_t*>(c.v_view(0).data);
+    const TensorView kview = c.k_view(0), vview = c.v_view(0);
+    const auto* kb = static_cast<const std::uint16_t*>(kview.data);
+    const auto* vb = static_cast<const std::uint16_t*>(vview.data);
     int differ = 0;
     for (std::int64_t p = 0; p < 7; ++p) {
-      const std::int64_t slot = std::int64_t{blocks[static_cast<std::size_t>(p / 4)]} * 4 + p % 4;
+      const std::int64_t krow = row_at(kview, blocks, 4, p), vrow = row_at(vview, blocks, 4, p);
       for (std::int64_t e = 0; e < kRow; ++e) {
         const float kf = k[static_cast<std::size_t>(p * kRow + e)], vf = v[static_cast<std::size_t>(p * kRow + e)];
         const std::uint16_t kw = dt == DType::f16 ? f32_to_f16(kf) : f32_to_bf16(kf);
         const std::uint16_t vw = dt == DType::f16 ? f32_to_f16(vf) : f32_to_bf16(vf);
-        const std::uint16_t kg = kb[slot * kRow + e], vg = vb[slot * kRow + e];
+        const std::uint16_t kg = kb[krow + e], vg = vb[vrow + e];
         if (kg != kw || vg != vw) {
           ++differ;
           ADD_FAILURE() << "position " << p << " element " << e << ": k " << kf << " -> " << kg << " want " << kw

@@ -36,13 +36,15 @@ Result<std::unique_ptr<KvCache>> KvCache::create(std::int32_t n_layer, std::int3
   cache->n_head_kv_ = n_head_kv;
   cache->head_dim_ = head_dim;
   cache->n_blocks_ = (options.max_tokens + options.page_size - 1) / options.page_size;
-  const auto bytes = static_cast<std::size_t>(cache->n_blocks_) * static_cast<std::size_t>(options.page_size) *
-                     static_cast<std::size_t>(n_head_kv) * static_cast<std::size_t>(head_dim) *
-                     dtype_size(options.dtype);
+  cache->block_bytes_ = static_cast<std::size_t>(options.page_size) * static_cast<std::size_t>(n_head_kv) *
+                        static_cast<std::size_t>(head_dim) * dtype_size(options.dtype);
   // One allocation for every layer's K and V.
-  cache->layer_bytes_ = (bytes + 255) / 256 * 256;
-  const std::size_t total = cache->layer_bytes_ * 2 * static_cast<std::size_t>(n_layer);
-  if (memory != nullptr && !memory->host_addressable()) {
+  const std::size_t total =
+      cache->block_bytes_ * static_cast<std::size_t>(cache->n_blocks_) * 2 * static_cast<std::size_t>(n_layer);
+  cache->total_bytes_ = total;
+  const bool on_device = memory != nullptr && !memory->host_addressable();
+  cache->block_stride_ = on_device ? cache->block_bytes_ : cache->block_bytes_ * 2 * static_cast<std::size_t>(n_layer);
+  if (on_device) {
     auto device = memory->allocate(total, "kv_cache");
     if (!device) return device.status();
     cache->device_ = memory;
@@ -135,12 +137,11 @@ void KvCache::bump_block(std::int32_t block) noexcept {
 
 void KvCache::copy_block(std::int32_t from, std::int32_t to) {
   bump_block(to);
-  const std::size_t bytes = static_cast<std::size_t>(options_.page_size) * static_cast<std::size_t>(n_head_kv_) *
-                            static_cast<std::size_t>(head_dim_) * dtype_size(options_.dtype);
+  const std::size_t bytes = block_bytes_;
   for (std::int32_t l = 0; l < n_layer_; ++l) {
     for (std::byte* base : {k_data(l), v_data(l)}) {
-      std::byte* dst = base + static_cast<std::size_t>(to) * bytes;
-      const std::byte* src = base + static_cast<std::size_t>(from) * bytes;
+      std::byte* dst = base + static_cast<std::size_t>(to) * block_stride_;
+      const std::byte* src = base + static_cast<std::size_t>(from) * block_stride_;
       if (device_ == nullptr) {
         std::memcpy(dst, src, bytes);
       } else if (Status s = device_->copy(dst, src, bytes); !s) {
@@ -334,9 +335,12 @@ Status KvCache::write_rows(std::int32_t layer, std::span<const std::int64_t> slo
   const std::size_t esize = dtype_size(options_.dtype);
   std::byte* kbase = k_data(layer);
   std::byte* vbase = v_data(layer);
+  const auto page = static_cast<std::size_t>(options_.page_size);
   for (std::size_t t = 0; t < slots.size(); ++t) {
-    std::byte* kd = kbase + static_cast<std::size_t>(slots[t] * row) * esize;
-    std::byte* vd = vbase + static_cast<std::size_t>(slots[t] * row) * esize;
+    const auto slot = static_cast<std::size_t>(slots[t]);
+    const std::size_t at = slot / page * block_stride_ + slot % page * static_cast<std::size_t>(row) * esize;
+    std::byte* kd = kbase + at;
+    std::byte* vd = vbase + at;
     const float* ks = k + static_cast<std::int64_t>(t) * row;
     const float* vs = v + static_cast<std::int64_t>(t) * row;
     switch (options_.dtype) {
@@ -360,17 +364,19 @@ Status KvCache::write_rows(std::int32_t layer, std::span<const std::int64_t> slo
 void KvCache::memory_regions(std::vector<MemoryRegion>& out) const {
   if (device_ != nullptr) return;
   out.push_back({fmt::format("KV cache ({}, {} tokens)", dtype_name(options_.dtype), n_blocks_ * options_.page_size),
-                 storage_.get(), layer_bytes_ * 2 * static_cast<std::size_t>(n_layer_)});
+                 storage_.get(), total_bytes_});
 }
 
-TensorView KvCache::k_view(std::int32_t layer) const {
-  return make_contiguous_view(k_data(layer), options_.dtype, {n_blocks_, options_.page_size, n_head_kv_, head_dim_},
-                              device_ != nullptr ? device_->device() : Device::cpu());
+TensorView KvCache::view(std::int32_t layer, int kv) const {
+  TensorView t =
+      make_contiguous_view(kv_data(layer, kv), options_.dtype, {n_blocks_, options_.page_size, n_head_kv_, head_dim_},
+                           device_ != nullptr ? device_->device() : Device::cpu());
+  t.stride[0] = static_cast<std::int64_t>(block_stride_ / dtype_size(options_.dtype));
+  return t;
 }
 
-TensorView KvCache::v_view(std::int32_t layer) const {
-  return make_contiguous_view(v_data(layer), options_.dtype, {n_blocks_, options_.page_size, n_head_kv_, head_dim_},
-                              device_ != nullptr ? device_->device() : Device::cpu());
-}
+TensorView KvCache::k_view(std::int32_t layer) const { return view(layer, 0); }
+
+TensorView KvCache::v_view(std::int32_t layer) const { return view(layer, 1); }
 
 }  // namespace kallpa::ops

@@ -39,10 +39,13 @@ void check_contents(const KvCache& cache, const Model& model) {
     for (std::size_t pos = 0; pos < toks.size(); ++pos) {
       const std::int64_t slot = cache.slot(blocks, static_cast<std::int64_t>(pos));
       FUZZ_CHECK(slot >= 0 && slot < cache.total_blocks() * page, "a slot outside the pool");
+      // Blocks are strided in the views (the pool is block-major over the layers).
+      const std::int64_t krow = slot / page * k.stride[0] + slot % page * k.stride[1];
+      const std::int64_t vrow = slot / page * v.stride[0] + slot % page * v.stride[1];
       for (int e = 0; e < kRow; ++e) {
-        FUZZ_CHECK(kd[slot * kRow + e] == key_value(toks[pos], static_cast<std::int64_t>(pos), e),
+        FUZZ_CHECK(kd[krow + e] == key_value(toks[pos], static_cast<std::int64_t>(pos), e),
                    "a sequence reads back a K it did not write");
-        FUZZ_CHECK(vd[slot * kRow + e] == value_value(toks[pos], static_cast<std::int64_t>(pos), e),
+        FUZZ_CHECK(vd[vrow + e] == value_value(toks[pos], static_cast<std::int64_t>(pos), e),
                    "a sequence reads back a V it did not write");
       }
     }

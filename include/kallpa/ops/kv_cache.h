@@ -138,13 +138,22 @@ class KvCache {
   Ops* device_ = nullptr;  // set when the blocks are in a device's memory
   std::int32_t n_layer_ = 0, n_head_kv_ = 0, head_dim_ = 0;
   std::int64_t n_blocks_ = 0;
-  // Layer l's K at storage_ + 2l * layer_bytes_, its V right after: [blocks, page, hkv, hd] each.
+  // One block of one layer's K or V is block_bytes_ ([page, hkv, hd]). In host memory the pool is
+  // block-major, [block][layer][K, V]: the first blocks of every layer lie together, so a run that
+  // uses few blocks commits only the huge pages they fill (a layer-major pool would touch a page
+  // in every layer's stretch). On a device each layer's K, then V, is one dense [blocks, ...]
+  // stretch, as its ops' row scatters expect. block_stride_ is the bytes from a block to the next
+  // within one layer's K (or V).
   std::shared_ptr<std::byte> storage_;
-  std::size_t layer_bytes_ = 0;
-  std::byte* k_data(std::int32_t layer) const noexcept {
-    return storage_.get() + 2 * static_cast<std::size_t>(layer) * layer_bytes_;
+  std::size_t block_bytes_ = 0, block_stride_ = 0, total_bytes_ = 0;
+  std::byte* k_data(std::int32_t layer) const noexcept { return kv_data(layer, 0); }
+  std::byte* v_data(std::int32_t layer) const noexcept { return kv_data(layer, 1); }
+  std::byte* kv_data(std::int32_t layer, int kv) const noexcept {
+    const auto l = static_cast<std::size_t>(layer), which = static_cast<std::size_t>(kv);
+    return storage_.get() + (device_ == nullptr ? (2 * l + which) * block_bytes_
+                                                : (2 * l + which) * block_bytes_ * static_cast<std::size_t>(n_blocks_));
   }
-  std::byte* v_data(std::int32_t layer) const noexcept { return k_data(layer) + layer_bytes_; }
+  TensorView view(std::int32_t layer, int kv) const;
   std::vector<std::uint64_t> versions_;  // [layer][block]; see page_versions()
   std::uint64_t pool_id_ = 0;
   mutable std::mutex mu_;
