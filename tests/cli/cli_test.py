@@ -407,6 +407,8 @@ def test_info():
     # 30 layers x 3 KV heads x (64 + 64) x 2 bytes per token; 4096 tokens by default.
     check(info["memory"]["kv_bytes_per_token"] == 30 * 3 * 128 * 2 and info["memory"]["kv_cache_tokens"] == 4096,
           f"KV cache size: {info['memory']}", r)
+    f32 = json.loads(run("info", "--json", "--kv-type", "f32", model).stdout)["memory"]
+    check(f32["kv_type"] == "f32" and f32["kv_bytes_per_token"] == 30 * 3 * 128 * 4, f"an f32 cache: {f32}", r)
     eog = {e["text"] for e in info["tokenizer"]["end_of_generation"]}
     check({"<|im_end|>", "<|endoftext|>"} <= eog, f"SmolLM2 stops at <|im_end|> and <|endoftext|>: {eog}", r)
     listed = json.loads(run("info", "--json", "--tensors", model).stdout)["tensor_list"]
