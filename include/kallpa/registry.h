@@ -133,6 +133,9 @@ class BackendRegistry {
   // none is registered.
   const AttentionOracle* oracle() const;
   Result<BackendInfo> info(std::string_view name) const;
+  // Ok when `name` is registered; otherwise not_found naming `field`, the message listing the
+  // registered names (what a user who mistyped one needs to see).
+  Status require(std::string_view name, std::string_view field) const;
 
   // Quarantining by hand is journaled like any other quarantine (source "manual").
   Status set_health(std::string_view name, Health health, std::string reason = {});

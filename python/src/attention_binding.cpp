@@ -159,7 +159,9 @@ class Dispatchers {
     std::string key = "env";
     if (names) {
       if (names->empty()) throw_invalid("backend", "names no backend", "[]");
-      for (const std::string& name : *names) require_backend(name);
+      for (const std::string& name : *names) {
+        if (Status s = BackendRegistry::global().require(name, "backend"); !s) throw StatusError(s, name);
+      }
       options.backends = *names;
       key = fmt::format("{}", fmt::join(*names, ","));
     }
@@ -171,16 +173,6 @@ class Dispatchers {
   }
 
  private:
-  static void require_backend(const std::string& name) {
-    BackendRegistry& registry = BackendRegistry::global();
-    if (registry.find(name) != nullptr) return;
-    std::vector<std::string> known;
-    for (const BackendInfo& info : registry.list()) known.emplace_back(info.backend->name());
-    throw StatusError(Status(ErrorCode::not_found, "backend",
-                             fmt::format("no backend named '{}' (registered: {})", name, fmt::join(known, ", "))),
-                      name);
-  }
-
   std::mutex mu_;
   std::optional<DispatchOptions> base_;
   std::map<std::string, std::unique_ptr<Dispatcher>> dispatchers_;

@@ -25,17 +25,9 @@ namespace {
 
 namespace nb = nanobind;
 
-struct GenerateArgs {
-  std::int64_t max_tokens = 128;
-  float temperature = 0.8f;
-  std::int32_t top_k = 40;
-  float top_p = 0.95f;
-  float min_p = 0.05f;
-  float repetition_penalty = 1.0f;
-  std::uint64_t seed = 0;
-  std::vector<std::string> stop;
-  bool stop_at_eos = true;
-};
+// What one generate() call takes: the engine's own sampling parameters and generation options
+// (their defaults are the engine's), of which Python sets the fields bound below.
+struct GenerateArgs : runtime::SamplingParams, runtime::GenerateOptions {};
 
 // A loaded model. Generation runs one at a time per model (the engine's KV cache and its scratch
 // are shared by its sessions); a second caller waits with the GIL released.
@@ -94,18 +86,9 @@ class Model {
   // with the GIL held. An exception it raises ends the generation and propagates.
   nb::dict generate(const std::vector<std::int32_t>& prompt, const GenerateArgs& args,
                     const std::optional<nb::callable>& on_text) {
-    runtime::SamplingParams sampling;
-    sampling.temperature = args.temperature;
-    sampling.top_k = args.top_k;
-    sampling.top_p = args.top_p;
-    sampling.min_p = args.min_p;
-    sampling.repetition_penalty = args.repetition_penalty;
-    sampling.seed = args.seed;
+    const runtime::SamplingParams& sampling = args;
     check(sampling.validate());
-    runtime::GenerateOptions options;
-    options.max_tokens = args.max_tokens;
-    options.stop = args.stop;
-    options.stop_at_eos = args.stop_at_eos;
+    runtime::GenerateOptions options = args;
     if (options.max_tokens < 0) {
       throw_invalid("max_tokens", "must be >= 0", std::to_string(options.max_tokens));
     }

@@ -143,6 +143,18 @@ Result<BackendInfo> BackendRegistry::info(std::string_view name) const {
   return Status(ErrorCode::not_found, "backend", fmt::format("no backend named '{}'", name));
 }
 
+Status BackendRegistry::require(std::string_view name, std::string_view field) const {
+  if (find(name) != nullptr) return Status::ok();
+  std::string known;
+  for (const BackendInfo& info : list()) {
+    if (!known.empty()) known += ", ";
+    known += info.backend->name();
+  }
+  return Status(
+      ErrorCode::not_found, std::string(field),
+      fmt::format("no backend named '{}' (registered: {})", name, known.empty() ? std::string("none") : known));
+}
+
 BackendInfo BackendRegistry::info_of(const Entry& e) const {
   BackendInfo info;
   info.backend = e.backend.get();

@@ -52,9 +52,6 @@ void setup_backends(const GlobalOptions& options);
 // registered (not_found otherwise).
 Result<DispatchOptions> dispatch_options(const GlobalOptions& options, const BackendRegistry& registry);
 
-// not_found naming `field` when `name` is not registered; the message lists the registered names.
-Status require_backend(std::string_view name, std::string_view field, const BackendRegistry& registry);
-
 // A subcommand: its CLI11 app and what to run when it was given.
 struct Command {
   CLI::App* app = nullptr;

@@ -107,18 +107,6 @@ void configure_logging(const GlobalOptions& options) {
   spdlog::set_level(spdlog::level::from_str(options.log_level));
 }
 
-Status require_backend(std::string_view name, std::string_view field, const BackendRegistry& registry) {
-  if (registry.find(name) != nullptr) return Status::ok();
-  std::string known;
-  for (const BackendInfo& info : registry.list()) {
-    if (!known.empty()) known += ", ";
-    known += info.backend->name();
-  }
-  return Status(
-      ErrorCode::not_found, std::string(field),
-      fmt::format("no backend named '{}' (registered: {})", name, known.empty() ? std::string("none") : known));
-}
-
 Result<DispatchOptions> dispatch_options(const GlobalOptions& options, const BackendRegistry& registry) {
   Result<DispatchOptions> from_env = DispatchOptions::from_env();
   if (!from_env) return from_env.status();  // names the malformed variable
@@ -142,7 +130,7 @@ Result<DispatchOptions> dispatch_options(const GlobalOptions& options, const Bac
   }
   if (options.paranoid) result.paranoid = true;
   for (const std::string& name : result.backends) {
-    if (Status s = require_backend(name, field, registry); !s) return s;
+    if (Status s = registry.require(name, field); !s) return s;
   }
   return result;
 }

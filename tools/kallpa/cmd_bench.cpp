@@ -57,7 +57,7 @@ int run_bench(const BenchCliOptions& options) {
   bench.min_seconds = options.min_time;
   bench.max_seconds_per_run = options.max_seconds_per_run;
   for (const std::string& name : options.backends) {
-    if (Status s = require_backend(name, "--backend", BackendRegistry::global()); !s) {
+    if (Status s = BackendRegistry::global().require(name, "--backend"); !s) {
       print_error("", s);
       return kExitUsage;
     }

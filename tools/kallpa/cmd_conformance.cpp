@@ -57,7 +57,7 @@ int run_conformance(const ConformanceOptions& options) {
     for (const BackendInfo& info : registry.list()) targets.push_back(info.backend);
   } else {
     for (const std::string& name : options.backends) {
-      if (Status s = require_backend(name, "--backend", registry); !s) {
+      if (Status s = registry.require(name, "--backend"); !s) {
         print_error("", s);
         return kExitUsage;
       }
