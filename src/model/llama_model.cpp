@@ -107,9 +107,8 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufF
   }
   std::vector<ops::WeightMatrix*> products{&m->output_}, lookups{&m->token_embd_, &m->output_norm_};
   for (Layer& l : m->layers_) {
-    for (ops::WeightMatrix* p : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) products.push_back(p);
-    for (ops::WeightMatrix* p : {&l.attn_norm, &l.ffn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm,
-                                 &l.post_attention_norm, &l.post_ffw_norm}) {
+    for (ops::WeightMatrix* p : l.products()) products.push_back(p);
+    for (ops::WeightMatrix* p : l.vectors()) {
       if (p->data != nullptr) lookups.push_back(p);
     }
   }
@@ -139,8 +138,7 @@ double LlamaModel::bytes_read_per_token(std::int64_t context, std::size_t kv_byt
   auto bytes = [](const ops::WeightMatrix& w) { return double(w.rows) * double(w.row_bytes); };
   double total = bytes(output_) + double(token_embd_.row_bytes);
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    const Layer& l = layers_[i];
-    total += bytes(l.wq) + bytes(l.wk) + bytes(l.wv) + bytes(l.wo) + bytes(l.gate) + bytes(l.up) + bytes(l.down);
+    for (const ops::WeightMatrix* w : layers_[i].products()) total += bytes(*w);
     const std::int64_t window = config_.window_left(static_cast<std::uint32_t>(i));
     const std::int64_t keys = window < 0 ? context : std::min(context, window + 1);
     total += double(keys) * double(config_.kv_dim()) * 2.0 * double(kv_bytes);
@@ -154,7 +152,7 @@ void LlamaModel::memory_regions(std::vector<ops::MemoryRegion>& out) const {
   const std::byte* file_end = file_begin != nullptr ? file_begin + file_->file_size() : nullptr;
   if (file_begin != nullptr) {
     out.push_back({file_->file_backed() ? "model file (mapped)" : "model (in memory)", file_begin,
-                   static_cast<std::size_t>(file_->file_size())});
+                   static_cast<std::size_t>(file_->file_size()), file_->file_backed()});
   }
   std::set<const void*> seen;  // a tied matrix counts once
   auto weight = [&](const ops::WeightMatrix& w) {
@@ -165,11 +163,8 @@ void LlamaModel::memory_regions(std::vector<ops::MemoryRegion>& out) const {
   };
   for (const ops::WeightMatrix* w : {&token_embd_, &output_, &output_norm_}) weight(*w);
   for (const Layer& l : layers_) {
-    for (const ops::WeightMatrix* w :
-         {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down, &l.attn_norm, &l.ffn_norm, &l.bq, &l.bk, &l.bv,
-          &l.q_norm, &l.k_norm, &l.post_attention_norm, &l.post_ffw_norm}) {
-      weight(*w);
-    }
+    for (const ops::WeightMatrix* w : l.products()) weight(*w);
+    for (const ops::WeightMatrix* w : l.vectors()) weight(*w);
   }
   for (const ops::Scratch* s : {&x_, &h_, &q_, &k_, &v_, &att_, &gate_, &up_, &tmp_, &logits_}) {
     out.push_back({"activations", s->get(), static_cast<std::size_t>(s->size()) * sizeof(float)});
@@ -180,7 +175,7 @@ std::int64_t LlamaModel::matmul_weights_per_token() const noexcept {
   auto count = [](const ops::WeightMatrix& w) { return w.rows * w.cols; };
   std::int64_t total = count(output_);
   for (const Layer& l : layers_) {
-    total += count(l.wq) + count(l.wk) + count(l.wv) + count(l.wo) + count(l.gate) + count(l.up) + count(l.down);
+    for (const ops::WeightMatrix* w : l.products()) total += count(*w);
   }
   return total;
 }

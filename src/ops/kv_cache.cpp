@@ -41,7 +41,6 @@ Result<std::unique_ptr<KvCache>> KvCache::create(std::int32_t n_layer, std::int3
   // One allocation for every layer's K and V.
   const std::size_t total =
       cache->block_bytes_ * static_cast<std::size_t>(cache->n_blocks_) * 2 * static_cast<std::size_t>(n_layer);
-  cache->total_bytes_ = total;
   const bool on_device = memory != nullptr && !memory->host_addressable();
   cache->block_stride_ = on_device ? cache->block_bytes_ : cache->block_bytes_ * 2 * static_cast<std::size_t>(n_layer);
   if (on_device) {
@@ -364,7 +363,8 @@ Status KvCache::write_rows(std::int32_t layer, std::span<const std::int64_t> slo
 void KvCache::memory_regions(std::vector<MemoryRegion>& out) const {
   if (device_ != nullptr) return;
   out.push_back({fmt::format("KV cache ({}, {} tokens)", dtype_name(options_.dtype), n_blocks_ * options_.page_size),
-                 storage_.get(), total_bytes_});
+                 storage_.get(),
+                 block_bytes_ * static_cast<std::size_t>(n_blocks_) * 2 * static_cast<std::size_t>(n_layer_)});
 }
 
 TensorView KvCache::view(std::int32_t layer, int kv) const {

@@ -1020,30 +1020,28 @@ def run_tests(namespace, names):
     return 77 if skipped == len(names) else 0
 
 
+def parse_args(plugin_dir=False, tests_nargs="+"):
+    """ARGS from the command line ctest gives every suite: the binaries, the work and model folders,
+    and the tests to run."""
+    global ARGS
+    p = argparse.ArgumentParser()
+    for flag in ("--kallpa", "--fixture-tool", "--work", "--model-dir"):
+        p.add_argument(flag, required=True)
+    if plugin_dir:
+        p.add_argument("--plugin-dir", default="")
+    p.add_argument("tests", nargs=tests_nargs)
+    ARGS = p.parse_args()
+
+
 def suite_main(namespace):
     """The main of a suite beside this one (structured output, embeddings): the same arguments,
     ARGS set here, and every test_NAME of `namespace` when no names are given."""
-    global ARGS
-    p = argparse.ArgumentParser()
-    p.add_argument("--kallpa", required=True)
-    p.add_argument("--fixture-tool", required=True)
-    p.add_argument("--work", required=True)
-    p.add_argument("--model-dir", required=True)
-    p.add_argument("tests", nargs="*")
-    ARGS = p.parse_args()
+    parse_args(tests_nargs="*")
     return run_tests(namespace, ARGS.tests or [n[5:] for n in namespace if n.startswith("test_")])
 
 
 def main():
-    global ARGS
-    p = argparse.ArgumentParser()
-    p.add_argument("--kallpa", required=True)
-    p.add_argument("--fixture-tool", required=True)
-    p.add_argument("--work", required=True)
-    p.add_argument("--model-dir", required=True)
-    p.add_argument("--plugin-dir", default="")
-    p.add_argument("tests", nargs="+")
-    ARGS = p.parse_args()
+    parse_args(plugin_dir=True)
     return run_tests(globals(), ARGS.tests)
 
 

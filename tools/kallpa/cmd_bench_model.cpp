@@ -200,7 +200,7 @@ std::vector<MemoryPart> memory_parts(const runtime::Engine& engine) {
     }
     *it->bytes += r.bytes;
     by_part[static_cast<std::size_t>(it - parts.begin())].push_back(r);
-    (r.part.starts_with("model") ? file : anon).push_back(r);
+    (r.file ? file : anon).push_back(r);
   }
   for (std::size_t i = 0; i < parts.size(); ++i) parts[i].resident = ops::resident_bytes(by_part[i]);
   const std::size_t file_resident = ops::resident_bytes(file), anon_resident = ops::resident_bytes(anon);
@@ -306,10 +306,16 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
   // 2 ops (multiply, add) per weight of every matrix product a token goes through.
   const double ops_per_token = 2.0 * double(engine->model().matmul_weights_per_token());
   auto matmul_gops = [&](double tokens_per_second) { return tokens_per_second * ops_per_token * 1e-9; };
-  // A generation test's bytes per token at its mean context (the depth, then half the tokens).
+  // A generation test's bytes per token at its mean context (the depth, then half the tokens), and
+  // the rate the read bandwidth allows at that many; none for other tests or without --limit.
+  struct Limit {
+    double bytes_per_token, tokens_per_second;
+  };
   const std::size_t kv_bytes = dtype_size(engine->options().cache.dtype);
-  auto bytes_per_token = [&](const Measurement& m) {
-    return engine->model().bytes_read_per_token(m.depth + 1 + o.gen_tokens / 2, kv_bytes);
+  auto limit_of = [&](const Measurement& m) -> std::optional<Limit> {
+    if (!read_gbps || !m.generation) return std::nullopt;
+    const double bytes = engine->model().bytes_read_per_token(m.depth + 1 + o.gen_tokens / 2, kv_bytes);
+    return Limit{bytes, *read_gbps * 1e9 / bytes};
   };
   const std::vector<MemoryPart> memory = o.memory ? memory_parts(*engine) : std::vector<MemoryPart>{};
   if (o.json) {
@@ -327,12 +333,11 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
                      {"tokens_per_second", rate},
                      {"tokens_per_second_stddev", sd},
                      {"matmul_gops", matmul_gops(rate)}});
-      if (read_gbps && m.generation) {
-        const double bytes = bytes_per_token(m), allowed = *read_gbps * 1e9 / bytes;
-        out.back()["bytes_per_token"] = bytes;
+      if (const std::optional<Limit> l = limit_of(m)) {
+        out.back()["bytes_per_token"] = l->bytes_per_token;
         out.back()["read_gbps"] = *read_gbps;
-        out.back()["bandwidth_limit_tokens_per_second"] = allowed;
-        out.back()["fraction_of_limit"] = rate / allowed;
+        out.back()["bandwidth_limit_tokens_per_second"] = l->tokens_per_second;
+        out.back()["fraction_of_limit"] = rate / l->tokens_per_second;
       }
     }
     if (o.memory) {
@@ -367,16 +372,12 @@ int run_bench_model(BenchModelOptions o, const GlobalOptions& global) {
                                     m.depth > 0 ? fmt::format("{} @ d{}", m.test, m.depth) : m.test,
                                     fmt::format("{:.1f} ± {:.1f}", rate, sd),
                                     fmt::format("{:.1f}", matmul_gops(rate))};
-    if (read_gbps) {
-      if (m.generation) {
-        const double bytes = bytes_per_token(m), allowed = *read_gbps * 1e9 / bytes;
-        for (std::string cell : {fmt::format("{:.1f}", bytes / 1e6), fmt::format("{:.0f}", allowed),
-                                 fmt::format("{:.0f}%", 100.0 * rate / allowed)}) {
-          row.push_back(std::move(cell));
-        }
-      } else {
-        row.insert(row.end(), {"-", "-", "-"});
-      }
+    if (const std::optional<Limit> l = limit_of(m)) {
+      row.insert(row.end(),
+                 {fmt::format("{:.1f}", l->bytes_per_token / 1e6), fmt::format("{:.0f}", l->tokens_per_second),
+                  fmt::format("{:.0f}%", 100.0 * rate / l->tokens_per_second)});
+    } else if (read_gbps) {
+      row.insert(row.end(), {"-", "-", "-"});
     }
     table.add_row(row);
   }

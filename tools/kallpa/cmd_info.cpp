@@ -26,7 +26,7 @@ struct InfoCliOptions {
   bool json = false;
   bool tensors = false;  // --tensors: every tensor's name, type and shape too
   std::int64_t context = EngineCliOptions{}.context;
-  std::string kv_type = EngineCliOptions{}.kv_type;
+  DType kv_type = EngineCliOptions{}.kv_type;
 };
 
 std::uint64_t meta_uint(const model::GgufFile& f, const std::string& key, std::uint64_t fallback) {
@@ -89,12 +89,10 @@ int run_info(const InfoCliOptions& o, const GlobalOptions&) {
   const std::uint64_t n_embd = meta_uint(f, arch + ".embedding_length", 0);
   const std::uint64_t k_len = meta_uint(f, arch + ".attention.key_length", n_head > 0 ? n_embd / n_head : 0);
   const std::uint64_t v_len = meta_uint(f, arch + ".attention.value_length", k_len);
-  DType kv_dtype = DType::f16;
-  (void)parse_dtype(o.kv_type, &kv_dtype);  // --kv-type only admits what parse_dtype reads
-  const std::uint64_t kv_per_token = n_layer * n_head_kv * (k_len + v_len) * dtype_size(kv_dtype);
+  const std::uint64_t kv_per_token = n_layer * n_head_kv * (k_len + v_len) * dtype_size(o.kv_type);
   const auto kv_tokens = static_cast<std::uint64_t>(o.context);
   out["memory"] = {{"mapped_bytes", f.file_size()},
-                   {"kv_type", o.kv_type},
+                   {"kv_type", dtype_name(o.kv_type)},
                    {"kv_bytes_per_token", kv_per_token},
                    {"kv_cache_tokens", kv_tokens},
                    {"kv_cache_bytes", kv_per_token * kv_tokens},
@@ -156,7 +154,7 @@ int run_info(const InfoCliOptions& o, const GlobalOptions&) {
     fmt::print("chat template: {}\n", out["chat_template"]["description"].get<std::string>());
   }
   fmt::print("memory:        {} mapped + {} KV cache {} ({} tokens at {} per token) = {}\n", mib(f.file_size()),
-             o.kv_type, mib(kv_per_token * kv_tokens), kv_tokens,
+             dtype_name(o.kv_type), mib(kv_per_token * kv_tokens), kv_tokens,
              fmt::format("{:.1f} KiB", double(kv_per_token) / 1024.0), mib(f.file_size() + kv_per_token * kv_tokens));
   if (config) {
     fmt::print("supported:     yes\n");
@@ -176,9 +174,7 @@ Command add_info_command(CLI::App& app) {
   sub->add_option("-m,--model-file", o->model, "The same, as an option");
   sub->add_option("--context", o->context, "KV cache capacity to size the memory for (as `generate --context`)")
       ->check(CLI::Range(16, 1 << 20));
-  sub->add_option("--kv-type", o->kv_type, "KV cache storage type to size the memory for (as `generate --kv-type`)")
-      ->check(CLI::IsMember({"f32", "f16", "bf16"}))
-      ->capture_default_str();
+  add_kv_type_option(sub, o->kv_type, "KV cache storage type to size the memory for (as `generate --kv-type`)");
   sub->add_flag("--tensors", o->tensors, "Also list every tensor: name, type, shape");
   sub->add_flag("--json", o->json, "One JSON object");
   return {sub, [o](const GlobalOptions& g) { return run_info(*o, g); }};

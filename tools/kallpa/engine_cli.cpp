@@ -8,8 +8,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -116,15 +119,25 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
   sub->add_option("--threads,-t", o.threads, "CPU threads (default: all cores; env KALLPA_THREADS)")
       ->check(CLI::Range(1, 1024));
   sub->add_option("--context", o.context, "KV cache capacity in tokens")->check(CLI::Range(16, 1 << 20));
-  sub->add_option("--kv-type", o.kv_type,
-                  "KV cache storage type: f16 (default), bf16 (same size, wider range, fewer mantissa bits) or f32 "
-                  "(twice the memory, exact); docs/memory.md gives each one's effect on answers")
-      ->check(CLI::IsMember({"f32", "f16", "bf16"}))
-      ->capture_default_str();
+  add_kv_type_option(sub, o.kv_type,
+                     "KV cache storage type: f16 (default), bf16 (same size, wider range, fewer mantissa bits) or "
+                     "f32 (twice the memory, exact); docs/memory.md gives each one's effect on answers");
   sub->add_option("--device", o.device,
                   "Where the model runs: cpu, opencl[:N] or cuda[:N] (env KALLPA_DEVICE). An op the device lacks "
                   "runs on the CPU with copies, counted and logged once; --strict refuses that instead")
       ->envname("KALLPA_DEVICE");
+}
+
+void add_kv_type_option(CLI::App* sub, DType& kv_type, const std::string& help) {
+  static const std::map<std::string, DType> kTypes = {{"f32", DType::f32}, {"f16", DType::f16}, {"bf16", DType::bf16}};
+  std::vector<std::string> names;
+  for (const auto& [name, type] : kTypes) names.push_back(name);
+  // The check runs before the callback, so the callback only ever sees one of the names.
+  sub->add_option_function<std::string>(
+         "--kv-type", [&kv_type](const std::string& name) { kv_type = kTypes.at(name); }, help)
+      ->check(CLI::IsMember(names))
+      ->type_name("TYPE")
+      ->default_str(std::string(dtype_name(kv_type)));
 }
 
 namespace {
@@ -187,11 +200,7 @@ std::unique_ptr<runtime::Engine> load_engine(const EngineCliOptions& o, const Gl
     return nullptr;
   }
   options.cache.max_tokens = o.context;
-  if (!parse_dtype(o.kv_type, &options.cache.dtype)) {
-    print_error("", Status::invalid("--kv-type", fmt::format("'{}' is not f32, f16 or bf16", o.kv_type)));
-    *code = kExitUsage;
-    return nullptr;
-  }
+  options.cache.dtype = o.kv_type;
   options.device = o.device;
   options.strict_device = global.strict;
   LoadIndicator indicator(std::filesystem::path(options.model_path).filename().string());

@@ -12,6 +12,7 @@
 #include "cli.h"
 #include "kallpa/runtime/embedder.h"
 #include "kallpa/runtime/engine.h"
+#include "kallpa/tensor.h"
 
 namespace kallpa::cli {
 
@@ -19,11 +20,13 @@ struct EngineCliOptions {
   std::string model;
   int threads = 0;
   std::int64_t context = 4096;  // KV cache capacity in tokens
-  std::string kv_type = "f16";  // KV cache storage type: f32, f16 or bf16
+  DType kv_type = DType::f16;   // KV cache storage type: f32, f16 or bf16
   std::string device = "cpu";   // --device; --strict also refuses CPU fallbacks of device ops
 };
 
 void add_engine_options(CLI::App* sub, EngineCliOptions& options);
+// --kv-type NAME (f32, f16 or bf16) into `kv_type`, described by `help`.
+void add_kv_type_option(CLI::App* sub, DType& kv_type, const std::string& help);
 
 // Loads the engine; prints the error and returns nullptr on failure, with the exit code in *code
 // (usage for a missing model or a bad --attention, failure otherwise). Shows progress on stderr

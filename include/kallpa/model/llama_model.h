@@ -8,6 +8,7 @@
 // the paged KV cache. A prefill chunk, a decode step and a mix of both are the same call.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -128,6 +129,16 @@ class LlamaModel {
     ops::WeightMatrix gate, up, down;
     // Optional (data == nullptr when the architecture has none): f32 vectors.
     ops::WeightMatrix bq, bk, bv, q_norm, k_norm, post_attention_norm, post_ffw_norm;
+
+    // The matrices a token is multiplied by, and the f32 vectors (norms, biases; some may be empty).
+    std::array<ops::WeightMatrix*, 7> products() { return {&wq, &wk, &wv, &wo, &gate, &up, &down}; }
+    std::array<const ops::WeightMatrix*, 7> products() const { return {&wq, &wk, &wv, &wo, &gate, &up, &down}; }
+    std::array<ops::WeightMatrix*, 9> vectors() {
+      return {&attn_norm, &ffn_norm, &bq, &bk, &bv, &q_norm, &k_norm, &post_attention_norm, &post_ffw_norm};
+    }
+    std::array<const ops::WeightMatrix*, 9> vectors() const {
+      return {&attn_norm, &ffn_norm, &bq, &bk, &bv, &q_norm, &k_norm, &post_attention_norm, &post_ffw_norm};
+    }
   };
   LlamaModel() = default;
   // The batch's paged-attention geometry (offsets, KV lengths, block table), the same for every

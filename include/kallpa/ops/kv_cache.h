@@ -145,7 +145,7 @@ class KvCache {
   // stretch, as its ops' row scatters expect. block_stride_ is the bytes from a block to the next
   // within one layer's K (or V).
   std::shared_ptr<std::byte> storage_;
-  std::size_t block_bytes_ = 0, block_stride_ = 0, total_bytes_ = 0;
+  std::size_t block_bytes_ = 0, block_stride_ = 0;
   std::byte* k_data(std::int32_t layer) const noexcept { return kv_data(layer, 0); }
   std::byte* v_data(std::int32_t layer) const noexcept { return kv_data(layer, 1); }
   std::byte* kv_data(std::int32_t layer, int kv) const noexcept {

@@ -12,6 +12,7 @@ struct MemoryRegion {
   std::string part;  // "weights (repacked)", "KV cache", ...
   const void* data = nullptr;
   std::size_t bytes = 0;
+  bool file = false;  // a file's mapping (the rest of a process's file-backed memory is its code)
 };
 
 // Bytes of the regions in resident pages of this process (whole pages, each counted once even
