@@ -32,6 +32,7 @@
 // BM_GemmaMatmul: Gemma-3-270M Q4_K_M's matrices (below).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -42,6 +43,7 @@
 #include "kallpa/half.h"
 
 #include "kallpa/ops/quant.h"
+#include "ops/huge_buffer.h"
 #include "ops/repack.h"
 #include "support/synthetic_llama.h"
 
@@ -277,6 +279,72 @@ void gemma_shapes(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_GemmaMatmul)->Apply(gemma_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+// Decode from DRAM, as a generated token reads every layer: copies of one Gemma layer matrix
+// totalling at least 128 MiB (four times an L3 of 32 MiB), one call per copy in turn, batch 1,
+// q16 activations, so every call streams its weights from memory rather than from a cache. wGB/s
+// beside `kallpa bench peak`'s DRAM read is the fraction of the bandwidth limit a kernel reaches.
+//
+//   build/bench/quant_matmul_bench --benchmark_filter=BM_GemmaDecodeStream
+void BM_GemmaDecodeStream(benchmark::State& state) {
+  const std::int64_t rows = state.range(0), cols = state.range(1);
+  const auto t = static_cast<GgmlType>(state.range(2));
+  const auto w = block_weights(t, rows, cols);
+  WeightMatrix wm{t, w.data(), rows, cols, row_size(t, cols)};
+  std::vector<std::byte> packed;
+  if (can_repack_rows4(wm)) {
+    auto r = repacked_rows4(state, wm, w.size(), packed);
+    if (!r) return;
+    wm = *r;
+  }
+  constexpr std::size_t kStreamBytes = std::size_t{128} << 20;
+  const std::size_t copies = std::max<std::size_t>(2, (kStreamBytes + w.size() - 1) / w.size());
+  // Pages as the engine has them (huge:1, its repacked copies in a HugeBuffer) or as a file's
+  // mapping gives them (huge:0, 4 KiB: the weights it reads in place).
+  auto stream = HugeBuffer::allocate(copies * w.size(), "stream");
+  std::vector<std::byte> small_pages;
+  std::byte* base = nullptr;
+  if (state.range(4) == 1 && stream) {
+    base = stream->data();
+  } else {
+    small_pages.resize(copies * w.size());
+    base = small_pages.data();
+  }
+  for (std::size_t c = 0; c < copies; ++c) std::memcpy(base + c * w.size(), wm.data, w.size());
+  const auto x = synthetic_values(2, static_cast<std::size_t>(cols), 1.0f);
+  std::vector<float> y(static_cast<std::size_t>(rows));
+  MatmulOptions o;
+  o.max_threads = static_cast<int>(state.range(3));
+  o.activations = MatmulOptions::Activations::q16;
+  std::size_t c = 0;
+  for (auto _ : state) {
+    WeightMatrix copy = wm;
+    copy.data = base + c * w.size();
+    c = (c + 1) % copies;
+    if (!matmul(copy, x.data(), 1, cols, y.data(), rows, o)) {
+      state.SkipWithError("matmul failed");
+      return;
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["wGB/s"] = benchmark::Counter(static_cast<double>(w.size()) * static_cast<double>(state.iterations()),
+                                               benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.SetLabel(std::string(ggml_type_name(t)) + (wm.layout == WeightLayout::rows4 ? " rows4" : "") +
+                 (base == small_pages.data() ? " 4k" : " huge"));
+}
+
+void gemma_stream_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"rows", "cols", "type", "threads", "huge"});
+  for (std::int64_t threads : {1, 0}) {
+    for (std::int64_t huge : {0, 1}) {
+      for (const GemmaShape& s : kGemmaShapes)
+        b->Args({s.rows, s.cols, static_cast<std::int64_t>(s.type), threads, huge});
+    }
+  }
+}
+
+BENCHMARK(BM_GemmaDecodeStream)->Apply(gemma_stream_shapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -21,11 +21,15 @@
 #include "ops/avx2_common.h"
 #include "ops/q16_avx2.h"
 #include "ops/q16_units.h"
+#include "ops/quant_kernels.h"
 
 namespace kallpa::ops::kernels {
 namespace {  // NOLINT: one copy per including file, compiled for its ISA (see above)
 
 inline __m256i load32(const std::byte* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// How far ahead of a decode tile its weights are prefetched (bench/results/quant-matmul.md).
+constexpr std::size_t kUnitsPrefetchBytes = 16384;
 
 // Activation rows swept per pass over a tile's blocks (their accumulators: 64 x 48 bytes in L1).
 constexpr std::int64_t kSweepRows = 64;
@@ -34,9 +38,15 @@ constexpr std::int64_t kSweepRows = 64;
 // the reference's f16_to_f32.
 template <int NW>
 inline __m128 halves4(const std::byte* const* units, std::size_t at) {
-  alignas(16) std::uint16_t h[8] = {};
-  for (int r = 0; r < NW; ++r) std::memcpy(&h[r], units[r] + at, 2);
-  return _mm_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+  // Gathered in a general register: four 2-byte stores read back as one vector would stall on
+  // store forwarding, once per block.
+  std::uint64_t bits = 0;
+  for (int r = 0; r < NW; ++r) {
+    std::uint16_t h;
+    std::memcpy(&h, units[r] + at, 2);
+    bits |= static_cast<std::uint64_t>(h) << (16 * r);
+  }
+  return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(bits)));
 }
 
 // Four rows of 8 values (one per block c) as 8 vectors of the 4 rows' values for block c.
@@ -94,13 +104,13 @@ inline void unit_scales4(const std::byte* const* units, __m128* d, __m128* m) {
 }
 
 // NW <= 4 weight rows (w: the first) against nx activation rows; W widens and multiplies.
-template <class W, GgmlType T, int NW>
+template <class W, GgmlType T, int NW, bool One>
 void tile_units(const std::byte* w, std::size_t row_bytes, const BlockQ16x* xq, std::int64_t nx, std::int64_t nb,
                 float* y, std::int64_t ldy) {
   static_assert(NW >= 1 && NW <= 4);
   constexpr Q16Unit g = q16_unit(T);
   const std::int64_t nu = nb / g.blocks;
-  const bool one = nx == 1;
+  constexpr bool one = One;  // a decode row: its own instantiation, no per-block branch
   __m256 acc1 = _mm256_setzero_ps();
   __m128 macc1 = _mm_setzero_ps();
   __m256 acc[kSweepRows];
@@ -110,6 +120,14 @@ void tile_units(const std::byte* w, std::size_t row_bytes, const BlockQ16x* xq, 
     macc[i] = _mm_setzero_ps();
   }
   for (std::int64_t u = 0; u < nu; ++u) {
+    if constexpr (one) {
+      // A decode row reads each weight once, from DRAM, in tasks of a few KiB: four rows of a few
+      // hundred bytes each are streams too short for the hardware prefetcher, so the tile asks
+      // for the bytes kUnitsPrefetchBytes past its own (the rows are contiguous: the next tile,
+      // then the next task), as far along as it has read its own.
+      const std::byte* ahead = w + kUnitsPrefetchBytes + static_cast<std::size_t>(u) * 4 * g.bytes;
+      prefetch_lines<kPrefetchToL1>(ahead, 4 * g.bytes);
+    }
     const std::byte* units[NW];
     for (int r = 0; r < NW; ++r) {
       units[r] = w + static_cast<std::size_t>(r) * row_bytes + static_cast<std::size_t>(u) * g.bytes;
@@ -123,7 +141,7 @@ void tile_units(const std::byte* w, std::size_t row_bytes, const BlockQ16x* xq, 
       for (int r = 0; r < 4; ++r) wv[r] = r < NW ? W::template widen<T>(units[r], c) : W::zero();
       const __m256 d8 = pair_lanes(d4[c]);
       const std::int64_t b = u * g.blocks + c;
-      if (one) {
+      if constexpr (one) {
         acc1 = W::accumulate(wv, xq[b], d8, acc1);
         if constexpr (g.has_m) macc1 = _mm_fmadd_ps(m4[c], _mm_broadcast_ss(&xq[b].s), macc1);
       } else {
@@ -135,10 +153,27 @@ void tile_units(const std::byte* w, std::size_t row_bytes, const BlockQ16x* xq, 
       }
     }
   }
-  if (one) {
+  if constexpr (one) {
     store_row_sums(acc1, macc1, NW, y);
   } else {
     for (std::int64_t i = 0; i < nx; ++i) store_row_sums(acc[i], macc[i], NW, y + i * ldy);
+  }
+}
+
+// Every 4-row tile of nw rows, then the 1-3 rows past the last one.
+template <class W, GgmlType T, bool One>
+void tiles_units(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ16x* xt, std::int64_t n,
+                 std::int64_t nb, float* yt, std::int64_t ldy) {
+  std::int64_t r = 0;
+  for (; r + 4 <= nw; r += 4) {
+    tile_units<W, T, 4, One>(w + static_cast<std::size_t>(r) * row_bytes, row_bytes, xt, n, nb, yt + r, ldy);
+  }
+  const std::byte* wr = w + static_cast<std::size_t>(r) * row_bytes;
+  switch (nw - r) {
+    case 3: tile_units<W, T, 3, One>(wr, row_bytes, xt, n, nb, yt + r, ldy); break;
+    case 2: tile_units<W, T, 2, One>(wr, row_bytes, xt, n, nb, yt + r, ldy); break;
+    case 1: tile_units<W, T, 1, One>(wr, row_bytes, xt, n, nb, yt + r, ldy); break;
+    default: break;
   }
 }
 
@@ -150,16 +185,10 @@ void gemm_units(const std::byte* w, std::size_t row_bytes, std::int64_t nw, cons
     const std::int64_t n = std::min(kSweepRows, nx - x0);
     const BlockQ16x* xt = xq + x0 * nb;
     float* yt = y + x0 * ldy;
-    std::int64_t r = 0;
-    for (; r + 4 <= nw; r += 4) {
-      tile_units<W, T, 4>(w + static_cast<std::size_t>(r) * row_bytes, row_bytes, xt, n, nb, yt + r, ldy);
-    }
-    const std::byte* wr = w + static_cast<std::size_t>(r) * row_bytes;
-    switch (nw - r) {
-      case 3: tile_units<W, T, 3>(wr, row_bytes, xt, n, nb, yt + r, ldy); break;
-      case 2: tile_units<W, T, 2>(wr, row_bytes, xt, n, nb, yt + r, ldy); break;
-      case 1: tile_units<W, T, 1>(wr, row_bytes, xt, n, nb, yt + r, ldy); break;
-      default: break;
+    if (n == 1) {
+      tiles_units<W, T, true>(w, row_bytes, nw, xt, n, nb, yt, ldy);
+    } else {
+      tiles_units<W, T, false>(w, row_bytes, nw, xt, n, nb, yt, ldy);
     }
   }
 }

@@ -214,13 +214,13 @@ void tile_q16_row(const std::byte* w, std::size_t row_bytes, std::int64_t r0, co
   for (std::int64_t b = 0; b < nb; ++b) {
     if constexpr (L == WeightLayout::rows4 && NW == 4) {
       // Decode streams every weight once per token from DRAM, in tasks of a few KiB that the
-      // hardware prefetcher barely ramps up on, so the group stream is asked for 16 KiB ahead (into
-      // the next task, whichever core takes it: it lands in the shared L3 at least). Nearer and
-      // farther distances gain less (bench/results/quant-matmul.md).
-      _mm_prefetch(
-          reinterpret_cast<const char*>(w + static_cast<std::size_t>(r0) * row_bytes +
-                                        static_cast<std::size_t>(b) * 4 * block_geom(T).bytes + kPrefetchBytes),
-          _MM_HINT_T0);
+      // hardware prefetcher barely ramps up on, so each cache line of the group stream is asked
+      // for 16 KiB ahead (into the next task, whichever core takes it: it lands in the shared L3
+      // at least). A block of 4 rows spans two or three lines: asking for one of them leaves the
+      // others to demand misses (bench/results/quant-matmul.md).
+      prefetch_lines<kPrefetchToL1>(w + static_cast<std::size_t>(r0) * row_bytes +
+                                        static_cast<std::size_t>(b) * 4 * block_geom(T).bytes + kPrefetchBytes,
+                                    4 * block_geom(T).bytes);
     }
     alignas(16) float d[4] = {}, m[4] = {};
     load_scales<T, L, NW>(w, row_bytes, r0, b, d, m);
