@@ -19,6 +19,7 @@
 #include "ops/q16_units.h"
 #include "ops/quant_kernels.h"
 #include "ops/quant_types.h"
+#include "ops/repack.h"
 
 namespace {
 
@@ -462,6 +463,45 @@ TEST(KQuantMatmul, PromptTilesEqualScalarBitwise) {
         }
       }
     }
+  }
+}
+
+// RepackedWeights copies the block types with rows-layout kernels as they are (into its huge
+// pages; the file's pages are handed back slice by slice): same bytes, same layout, the same
+// products bit for bit, and every row handed to `copied` once.
+TEST(KQuantMatmul, PlacedWeightsAreCopiedAsTheyAre) {
+  const std::int64_t cols = 512;
+  for (GgmlType t : kQ16UnitTypes) {
+    const std::int64_t rows = 4 * 700 + 3;  // several 1 MiB slices for the K-quants; not a multiple of 4
+    const auto wb = random_matrix(t, rows, cols, 77);
+    const WeightMatrix original{t, wb.data(), rows, cols, row_size(t, cols)};
+    WeightMatrix placed = original;
+    std::int64_t handed_rows = 0;
+    const void* next = wb.data();
+    RepackedWeights store;
+    ASSERT_TRUE(store
+                    .repack({&placed},
+                            [&](const WeightMatrix& part) {
+                              EXPECT_EQ(part.data, next) << ggml_type_name(t);
+                              next = static_cast<const std::byte*>(part.data) +
+                                     static_cast<std::size_t>(part.rows) * original.row_bytes;
+                              handed_rows += part.rows;
+                            })
+                    .is_ok());
+    if (store.bytes() == 0) GTEST_SKIP() << "KALLPA_REPACK=0 turns placement off";
+    EXPECT_EQ(store.bytes(), wb.size()) << ggml_type_name(t);
+    EXPECT_EQ(placed.layout, WeightLayout::rows) << ggml_type_name(t);
+    EXPECT_NE(placed.data, original.data) << ggml_type_name(t);
+    EXPECT_EQ(std::memcmp(placed.data, wb.data(), wb.size()), 0) << ggml_type_name(t);
+    EXPECT_EQ(handed_rows, rows) << ggml_type_name(t);
+    std::vector<float> x(static_cast<std::size_t>(cols));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.11f * static_cast<float>(i));
+    MatmulOptions o;
+    o.activations = MatmulOptions::Activations::q16;
+    std::vector<float> want(static_cast<std::size_t>(rows)), got(want.size());
+    ASSERT_TRUE(matmul(original, x.data(), 1, cols, want.data(), rows, o).is_ok());
+    ASSERT_TRUE(matmul(placed, x.data(), 1, cols, got.data(), rows, o).is_ok());
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0) << ggml_type_name(t);
   }
 }
 

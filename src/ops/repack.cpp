@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/q16_units.h"
 #include "ops/quant_kernels.h"
 
 namespace kallpa::ops {
@@ -42,13 +43,24 @@ Result<WeightMatrix> repack_rows4(const WeightMatrix& w, std::byte* dst) {
   return out;
 }
 
+namespace {
+
+// Block types whose decode kernels read the rows layout (ops/q16_units.h) are copied as they are:
+// their products stream them from huge pages rather than the file's 4 KiB ones.
+bool copied_as_is(const WeightMatrix& w) noexcept {
+  return kernels::has_q16_unit_kernel(w.type) && w.layout == WeightLayout::rows && w.data != nullptr &&
+         w.row_bytes != 0 && w.row_bytes == row_size(w.type, w.cols);
+}
+
+}  // namespace
+
 Status RepackedWeights::repack(std::vector<WeightMatrix*> matrices,
                                const std::function<void(const WeightMatrix&)>& copied) {
   const char* env = std::getenv("KALLPA_REPACK");
   if (env != nullptr && std::string_view(env) == "0") return {};
   std::size_t total = 0;
   for (const WeightMatrix* m : matrices) {
-    if (can_repack_rows4(*m)) total += static_cast<std::size_t>(m->rows) * m->row_bytes;
+    if (can_repack_rows4(*m) || copied_as_is(*m)) total += static_cast<std::size_t>(m->rows) * m->row_bytes;
   }
   auto buffer = HugeBuffer::allocate(total, "repack");
   if (!buffer) return buffer.status();
@@ -59,7 +71,8 @@ Status RepackedWeights::repack(std::vector<WeightMatrix*> matrices,
   // never resident twice while it is copied.
   constexpr std::size_t kSliceBytes = 1u << 20;
   for (WeightMatrix* m : matrices) {
-    if (!can_repack_rows4(*m)) continue;
+    const bool rows4 = can_repack_rows4(*m);
+    if (!rows4 && !copied_as_is(*m)) continue;
     const std::int64_t slice_rows =
         std::max<std::int64_t>(4, static_cast<std::int64_t>(kSliceBytes / m->row_bytes) / 4 * 4);
     std::byte* dst = storage_.data() + at;
@@ -67,13 +80,18 @@ Status RepackedWeights::repack(std::vector<WeightMatrix*> matrices,
       WeightMatrix slice = *m;
       slice.data = static_cast<const std::byte*>(m->data) + static_cast<std::size_t>(first) * m->row_bytes;
       slice.rows = std::min(slice_rows, m->rows - first);
-      auto r = repack_rows4(slice, dst + static_cast<std::size_t>(first) * m->row_bytes);
-      if (!r) return r.status();
+      std::byte* to = dst + static_cast<std::size_t>(first) * m->row_bytes;
+      if (rows4) {
+        auto r = repack_rows4(slice, to);
+        if (!r) return r.status();
+      } else {
+        std::memcpy(to, slice.data, static_cast<std::size_t>(slice.rows) * m->row_bytes);
+      }
       if (copied) copied(slice);
     }
     at += static_cast<std::size_t>(m->rows) * m->row_bytes;
     m->data = dst;
-    m->layout = WeightLayout::rows4;
+    if (rows4) m->layout = WeightLayout::rows4;
   }
   return {};
 }

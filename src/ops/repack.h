@@ -27,8 +27,10 @@ Result<WeightMatrix> repack_rows4(const WeightMatrix& w, std::byte* dst);
 // once per token, and with 4 KiB pages that is ~25k TLB misses per token for SmolLM2-135M.
 class RepackedWeights {
  public:
-  // Repacks each matrix that can_repack_rows4 accepts, in place in *matrices (the others are left
-  // as they are), unless KALLPA_REPACK=0 is set in the environment. `copied` (may be empty) is
+  // Repacks each matrix that can_repack_rows4 accepts, in place in *matrices, and copies those of
+  // the block types with rows-layout Q16 kernels (ops/q16_units.h: Q5_0, the K-quants, ..) as they
+  // are, so that every quantised matrix is read from the huge pages (the others, float weights,
+  // are left where they are), unless KALLPA_REPACK=0 is set in the environment. `copied` (may be empty) is
   // called with each part of an original (a range of its rows) right after its copy is written.
   Status repack(std::vector<WeightMatrix*> matrices, const std::function<void(const WeightMatrix&)>& copied = {});
   std::size_t bytes() const noexcept { return storage_.size(); }
