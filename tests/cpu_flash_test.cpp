@@ -849,7 +849,7 @@ TEST(CpuFlash, DecodeKernelRule) {
     build(s, b);
     auto vp = validate(b.p);
     EXPECT_TRUE(vp.is_ok()) << vp.status().to_string();
-    return cpu_flash::decode_facts(*vp, cpu_flash::make_decode_plan(*vp));
+    return cpu_flash::decode_facts(*vp, cpu_flash::make_decode_plan(*vp).seq_kv_bytes_max);
   };
   const Spec gqa{.dt = DType::f16, .sq = {1}, .skv = {4096}, .hq = 32, .hkv = 8, .d = 64, .dv = 64, .lse = true};
   const DecodeFacts f = facts(gqa);
@@ -963,6 +963,204 @@ TEST(CpuFlash, ConcurrentRuns) {
     });
   for (auto& t : ts) t.join();
   EXPECT_EQ(mismatches.load(), 0);
+}
+
+// Batch invariance: one sequence's results do not depend on what else is in the call.
+//
+// A batch is built as the engine builds one (llama_model.cpp): packed f32 queries, a paged K/V
+// cache (blocks of 16 keys, each sequence's blocks scattered through the pool), causal. Each
+// sequence's queries, keys and values come from its own seed, so the same sequence holds the same
+// values wherever it lands in a batch.
+struct InvariantSeq {
+  std::int32_t sq = 1, skv = 1;  // query rows (the last sq positions) and keys
+  unsigned seed = 1;
+};
+
+struct InvariantShape {
+  DType kv = DType::f16;
+  std::int32_t hq = 9, hkv = 3, d = 64;
+  std::int64_t window_left = -1;
+  float softcap = 0.0f;
+};
+
+struct InvariantBatch {
+  std::vector<float> q, o, lse;
+  std::vector<std::uint16_t> k16, v16;
+  std::vector<float> k32, v32;
+  std::vector<std::int32_t> cu_q, seqlens, table;
+  AttentionProblem p;
+};
+
+void build_invariant(const InvariantShape& sh, const std::vector<InvariantSeq>& seqs, unsigned layout_seed,
+                     InvariantBatch& out) {
+  constexpr std::int32_t kPage = 16;
+  const auto B = static_cast<std::int32_t>(seqs.size());
+  std::int32_t max_blocks = 1, n_blocks = 0;
+  out.cu_q.assign(1, 0);
+  for (const InvariantSeq& s : seqs) {
+    out.cu_q.push_back(out.cu_q.back() + s.sq);
+    out.seqlens.push_back(s.skv);
+    max_blocks = std::max(max_blocks, (s.skv + kPage - 1) / kPage);
+    n_blocks += (s.skv + kPage - 1) / kPage;
+  }
+  // Every sequence's blocks at places in the pool that depend on the batch (layout_seed).
+  std::vector<std::int32_t> where(static_cast<std::size_t>(n_blocks));
+  std::iota(where.begin(), where.end(), 0);
+  std::mt19937 layout(layout_seed);
+  std::shuffle(where.begin(), where.end(), layout);
+  out.table.assign(static_cast<std::size_t>(B * max_blocks), 0);
+  const std::int64_t row = static_cast<std::int64_t>(sh.hkv) * sh.d;  // elements per key row
+  const std::size_t pool = static_cast<std::size_t>(n_blocks) * kPage * static_cast<std::size_t>(row);
+  const bool f32 = sh.kv == DType::f32;
+  if (f32) {
+    out.k32.assign(pool, 0.0f);
+    out.v32.assign(pool, 0.0f);
+  } else {
+    out.k16.assign(pool, 0);
+    out.v16.assign(pool, 0);
+  }
+  const std::int64_t total_q = out.cu_q.back();
+  out.q.assign(static_cast<std::size_t>(total_q * sh.hq * sh.d), 0.0f);
+  std::size_t next = 0;
+  for (std::int32_t b = 0; b < B; ++b) {
+    const InvariantSeq& s = seqs[static_cast<std::size_t>(b)];
+    // Cheap values in [-2, 2) (a batch holds tens of thousands of keys): xorshift, the sequence's seed.
+    std::uint64_t state = 0x9e3779b97f4a7c15ull * (s.seed + 1);
+    auto dist = [&state] {
+      state ^= state << 13;
+      state ^= state >> 7;
+      state ^= state << 17;
+      return static_cast<float>(static_cast<std::int64_t>(state >> 40) - (1 << 23)) / static_cast<float>(1 << 22);
+    };
+    for (std::int64_t e = 0; e < static_cast<std::int64_t>(s.sq) * sh.hq * sh.d; ++e)
+      out.q[static_cast<std::size_t>(out.cu_q[static_cast<std::size_t>(b)] * sh.hq * sh.d + e)] = dist();
+    const std::int32_t blocks = (s.skv + kPage - 1) / kPage;
+    for (std::int32_t n = 0; n < blocks; ++n) out.table[static_cast<std::size_t>(b * max_blocks + n)] = where[next++];
+    for (std::int32_t j = 0; j < s.skv; ++j) {
+      const std::int64_t at =
+          (static_cast<std::int64_t>(out.table[static_cast<std::size_t>(b * max_blocks + j / kPage)]) * kPage +
+           j % kPage) *
+          row;
+      for (std::int64_t x = 0; x < 2 * row; ++x) {
+        const float val = dist();
+        const auto e = static_cast<std::size_t>(at + x % row);
+        if (f32) (x < row ? out.k32 : out.v32)[e] = val;
+        else (x < row ? out.k16 : out.v16)[e] = sh.kv == DType::f16 ? f32_to_f16(val) : f32_to_bf16(val);
+      }
+    }
+  }
+  out.o.assign(out.q.size(), 0.0f);
+  out.lse.assign(static_cast<std::size_t>(sh.hq * total_q), 0.0f);
+  AttentionProblem& p = out.p;
+  p.q_layout = QLayout::packed;
+  p.kv_layout = KvLayout::paged;
+  p.batch = B;
+  p.q = make_contiguous_view(out.q.data(), DType::f32, {total_q, sh.hq, sh.d});
+  p.o = make_contiguous_view(out.o.data(), DType::f32, {total_q, sh.hq, sh.d});
+  p.lse = make_contiguous_view(out.lse.data(), DType::f32, {sh.hq, total_q});
+  void* kd = f32 ? static_cast<void*>(out.k32.data()) : static_cast<void*>(out.k16.data());
+  void* vd = f32 ? static_cast<void*>(out.v32.data()) : static_cast<void*>(out.v16.data());
+  p.k = make_contiguous_view(kd, sh.kv, {n_blocks, kPage, sh.hkv, sh.d});
+  p.v = make_contiguous_view(vd, sh.kv, {n_blocks, kPage, sh.hkv, sh.d});
+  p.cu_seqlens_q = out.cu_q.data();
+  p.block_table = out.table.data();
+  p.max_blocks_per_seq = max_blocks;
+  p.seqlens_k = out.seqlens.data();
+  p.causal = true;
+  p.window_left = sh.window_left;
+  p.softcap = sh.softcap;
+}
+
+// Runs the batch on each backend in turn and returns sequence `which`'s o and lse from each, in
+// its logical order.
+std::vector<Out> run_invariant(std::initializer_list<CpuFlashBackend*> backends, const InvariantShape& sh,
+                               const std::vector<InvariantSeq>& seqs, std::size_t which, unsigned layout_seed) {
+  InvariantBatch batch;
+  build_invariant(sh, seqs, layout_seed, batch);
+  auto vp = validate(batch.p);
+  EXPECT_TRUE(vp.is_ok()) << vp.status().to_string();
+  std::vector<Out> outs;
+  if (!vp.is_ok()) return outs;
+  for (CpuFlashBackend* be : backends) {
+    std::fill(batch.o.begin(), batch.o.end(), 0.0f);
+    std::fill(batch.lse.begin(), batch.lse.end(), 0.0f);
+    std::vector<std::byte> ws(be->workspace_size(*vp) + 64);
+    const Status st = be->run(*vp, {ws.data(), ws.size()});
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    const std::int64_t total_q = batch.cu_q.back();
+    const std::int64_t q0 = batch.cu_q[which], q1 = batch.cu_q[which + 1];
+    Out& out = outs.emplace_back();
+    for (std::int64_t i = q0; i < q1; ++i)
+      for (std::int32_t h = 0; h < sh.hq; ++h) {
+        const float* o = batch.o.data() + (i * sh.hq + h) * sh.d;
+        out.o.insert(out.o.end(), o, o + sh.d);
+        out.lse.push_back(batch.lse[static_cast<std::size_t>(h * total_q + i)]);
+      }
+  }
+  return outs;
+}
+
+bool same_bits(const Out& a, const Out& b) {
+  return a.o.size() == b.o.size() && a.lse.size() == b.lse.size() && !a.o.empty() &&
+         std::memcmp(a.o.data(), b.o.data(), a.o.size() * sizeof(float)) == 0 &&
+         std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(float)) == 0;
+}
+
+// A sequence's o and lse are the same bits alone and in batches of decode steps and prompt chunks
+// of any lengths, on one thread and on two: the decode path's chunks and kernel, and the tiled
+// path's splits, follow from the sequence's own shape only (docs/cpu-flash.md), which is what
+// lets the server promise the same text for the same seed alone or batched.
+TEST(CpuFlash, BatchInvariant) {
+  // Sequences under test: decode steps short and long (one chunk; several, merged), a
+  // speculative-style step of 4 rows (still decode-shaped with a group of 3), prompt chunks that
+  // alone split their keys (few query tiles), and a whole prompt.
+  const std::vector<InvariantSeq> targets{{1, 37, 11},   {1, 700, 12},   {1, 3000, 13},  {1, 9000, 14},
+                                          {4, 1500, 15}, {16, 2100, 16}, {64, 1200, 17}, {256, 256, 18}};
+  // Others to batch them with: decode steps of many lengths, prompt chunks early and late.
+  const std::vector<InvariantSeq> others{{1, 5, 21},     {1, 130, 22}, {1, 1024, 23},  {1, 4100, 24},
+                                         {1, 12000, 25}, {2, 333, 26}, {256, 512, 27}, {64, 3000, 28},
+                                         {1, 2047, 29},  {5, 260, 30}, {1, 64, 31},    {128, 128, 32}};
+  // Batches around a target (at position `at`): the others' sublists and where the target goes.
+  struct Mix {
+    std::vector<std::size_t> with;  // indices into others
+    std::size_t at;
+  };
+  const std::vector<Mix> mixes{
+      {{0, 1, 2, 3, 4, 8, 10}, 3},                  // decode steps only
+      {{6, 0, 1, 2, 3, 4, 5, 8, 9, 10}, 11},        // a prompt chunk first, decode steps after
+      {{7, 11, 2, 4}, 0},                           // prompt chunks beside it
+      {{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 6},  // everything
+  };
+  const std::vector<InvariantShape> shapes{
+      {},  // SmolLM2: 9/3 heads, D64, f16 cache
+      {.kv = DType::bf16, .hq = 8, .hkv = 2, .d = 128, .window_left = 1000, .softcap = 30.0f},  // Gemma-like
+      {.kv = DType::f32, .hq = 4, .hkv = 4, .d = 64},                                           // MHA, f32 cache
+  };
+  CpuFlashBackend one(Options{1, Path::automatic});
+  CpuFlashBackend two(Options{2, Path::automatic});
+  for (const InvariantShape& sh : shapes) {
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+      const InvariantSeq& target = targets[t];
+      SCOPED_TRACE("kv " + std::string(dtype_name(sh.kv)) + " heads " + std::to_string(sh.hq) + "/" +
+                   std::to_string(sh.hkv) + " d" + std::to_string(sh.d) + ", sequence sq " + std::to_string(target.sq) +
+                   " skv " + std::to_string(target.skv));
+      const std::vector<Out> alone = run_invariant({&one, &two}, sh, {target}, 0, 1);
+      ASSERT_EQ(alone.size(), 2u);
+      ASSERT_FALSE(alone[0].o.empty());
+      ASSERT_TRUE(same_bits(alone[0], alone[1])) << "alone, 2 threads";
+      for (std::size_t m = 0; m < mixes.size(); ++m) {
+        std::vector<InvariantSeq> batch;
+        for (std::size_t w : mixes[m].with) batch.push_back(others[w]);
+        const std::size_t at = std::min(mixes[m].at, batch.size());
+        batch.insert(batch.begin() + static_cast<std::ptrdiff_t>(at), target);
+        const std::vector<Out> batched = run_invariant({&one, &two}, sh, batch, at, static_cast<unsigned>(10 + m));
+        ASSERT_EQ(batched.size(), 2u);
+        for (int threads : {1, 2})
+          EXPECT_TRUE(same_bits(alone[0], batched[static_cast<std::size_t>(threads - 1)]))
+              << "batch " << m << " (" << batch.size() << " sequences), " << threads << " thread(s)";
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -213,7 +213,7 @@ struct Scratch {
 using DecodeTaskFn = void (*)(const ValidatedProblem&, const DecodePlan&, const DecodeTask&, void*, std::byte*,
                               std::int32_t*);
 
-// Runs a decode kernel over the backend's decode plan on every thread of the pool.
+// Runs a decode kernel over the backend's decode plan on every thread of the pool, one chunk per task.
 inline void run_decode(const ValidatedProblem& vp, DecodeTaskFn task_fn) {
   const DecodePlan plan = make_decode_plan(vp);
   auto& pool = parallel::ThreadPool::global();
@@ -224,9 +224,9 @@ inline void run_decode(const ValidatedProblem& vp, DecodeTaskFn task_fn) {
   auto* counters = reinterpret_cast<std::int32_t*>(slots + static_cast<std::size_t>(plan.n_slots) * plan.slot_bytes);
   std::fill(counters, counters + plan.n_counters, 0);
   pool.parallel_for(
-      static_cast<std::int64_t>(plan.tasks.size()),
+      static_cast<std::int64_t>(plan.chunks.size()),
       [&](std::int64_t t, int worker) {
-        task_fn(vp, plan, plan.tasks[static_cast<std::size_t>(t)],
+        task_fn(vp, plan, plan.chunks[static_cast<std::size_t>(t)],
                 base + static_cast<std::size_t>(worker) * plan.worker_bytes, slots, counters);
       },
       threads);

@@ -1,6 +1,6 @@
-// cpu-flash driver: support verdicts, the shape-only work plans (tasks, splits, workspace) and the
-// per-thread reuse of the last one, the decode kernel choice, the generic scalar path and the
-// split-KV combine. The SIMD kernels live in prefill.cpp and decode_*.cpp.
+// cpu-flash driver: support verdicts, the work plans (each sequence's tasks and splits from its own
+// shape, the workspace) and the per-thread reuse of the last one, each sequence's decode kernel
+// choice, the generic scalar path and the split-KV combine. The SIMD kernels live in prefill.cpp and decode_*.cpp.
 #include "backends/cpu-flash/cpu_flash.h"
 
 #include <algorithm>
@@ -186,15 +186,22 @@ Plan make_plan(const ValidatedProblem& vp) {
   const std::int32_t hchunks = static_cast<std::int32_t>((group + kRowTarget - 1) / kRowTarget);
   const std::int32_t nh = (group + hchunks - 1) / hchunks;
   const std::int64_t mq = std::max<std::int64_t>(1, kRowTarget / nh);
+  // A sequence whose tasks are fewer than this is split along its keys (when it has at least two
+  // splits' worth of keys, kMinSplitKeys each), so that one long sequence still keeps the threads
+  // busy. Counted per sequence, never per call: a sequence's splits, and so the order its keys are
+  // summed in, do not depend on what else is in the batch.
+  constexpr std::int64_t kParallelUnits = 32;
+  constexpr std::int64_t kMinSplitKeys = 4 * kKeyTile;
 
   struct Base {
-    std::int32_t b;
     std::int64_t i0, ni, k_begin, k_end;
     double cost;
   };
   std::vector<Base> bases;
   for (std::int32_t b = 0; b < vp.batch(); ++b) {
     const std::int64_t sq = vp.seqlen_q(b);
+    if (sq == 0 || decode_shaped(vp, b)) continue;
+    bases.clear();
     for (std::int64_t i0 = 0; i0 < sq; i0 += mq) {
       const std::int64_t ni = std::min(mq, sq - i0);
       std::int64_t lo = std::numeric_limits<std::int64_t>::max(), hi = -1;
@@ -208,52 +215,50 @@ Plan make_plan(const ValidatedProblem& vp) {
       }
       if (hi < 0) lo = hi = 0;  // no visible key: the task only writes zeros
       else ++hi;
-      bases.push_back({b, i0, ni, lo, hi, keys});
+      bases.push_back({i0, ni, lo, hi, keys});
     }
-  }
-  const std::int64_t n_base = static_cast<std::int64_t>(bases.size()) * vp.hkv() * hchunks;
-  constexpr std::int64_t kParallelUnits = 32;
-  constexpr std::int64_t kMinSplitKeys = 4 * kKeyTile;
-  const std::int64_t want_splits = n_base > 0 ? std::max<std::int64_t>(1, kParallelUnits / n_base) : 1;
+    const std::int64_t n_base = static_cast<std::int64_t>(bases.size()) * vp.hkv() * hchunks;
+    const std::int64_t want_splits = std::max<std::int64_t>(1, kParallelUnits / n_base);
 
-  for (const Base& base : bases) {
-    const std::int64_t span = base.k_end - base.k_begin;
-    std::int64_t splits = std::min<std::int64_t>(want_splits, span / kMinSplitKeys);
-    if (splits < 2) splits = 1;
-    const std::int64_t tiles = (span + kKeyTile - 1) / kKeyTile;
-    const std::int64_t tiles_per_split = (tiles + splits - 1) / std::max<std::int64_t>(1, splits);
-    if (splits > 1) splits = (tiles + tiles_per_split - 1) / tiles_per_split;
-    for (std::int32_t kvh = 0; kvh < vp.hkv(); ++kvh) {
-      for (std::int32_t hc = 0; hc < hchunks; ++hc) {
-        Task t;
-        t.b = base.b;
-        t.kvh = kvh;
-        t.h0 = hc * nh;
-        t.nh = std::min(nh, group - hc * nh);
-        t.i0 = base.i0;
-        t.ni = base.ni;
-        plan.rows_max = std::max(plan.rows_max, t.ni * t.nh);
-        const double row_cost = static_cast<double>(vp.head_dim() + vp.head_dim_v()) * t.nh;
-        if (splits == 1) {
-          t.k_begin = base.k_begin;
-          t.k_end = base.k_end;
-          t.cost = base.cost * row_cost + 1.0;
-          plan.tasks.push_back(t);
-          continue;
+    for (const Base& base : bases) {
+      const std::int64_t span = base.k_end - base.k_begin;
+      std::int64_t splits = std::min<std::int64_t>(want_splits, span / kMinSplitKeys);
+      if (splits < 2) splits = 1;
+      const std::int64_t tiles = (span + kKeyTile - 1) / kKeyTile;
+      const std::int64_t tiles_per_split = (tiles + splits - 1) / std::max<std::int64_t>(1, splits);
+      if (splits > 1) splits = (tiles + tiles_per_split - 1) / tiles_per_split;
+      for (std::int32_t kvh = 0; kvh < vp.hkv(); ++kvh) {
+        for (std::int32_t hc = 0; hc < hchunks; ++hc) {
+          Task t;
+          t.b = b;
+          t.kvh = kvh;
+          t.h0 = hc * nh;
+          t.nh = std::min(nh, group - hc * nh);
+          t.i0 = base.i0;
+          t.ni = base.ni;
+          plan.rows_max = std::max(plan.rows_max, t.ni * t.nh);
+          const double row_cost = static_cast<double>(vp.head_dim() + vp.head_dim_v()) * t.nh;
+          if (splits == 1) {
+            t.k_begin = base.k_begin;
+            t.k_end = base.k_end;
+            t.cost = base.cost * row_cost + 1.0;
+            plan.tasks.push_back(t);
+            continue;
+          }
+          Combine c;
+          c.rows = t;
+          c.first_partial = plan.n_partials;
+          c.splits = static_cast<std::int32_t>(splits);
+          for (std::int64_t sp = 0; sp < splits; ++sp) {
+            Task st = t;
+            st.k_begin = base.k_begin + sp * tiles_per_split * kKeyTile;
+            st.k_end = std::min(base.k_end, st.k_begin + tiles_per_split * kKeyTile);
+            st.partial = plan.n_partials++;
+            st.cost = base.cost * row_cost / static_cast<double>(splits) + 1.0;
+            plan.tasks.push_back(st);
+          }
+          plan.combines.push_back(c);
         }
-        Combine c;
-        c.rows = t;
-        c.first_partial = plan.n_partials;
-        c.splits = static_cast<std::int32_t>(splits);
-        for (std::int64_t s = 0; s < splits; ++s) {
-          Task st = t;
-          st.k_begin = base.k_begin + s * tiles_per_split * kKeyTile;
-          st.k_end = std::min(base.k_end, st.k_begin + tiles_per_split * kKeyTile);
-          st.partial = plan.n_partials++;
-          st.cost = base.cost * row_cost / static_cast<double>(splits) + 1.0;
-          plan.tasks.push_back(st);
-        }
-        plan.combines.push_back(c);
       }
     }
   }
@@ -265,6 +270,7 @@ Plan make_plan(const ValidatedProblem& vp) {
     if (a.h0 != b.h0) return a.h0 < b.h0;
     return a.cost > b.cost;
   });
+  if (plan.tasks.empty()) return plan;
   const auto layout = scratch_layout(plan.rows_max, vp.head_dim(), vp.head_dim_v());
   plan.worker_bytes = layout.total;
   plan.partial_bytes =
@@ -272,21 +278,14 @@ Plan make_plan(const ValidatedProblem& vp) {
   return plan;
 }
 
-bool decode_applicable(const ValidatedProblem& vp) noexcept {
-  return fast_applicable(vp) && vp.max_seqlen_q() * vp.group_size() <= kDecodeMaxRows;
-}
-
 DecodePlan make_decode_plan(const ValidatedProblem& vp) {
   DecodePlan plan;
-  struct Seq {
-    std::int32_t b;
-    std::int64_t lo, hi;
-  };
-  std::vector<Seq> seqs;
-  std::int64_t total = 0;
+  std::int64_t total = 0;  // keys of every decode sequence
+  const double key_bytes = vp.hkv() * (vp.head_dim() * static_cast<double>(dtype_size(vp.problem().k.dtype)) +
+                                       vp.head_dim_v() * static_cast<double>(dtype_size(vp.problem().v.dtype)));
   for (std::int32_t b = 0; b < vp.batch(); ++b) {
     const std::int64_t sq = vp.seqlen_q(b);
-    if (sq == 0) continue;
+    if (sq == 0 || !decode_shaped(vp, b)) continue;
     std::int64_t lo = std::numeric_limits<std::int64_t>::max(), hi = -1;
     for (std::int64_t i = 0; i < sq; ++i) {
       const auto r = vp.visible_keys(b, i);
@@ -296,23 +295,19 @@ DecodePlan make_decode_plan(const ValidatedProblem& vp) {
     }
     if (hi < 0) lo = hi = 0;  // no visible key: the task only writes zeros
     else ++hi;
-    seqs.push_back({b, lo, hi});
-    total += hi - lo;
-    plan.kv_bytes += static_cast<double>(hi - lo) * vp.hkv() *
-                     (vp.head_dim() * static_cast<double>(dtype_size(vp.problem().k.dtype)) +
-                      vp.head_dim_v() * static_cast<double>(dtype_size(vp.problem().v.dtype)));
+    const std::int64_t span = hi - lo;
+    DecodeTask t;
+    t.b = b;
+    t.kv_bytes = static_cast<double>(span) * key_bytes;
+    plan.kv_bytes += t.kv_bytes;
+    plan.seq_kv_bytes_max = std::max(plan.seq_kv_bytes_max, t.kv_bytes);
     plan.rows_max = std::max<std::int64_t>(plan.rows_max, sq * vp.hq());
-  }
-  // Chunks from the shape only (never the thread count), so results do not depend on threads.
-  const std::int64_t chunk = std::clamp(round_up((total + kDecodeChunksTarget - 1) / kDecodeChunksTarget, kDecodeBlock),
-                                        kDecodeMinChunk, kDecodeMaxChunk);
-  for (const Seq& s : seqs) {
-    const std::int64_t span = s.hi - s.lo;
+    // Chunks from the sequence's own span (never the batch or the thread count), so its keys are
+    // summed in the same order alone, batched, and on any number of threads.
+    const std::int64_t chunk = decode_chunk_keys(span);
     std::int64_t n = std::max<std::int64_t>(1, (span + chunk - 1) / chunk);
     const std::int64_t per = n == 1 ? span : round_up((span + n - 1) / n, kDecodeBlock);
     if (n > 1) n = (span + per - 1) / per;
-    DecodeTask t;
-    t.b = s.b;
     t.chunks = static_cast<std::int32_t>(n);
     if (n > 1) {
       t.first_slot = plan.n_slots;
@@ -321,17 +316,43 @@ DecodePlan make_decode_plan(const ValidatedProblem& vp) {
     }
     for (std::int64_t c = 0; c < n; ++c) {
       t.chunk = static_cast<std::int32_t>(c);
-      t.k_begin = s.lo + c * per;
-      t.k_end = n == 1 ? s.hi : std::min(s.hi, t.k_begin + per);
-      plan.tasks.push_back(t);
+      t.k_begin = lo + c * per;
+      t.k_end = n == 1 ? hi : std::min(hi, t.k_begin + per);
+      plan.chunks.push_back(t);
     }
+    total += span;
   }
-  // Longest chunks first, so that the last tasks handed out are short and the threads finish together.
-  std::stable_sort(plan.tasks.begin(), plan.tasks.end(), [&](const DecodeTask& a, const DecodeTask& b) {
-    return (a.k_end - a.k_begin) * vp.seqlen_q(a.b) > (b.k_end - b.k_begin) * vp.seqlen_q(b.b);
-  });
+  if (plan.chunks.empty()) return plan;
+  // Runs of about as many keys as the call's chunks would hold if they were sized over the whole
+  // call: one sequence alone runs one chunk per task (its chunks are that size), a batch of many
+  // runs whole sequences or long parts of them, with the scheduling overhead of few tasks.
+  const std::int64_t run_keys = decode_chunk_keys(total);
+  for (std::size_t c = 0; c < plan.chunks.size();) {
+    const DecodeTask& head = plan.chunks[c];
+    const std::int64_t per = std::max<std::int64_t>(1, head.k_end - head.k_begin);
+    const std::int64_t group = std::max<std::int64_t>(1, run_keys / per);
+    const auto count = static_cast<std::int32_t>(std::min<std::int64_t>(group, head.chunks - head.chunk));
+    plan.runs.push_back({static_cast<std::int32_t>(c), count});
+    c += static_cast<std::size_t>(count);
+  }
+  // Longest runs first, so that the last tasks handed out are short and the threads finish together.
+  auto run_cost = [&](const DecodeRun& r) {
+    const DecodeTask& first = plan.chunks[static_cast<std::size_t>(r.first)];
+    const DecodeTask& last = plan.chunks[static_cast<std::size_t>(r.first + r.count - 1)];
+    return (last.k_end - first.k_begin) * vp.seqlen_q(first.b);
+  };
+  std::stable_sort(plan.runs.begin(), plan.runs.end(),
+                   [&](const DecodeRun& a, const DecodeRun& b) { return run_cost(a) > run_cost(b); });
   plan.worker_bytes = decode_layout(plan.rows_max, vp.head_dim(), vp.head_dim_v()).total;
   plan.slot_bytes = static_cast<std::size_t>(round_up((2 * plan.rows_max + plan.rows_max * vp.head_dim_v()) * 4, 64));
+  return plan;
+}
+
+CallPlan make_call_plan(const ValidatedProblem& vp) {
+  CallPlan plan;
+  plan.tiled = make_plan(vp);
+  plan.decode = make_decode_plan(vp);
+  plan.worker_bytes = std::max(plan.tiled.worker_bytes, plan.decode.worker_bytes);
   return plan;
 }
 
@@ -352,7 +373,7 @@ bool decode_short_steps(const ValidatedProblem& vp, double kv_bytes) {
   return kv_bytes > kDecodeShortStepsMinBytes && decode_steps_crowd_l1(vp);
 }
 
-DecodeFacts decode_facts(const ValidatedProblem& vp, const DecodePlan& plan) {
+DecodeFacts decode_facts(const ValidatedProblem& vp, double kv_bytes) {
   const AttentionProblem& p = vp.problem();
   DecodeFacts f;
   f.simd_lanes = decode_lane_keys();
@@ -360,9 +381,9 @@ DecodeFacts decode_facts(const ValidatedProblem& vp, const DecodePlan& plan) {
   // As the kernels' KvInPlace: unit element strides, head dims of whole vectors, one dtype.
   f.kv_in_place = dim_stride(p.k) == 1 && dim_stride(p.v) == 1 && vp.head_dim() % f.simd_lanes == 0 &&
                   vp.head_dim_v() % f.simd_lanes == 0 && p.k.dtype == p.v.dtype;
-  f.kv_bytes = plan.kv_bytes;
+  f.kv_bytes = kv_bytes;
   // Judged only where it can matter (the rule reads it beyond kDecodeShortStepsMinBytes).
-  f.steps_crowd_l1 = plan.kv_bytes > kDecodeShortStepsMinBytes && decode_steps_crowd_l1(vp);
+  f.steps_crowd_l1 = kv_bytes > kDecodeShortStepsMinBytes && decode_steps_crowd_l1(vp);
   return f;
 }
 
@@ -432,14 +453,9 @@ PlanT& plan_for(CachedPlan<PlanT>& cached, const ValidatedProblem& vp, Make&& ma
   return cached.plan;
 }
 
-Plan& prefill_plan(const ValidatedProblem& vp) {
-  thread_local CachedPlan<Plan> cached;
-  return plan_for(cached, vp, make_plan);
-}
-
-DecodePlan& decode_plan(const ValidatedProblem& vp) {
-  thread_local CachedPlan<DecodePlan> cached;
-  return plan_for(cached, vp, make_decode_plan);
+const CallPlan& call_plan(const ValidatedProblem& vp) {
+  thread_local CachedPlan<CallPlan> cached;
+  return plan_for(cached, vp, make_call_plan);
 }
 
 }  // namespace
@@ -458,14 +474,11 @@ bool CpuFlashBackend::uses_fast_path(const ValidatedProblem& vp) const noexcept 
   return options_.path != Path::generic && fast_applicable(vp);
 }
 
-bool CpuFlashBackend::use_decode_path(const ValidatedProblem& vp) const noexcept { return decode_applicable(vp); }
-
 std::size_t CpuFlashBackend::workspace_size(const ValidatedProblem& vp) const noexcept {
   if (!uses_fast_path(vp) || vp.total_q() == 0) return 0;
   try {
     const int threads = parallel::ThreadPool::global().threads_for(options_.threads);
-    if (use_decode_path(vp)) return decode_plan(vp).workspace_bytes(threads);
-    return prefill_plan(vp).workspace_bytes(threads);
+    return call_plan(vp).workspace_bytes(threads);
   } catch (...) {
     return 0;
   }
@@ -491,88 +504,92 @@ std::byte* scratch(Workspace workspace, std::size_t need, std::unique_ptr<std::b
   return base + (64 - addr % 64) % 64;
 }
 
-// A plan's per-worker scratch for the threads this call uses (decode and prefill plans alike).
-struct CallScratch {
-  int threads = 1;
-  std::byte* base = nullptr;  // nullptr: out of memory
-  std::unique_ptr<std::byte[]> owned;
-};
-template <typename PlanT>
-CallScratch call_scratch(const PlanT& plan, Workspace workspace, int max_threads) {
-  CallScratch s;
-  s.threads = parallel::ThreadPool::global().threads_for(max_threads);
-  s.base = scratch(workspace, plan.workspace_bytes(s.threads), s.owned);
-  return s;
-}
-
 Status scratch_out_of_memory() {
   return Status(ErrorCode::out_of_memory, "workspace", "cpu-flash could not allocate scratch");
 }
 
-}  // namespace
-
-Status CpuFlashBackend::run_decode(const ValidatedProblem& vp, Workspace workspace) const {
-  DecodePlan& plan = decode_plan(vp);
-  const DecodeChoice choice = choose_decode_kernel(decode_facts(vp, plan));
-  const DecodeKernel kernel = options_.decode == DecodeKernel::automatic ? choice.kernel : options_.decode;
-  if (options_.decode_step != 0) plan.short_steps = options_.decode_step == 8;
-  else if (options_.decode == DecodeKernel::automatic) plan.short_steps = choice.short_steps;
-  else plan.short_steps = decode_short_steps(vp, plan.kv_bytes);
-  auto& pool = parallel::ThreadPool::global();
-  const CallScratch mem = call_scratch(plan, workspace, options_.threads);
-  if (mem.base == nullptr) return scratch_out_of_memory();
-  const int threads = mem.threads;
-  std::byte* const base = mem.base;
-  std::byte* slots = base + static_cast<std::size_t>(threads) * plan.worker_bytes;
-  auto* counters = reinterpret_cast<std::int32_t*>(slots + static_cast<std::size_t>(plan.n_slots) * plan.slot_bytes);
-  std::fill(counters, counters + plan.n_counters, 0);
-  pool.parallel_for(
-      static_cast<std::int64_t>(plan.tasks.size()),
-      [&](std::int64_t t, int worker) {
-        void* const mine = base + static_cast<std::size_t>(worker) * plan.worker_bytes;
-        const DecodeTask& task = plan.tasks[static_cast<std::size_t>(t)];
-        switch (kernel) {
-          case DecodeKernel::grouped: return run_decode_grouped(vp, plan, task, mine, slots, counters);
-          case DecodeKernel::lanes: return run_decode_lanes(vp, plan, task, mine, slots, counters);
-          case DecodeKernel::lanes_half_dots: return run_decode_lanes_half_dots(vp, plan, task, mine, slots, counters);
-          case DecodeKernel::automatic:
-          case DecodeKernel::by_head: break;
-        }
-        run_decode_by_head(vp, plan, task, mine, slots, counters);
-      },
-      threads);
-  return Status::ok();
+// The kernel that runs a sequence's chunks and its step: the rule's choice for the sequence (on
+// the call's facts with the sequence's K/V bytes), or what `options` forces.
+struct SequenceKernel {
+  DecodeKernel kernel = DecodeKernel::by_head;
+  bool short_steps = false;
+};
+SequenceKernel sequence_kernel(const Options& options, const ValidatedProblem& vp, double kv_bytes,
+                               const DecodeFacts& call) {
+  // steps_crowd_l1 was judged for the call's largest sequence; the rule reads it only beyond
+  // kDecodeShortStepsMinBytes.
+  DecodeFacts facts = call;
+  facts.kv_bytes = kv_bytes;
+  facts.steps_crowd_l1 = call.steps_crowd_l1 && kv_bytes > kDecodeShortStepsMinBytes;
+  const DecodeChoice choice = choose_decode_kernel(facts);
+  SequenceKernel k;
+  k.kernel = options.decode == DecodeKernel::automatic ? choice.kernel : options.decode;
+  if (options.decode_step != 0) k.short_steps = options.decode_step == 8;
+  else if (options.decode == DecodeKernel::automatic) k.short_steps = choice.short_steps;
+  else k.short_steps = decode_short_steps(vp, kv_bytes);
+  return k;
 }
+
+}  // namespace
 
 Status CpuFlashBackend::run(const ValidatedProblem& vp, Workspace workspace) noexcept {
   try {
     if (vp.total_q() == 0) return Status::ok();
     if (!uses_fast_path(vp)) return run_generic(vp, options_.threads);
-    if (use_decode_path(vp)) return run_decode(vp, workspace);
 
-    const Plan& plan = prefill_plan(vp);
+    // One parallel_for over the tiled tasks (heavier, so first) and then the runs of decode chunks;
+    // each sequence's tasks and chunks are its own plan's, whatever else the call holds.
+    const CallPlan& plan = call_plan(vp);
     auto& pool = parallel::ThreadPool::global();
-    const CallScratch mem = call_scratch(plan, workspace, options_.threads);
-    if (mem.base == nullptr) return scratch_out_of_memory();
-    const int threads = mem.threads;
-    std::byte* const base = mem.base;
-    std::byte* partials = base + static_cast<std::size_t>(threads) * plan.worker_bytes;
+    const int threads = pool.threads_for(options_.threads);
+    std::unique_ptr<std::byte[]> owned;
+    std::byte* const base = scratch(workspace, plan.workspace_bytes(threads), owned);
+    if (base == nullptr) return scratch_out_of_memory();
+    std::byte* const partials = base + static_cast<std::size_t>(threads) * plan.worker_bytes;
+    std::byte* const slots = partials + plan.partials_bytes();
+    auto* const counters = reinterpret_cast<std::int32_t*>(slots + plan.slots_bytes());
+    std::fill(counters, counters + plan.decode.n_counters, 0);
+    const DecodeFacts call = plan.decode.runs.empty() ? DecodeFacts{} : decode_facts(vp, plan.decode.seq_kv_bytes_max);
+    const auto n_tiled = static_cast<std::int64_t>(plan.tiled.tasks.size());
 
     pool.parallel_for(
-        static_cast<std::int64_t>(plan.tasks.size()),
+        n_tiled + static_cast<std::int64_t>(plan.decode.runs.size()),
         [&](std::int64_t t, int worker) {
-          const Task& task = plan.tasks[static_cast<std::size_t>(t)];
-          float* partial =
-              task.partial < 0
-                  ? nullptr
-                  : reinterpret_cast<float*>(partials + static_cast<std::size_t>(task.partial) * plan.partial_bytes);
-          run_fast_task(vp, plan, task, base + static_cast<std::size_t>(worker) * plan.worker_bytes, partial);
+          void* const mine = base + static_cast<std::size_t>(worker) * plan.worker_bytes;
+          if (t < n_tiled) {
+            const Task& task = plan.tiled.tasks[static_cast<std::size_t>(t)];
+            float* partial = task.partial < 0
+                                 ? nullptr
+                                 : reinterpret_cast<float*>(partials + static_cast<std::size_t>(task.partial) *
+                                                                           plan.tiled.partial_bytes);
+            run_fast_task(vp, plan.tiled, task, mine, partial);
+            return;
+          }
+          const DecodeRun& run = plan.decode.runs[static_cast<std::size_t>(t - n_tiled)];
+          const DecodeTask* chunk = plan.decode.chunks.data() + run.first;
+          const SequenceKernel k = sequence_kernel(options_, vp, chunk->kv_bytes, call);
+          for (std::int32_t c = 0; c < run.count; ++c) {
+            DecodeTask task = chunk[c];
+            task.short_steps = k.short_steps;
+            task.prefetch_end = chunk[run.count - 1].k_end;
+            switch (k.kernel) {
+              case DecodeKernel::grouped: run_decode_grouped(vp, plan.decode, task, mine, slots, counters); break;
+              case DecodeKernel::lanes: run_decode_lanes(vp, plan.decode, task, mine, slots, counters); break;
+              case DecodeKernel::lanes_half_dots:
+                run_decode_lanes_half_dots(vp, plan.decode, task, mine, slots, counters);
+                break;
+              case DecodeKernel::automatic:
+              case DecodeKernel::by_head: run_decode_by_head(vp, plan.decode, task, mine, slots, counters); break;
+            }
+          }
         },
         threads);
-    if (!plan.combines.empty()) {
+    if (!plan.tiled.combines.empty()) {
       pool.parallel_for(
-          static_cast<std::int64_t>(plan.combines.size()),
-          [&](std::int64_t c, int) { combine_rows(vp, plan, plan.combines[static_cast<std::size_t>(c)], partials); },
+          static_cast<std::int64_t>(plan.tiled.combines.size()),
+          [&](std::int64_t c, int) {
+            combine_rows(vp, plan.tiled, plan.tiled.combines[static_cast<std::size_t>(c)], partials);
+          },
           threads);
     }
     return Status::ok();

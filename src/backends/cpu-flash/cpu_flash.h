@@ -21,9 +21,10 @@ enum class Path : int {
   fast = 2,       // tiled SIMD path; falls back to generic when its conditions do not hold
 };
 
-// The decode kernel for decode-shaped problems (Sq * group <= 16 rows per KV head). The backend
-// chooses by shape and machine (choose_decode_kernel in flash_internal.h); a named kernel runs that
-// one, for tests and benchmarks that compare them side by side.
+// The decode kernel for decode-shaped sequences (Sq * group <= 16 rows per KV head). The backend
+// chooses for each sequence by its own shape and the machine (choose_decode_kernel in
+// flash_internal.h); a named kernel runs that one, for tests and benchmarks that compare them side
+// by side.
 enum class DecodeKernel : int {
   automatic = 0,        // choose_decode_kernel's choice
   by_head = 1,          // each block head by head, K/V read in place (or converted to f32 first where
@@ -70,9 +71,6 @@ class CpuFlashBackend final : public AttentionBackend {
   static bool force_simd_target(const std::string& name);
 
  private:
-  bool use_decode_path(const ValidatedProblem& problem) const noexcept;
-  Status run_decode(const ValidatedProblem& problem, Workspace workspace) const;
-
   Options options_{};
 };
 

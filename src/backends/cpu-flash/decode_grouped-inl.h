@@ -277,8 +277,8 @@ HWY_INLINE void RunGroupedTask(const ValidatedProblem& vp, const DecodePlan& pla
   Ctx c;
   InitTask(c, vp, plan, t, scratch);
   StreamPrefetcher kpf, vpf;
-  kpf.init(c, p.k, true, t.k_begin, t.k_end);
-  vpf.init(c, p.v, false, t.k_begin, t.k_end);
+  kpf.init(c, p.k, true, t.k_begin, std::max(t.k_end, t.prefetch_end));
+  vpf.init(c, p.v, false, t.k_begin, std::max(t.k_end, t.prefetch_end));
   std::int64_t a_i[kDecodeMaxRows], e_i[kDecodeMaxRows];
   for (std::int64_t j0 = t.k_begin; j0 < t.k_end; j0 += block_keys) {
     const std::int64_t nb = std::min(block_keys, t.k_end - j0);

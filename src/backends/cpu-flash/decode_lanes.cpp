@@ -20,7 +20,7 @@
 // (DotsTag, kDotsSets, KeepInRegister), for cores that run 512-bit operations as two halves (AMD
 // Zen 4); everything else is shared.
 // On AVX-512 either kernel walks in steps of 8 keys instead of 16 where a 16-key step's rows would
-// crowd the L1 sets they map to (decode_short_steps, DecodePlan::short_steps; DotsShape narrows a
+// crowd the L1 sets they map to (decode_short_steps, DecodeTask::short_steps; DotsShape narrows a
 // pass that would hold more keys than a step).
 // Layouts that the kernels cannot read in place run by_head. docs/cpu-flash.md gives the design
 // reasoning; bench/results/cpu-flash-decode-lanes.md the measurements behind it.
@@ -298,10 +298,10 @@ template <bool kHalf>
 HWY_INLINE void RunLanesTask(const ValidatedProblem& vp, const DecodePlan& plan, const DecodeTask& t, void* scratch,
                              std::byte* slots, std::int32_t* counters) {
   // The grouped kernel's distance (grouped_prefetch_keys); none for a call whose K/V fits in
-  // cache, where prefetches only cost instructions.
+  // cache, where prefetches only cost instructions (they change no result).
   const std::int64_t ahead = plan.kv_bytes <= kDecodeInCacheMaxBytes ? -1 : grouped_prefetch_keys();
   if constexpr (kLanes > kShortStep) {
-    if (plan.short_steps) {
+    if (t.short_steps) {
       RunLanesSteps<kHalf, kShortStep>(vp, plan, t, scratch, slots, counters, ahead);
       return;
     }

@@ -109,7 +109,10 @@ inline ScratchLayout scratch_layout(std::int64_t rows_max, std::int64_t d, std::
   return L;
 }
 
-// Shape-only (never thread-count dependent), so results do not depend on the number of threads.
+// The tiled plan of the sequences that are not decode-shaped (decode_shaped). Each sequence's
+// tasks, splits included, follow from that sequence's shape alone (its query and key counts, the
+// heads and head dims), never from the other sequences of the call or the thread count, so a
+// sequence's results are the same bits alone, in any batch, and on any number of threads.
 Plan make_plan(const ValidatedProblem& problem);
 
 // Runs one task of the fast path. `scratch` is worker_bytes, 64-aligned; `partial` is the task's
@@ -126,16 +129,32 @@ inline constexpr std::int64_t kDecodeMaxRows = 16;    // query rows per KV head 
 inline constexpr std::int64_t kDecodeBlock = 32;      // keys per block inside a chunk
 inline constexpr std::int64_t kDecodeMinChunk = 256;  // keys
 inline constexpr std::int64_t kDecodeMaxChunk = 8192;
-inline constexpr std::int64_t kDecodeChunksTarget = 16;  // chunks for the whole call, if long enough
+inline constexpr std::int64_t kDecodeChunksTarget = 16;  // chunks per sequence, if it is long enough
+
+// Whether sequence b runs the decode path: at most kDecodeMaxRows query rows per KV head. Judged
+// per sequence, so a decode step batched with a prompt chunk runs the kernel it runs alone.
+inline bool decode_shaped(const ValidatedProblem& problem, std::int32_t b) noexcept {
+  return problem.seqlen_q(b) * problem.group_size() <= kDecodeMaxRows;
+}
+
+// The keys per chunk of a decode sequence whose queries see `span` keys: about span /
+// kDecodeChunksTarget, in whole blocks, within [kDecodeMinChunk, kDecodeMaxChunk]. From the
+// sequence's own span only, so its keys are summed in the same order alone or in any batch.
+inline constexpr std::int64_t decode_chunk_keys(std::int64_t span) {
+  return std::clamp(round_up((span + kDecodeChunksTarget - 1) / kDecodeChunksTarget, kDecodeBlock), kDecodeMinChunk,
+                    kDecodeMaxChunk);
+}
 
 // The decode kernels and the rule that picks one (choose_decode_kernel; docs/cpu-flash.md gives
 // the reasoning, bench/results/cpu-flash-decode-*.md the measurements).
 //
-// Up to this many bytes of K/V, a call on a target narrower than 16 lanes runs by_head, which
+// Up to this many bytes of a sequence's K/V, a target narrower than 16 lanes runs by_head, which
 // needs the fewest instructions while K/V are in cache; beyond, the grouped kernel's memory-order
-// walk keeps the memory busy. Whether a call's K/V is resident depends on what ran before it, not
-// on its size: in a model each layer's cache is read once per token after every other layer's,
-// so beyond one core's L2 it comes from L3 or DRAM.
+// walk keeps the memory busy. Whether K/V is resident depends on what ran before, not on its
+// size: in a model each layer's cache is read once per token after every other layer's, so
+// beyond one core's L2 it comes from L3 or DRAM. The bound is on the sequence's own bytes, never
+// the batch's: the kernel fixes the order in which a sequence's keys are summed, and that order
+// must not change when other sequences join the call.
 inline constexpr double kDecodeInCacheMaxBytes = 1.0 * 1024 * 1024;
 // The grouped kernels: keys per block (the softmax's per-row work is paid once a block) and the
 // prefetch distance of their K and V streams in keys.
@@ -166,17 +185,39 @@ struct DecodeTask {
   std::int64_t k_begin = 0, k_end = 0;
   std::int64_t first_slot = 0;  // partial slot of chunk 0 of this sequence (chunks > 1)
   std::int32_t counter = -1;    // index of the sequence's completion counter (chunks > 1)
+  double kv_bytes = 0.0;        // K/V bytes the sequence reads (all its chunks): its kernel's choice
+  // Keys below this may be prefetched past the chunk's end: the end of its run (DecodeRun), whose
+  // next chunks the same task reads at once (at most k_end: none past it). Prefetches change no
+  // result.
+  std::int64_t prefetch_end = 0;
+  // The lanes kernels on AVX-512: steps of 8 keys. Set by the caller for the sequence (its kernel
+  // choice), never by the plan.
+  bool short_steps = false;
 };
 
+// Consecutive chunks of one sequence that one task of the parallel_for runs in order, each from a
+// fresh softmax state into its own partial as if alone (the last merges them). Grouping chunks
+// into such runs changes the schedule only, never a result, so it may follow the whole call: a
+// batch of many sequences runs each in a few long runs, as one sequence alone runs its chunks
+// one per task.
+struct DecodeRun {
+  std::int32_t first = 0;  // index into DecodePlan::chunks
+  std::int32_t count = 1;
+};
+
+// The decode plan of the decode-shaped sequences (decode_shaped). A sequence's chunks follow from
+// its own key span alone (decode_chunk_keys), never from the other sequences of the call or the
+// thread count; only their grouping into runs sees the call (decode_chunk_keys of all its keys).
 struct DecodePlan {
-  std::vector<DecodeTask> tasks;  // longest first
-  std::int64_t rows_max = 0;      // max over sequences of Sq_b * Hq
+  std::vector<DecodeTask> chunks;  // each sequence's chunks, in order
+  std::vector<DecodeRun> runs;     // the parallel_for's tasks, longest first
+  std::int64_t rows_max = 0;       // max over sequences of Sq_b * Hq
   std::int64_t n_slots = 0;
   std::int64_t n_counters = 0;
   std::size_t worker_bytes = 0;
-  std::size_t slot_bytes = 0;  // m[rows_max], l[rows_max], o[rows_max][Dv]
-  double kv_bytes = 0.0;       // K/V bytes the call reads
-  bool short_steps = false;    // the lanes kernels on AVX-512: steps of 8 keys (set by the caller)
+  std::size_t slot_bytes = 0;     // m[rows_max], l[rows_max], o[rows_max][Dv]
+  double kv_bytes = 0.0;          // K/V bytes the call reads: where prefetching pays (never the numerics)
+  double seq_kv_bytes_max = 0.0;  // the most K/V bytes one sequence reads
 
   std::size_t workspace_bytes(int threads) const {
     return static_cast<std::size_t>(threads) * worker_bytes + static_cast<std::size_t>(n_slots) * slot_bytes +
@@ -226,8 +267,24 @@ inline DecodeLayout decode_layout(std::int64_t rows_max, std::int64_t d, std::in
   return L;
 }
 
-bool decode_applicable(const ValidatedProblem& problem) noexcept;
 DecodePlan make_decode_plan(const ValidatedProblem& problem);
+
+// Both plans of one call: the tiled plan of its other sequences and the decode plan of its
+// decode-shaped ones, run by one parallel_for (the tiled tasks first, as the heavier) that shares
+// the per-worker scratch, then the tiled path's split-KV combines.
+struct CallPlan {
+  Plan tiled;
+  DecodePlan decode;
+  std::size_t worker_bytes = 0;  // the larger of the two plans' per-worker scratch
+
+  std::size_t partials_bytes() const { return static_cast<std::size_t>(tiled.n_partials) * tiled.partial_bytes; }
+  std::size_t slots_bytes() const { return static_cast<std::size_t>(decode.n_slots) * decode.slot_bytes; }
+  std::size_t workspace_bytes(int threads) const {
+    return static_cast<std::size_t>(threads) * worker_bytes + partials_bytes() + slots_bytes() +
+           static_cast<std::size_t>(round_up(decode.n_counters * 4, 64)) + 64;
+  }
+};
+CallPlan make_call_plan(const ValidatedProblem& problem);
 // The decode kernels, one chunk each. `slots` and `counters` are the call's partial slots and
 // completion counters (zeroed before the parallel_for); the last chunk of a split sequence merges
 // and writes o/lse. Every kernel takes any layout: those that cannot read K/V in place run by_head.
@@ -268,29 +325,31 @@ inline int step_lines_per_set(std::int64_t stride, std::int64_t bytes, std::int6
   return most;
 }
 
-// Whether the lanes kernels on AVX-512 walk K/V in steps of 8 keys instead of 16: when the call
+// Whether the lanes kernels on AVX-512 walk K/V in steps of 8 keys instead of 16: when a sequence
 // reads more than kDecodeShortStepsMinBytes of K/V (kv_bytes) and one head's rows of a 16-key step
 // put more than two lines into one L1 set (a quarter of its ways; four for MHA, whose short steps
 // run narrower passes), as K/V rows 1 or 2 KiB apart do (8 KV heads of D64 or D128 f16). A step's
 // rows are read head by head, so they must stay in L1 until every head is done; crowded sets
-// evict them. Below 8 MiB the call's K/V stay in L2/L3 and the long step is as fast.
+// evict them. Below 8 MiB the sequence's K/V stay in L2/L3 and the long step is as fast.
 inline constexpr double kDecodeShortStepsMinBytes = 8.0 * 1024 * 1024;
 inline constexpr std::int64_t kDecodeLongStepKeys = 16;  // the lanes kernels' step on AVX-512 (its lanes)
 // Whether one head's rows of a 16-key step crowd an L1 set, as decode_short_steps judges it.
 bool decode_steps_crowd_l1(const ValidatedProblem& problem);
 bool decode_short_steps(const ValidatedProblem& problem, double kv_bytes);
 
-// The facts the decode kernel choice depends on; all of it, so that the rule is a pure function.
+// The facts the decode kernel choice of one sequence depends on; all of it, so that the rule is a
+// pure function. Every fact is the sequence's own or the machine's, never the batch's: a sequence
+// runs the same kernel, in the same steps, alone or batched.
 struct DecodeFacts {
   int simd_lanes = 8;           // float lanes of the SIMD target in use (decode_lane_keys)
   bool amd = false;             // cpu_is_amd()
   bool kv_in_place = true;      // the kernels can read K/V where they lie (KvInPlace)
-  double kv_bytes = 0.0;        // K/V bytes the call reads (DecodePlan::kv_bytes)
+  double kv_bytes = 0.0;        // K/V bytes the sequence reads (DecodeTask::kv_bytes)
   bool steps_crowd_l1 = false;  // decode_steps_crowd_l1
 };
 struct DecodeChoice {
   DecodeKernel kernel = DecodeKernel::by_head;
-  bool short_steps = false;  // DecodePlan::short_steps: the lanes kernels on AVX-512 in steps of 8
+  bool short_steps = false;  // DecodeTask::short_steps: the lanes kernels on AVX-512 in steps of 8
   friend bool operator==(const DecodeChoice&, const DecodeChoice&) = default;
 };
 
@@ -310,8 +369,8 @@ constexpr DecodeChoice choose_decode_kernel(const DecodeFacts& f) {
   if (c.kernel != DecodeKernel::lanes && c.kernel != DecodeKernel::lanes_half_dots) c.short_steps = false;
   return c;
 }
-// The facts of a call on this machine.
-DecodeFacts decode_facts(const ValidatedProblem& problem, const DecodePlan& plan);
+// The facts of a sequence of this call that reads kv_bytes of K/V, on this machine.
+DecodeFacts decode_facts(const ValidatedProblem& problem, double kv_bytes);
 
 // The online softmax's exp (FastExp) on n values (for tests).
 void fast_exp(const float* x, float* y, std::size_t n);
