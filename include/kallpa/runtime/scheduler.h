@@ -12,21 +12,30 @@
 //                              {.on_text = ..., .on_done = ...});
 //   handle->cancel();   // e.g. the client went away: its KV blocks are freed at the next step
 //
-// Batching guarantee: a request's logits are those it would get alone, up to float reordering
-// inside attention; its sampling (sampler, seed, stop, limits) is its own. So the same seed gives
-// the same text alone or batched, except where a reordering-sized difference tips a draw. The
-// scheduler's part is exact: prefill chunk boundaries are fixed positions (multiples of
-// prefill_chunk) whatever else is in the batch, and the rest of the forward pass is row-wise
-// (quantised matmul whose numerics depend only on the row and its kind: exact f32 activations for
-// prompt rows, 16-bit activations for decode steps, ops/ops.h; norms, RoPE), so alone and
-// batched differ only
-// where an attention backend sums a sequence's keys in a batch-dependent order (cpu-flash sizes its
-// split-KV decode chunks from the whole batch, and picks its decode kernel by the batch's longest
-// query). In practice the texts are identical: tests/scheduler_test.cpp and tests/server check
-// equality.
-// The prefix cache keeps that rule: it holds only prompt positions, whose K/V are exact prompt
-// rows that depend only on the tokens before them, so attaching them gives the K/V the request
-// would have computed itself.
+// Batching guarantee: a request's logits are the same bits alone or batched, and its sampling
+// (sampler, seed, stop, limits) is its own, so the same seed gives the same text alone or batched.
+// Each floor keeps its part. The scheduler: prefill chunk boundaries are fixed positions
+// (multiples of prefill_chunk) whatever else is in the batch. The forward pass: every op but
+// attention is row-wise (quantised matmul whose numerics depend only on the row and its kind:
+// exact f32 activations for prompt rows, 16-bit activations for decode steps, ops/ops.h; norms,
+// RoPE). Attention: cpu-flash, the default CPU backend, plans each sequence from that sequence's
+// own shape (its path, its key chunks and splits, its kernel), never from the other sequences or
+// the thread count (docs/cpu-flash.md), and the reference backend computes every row alone. A
+// backend that splits a sequence's keys by what else is in the call keeps the logits only up to
+// float reordering, and a draw near a boundary can then tip. tests/scheduler_test.cpp and
+// tests/server (SmolLM2 at temperature 0.8, 12 concurrent requests against each alone, with the
+// prefix cache and 16-token chunks) check it.
+//
+// The prefix cache holds only prompt positions, the K/V of the same tokens at the same positions.
+// It keeps the bits when a request's cached blocks end on a prefill chunk boundary (always when
+// prefill_chunk divides the KV block size): the request then computes the chunks it would compute
+// from scratch, over K/V computed in those same chunks. Otherwise (the default 256-token chunks
+// over 16-token blocks) the request computes the rest of its prompt from where its cached blocks
+// end, so its next chunk holds other rows than from scratch, and attention's result for a prompt
+// row depends on the rows of its chunk (cpu-flash's path, tiles and splits follow the chunk's
+// length). There the logits match a run from scratch up to float reordering, and the same seed can
+// give another text; SchedulerOptions::prefix_cache = false (`--no-prefix-cache`) makes every
+// request compute its whole prompt.
 #pragma once
 
 #include <atomic>
