@@ -769,6 +769,48 @@ def test_header_limits():
         check(statuses.count(431) == 5, f"431s in the access log: {statuses}")
 
 
+def test_body_timeout():
+    # A client that sends its header and then trickles the body slower than --body-timeout allows:
+    # the server closes the connection without an answer (the request never reaches a route), while
+    # the header deadline, far longer, is not what ends it. A body sent in time is answered.
+    with Server("body_timeout", "--body-timeout", "1", "--header-timeout", "120") as s:
+        body = json.dumps({"prompt": "x" * 1000, "max_tokens": 1}).encode()
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body))
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        try:
+            sock.sendall(head + body[:10])
+            sent, got, closed = 10, b"", False
+            # Ten bytes every 0.2 s would take 20 s for the whole body; the trickle stops as soon as
+            # the server has closed (a send fails, or a read sees the end of the stream).
+            while sent < len(body) - 1 and not closed:
+                time.sleep(0.2)
+                try:
+                    sock.sendall(body[sent:min(sent + 10, len(body) - 1)])
+                    sent = min(sent + 10, len(body) - 1)
+                except OSError:
+                    closed = True
+                    break
+                sock.settimeout(0)
+                try:
+                    part = sock.recv(4096)
+                    got += part
+                    closed = part == b""
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    closed = True
+                finally:
+                    sock.settimeout(10)
+            check(closed, f"the server kept a connection whose body trickled for {sent} of {len(body)} bytes")
+            check(got == b"", f"the server answered a request whose body never arrived: {got[:200]!r}")
+        finally:
+            sock.close()
+        check(not any(e["path"] == "/v1/completions" for e in access_log(s)), "the timed-out request was served")
+        reply = raw_exchange(s.port, head.replace(b"Host: x", b"Host: x\r\nConnection: close") + body)
+        check(reply.startswith(b"HTTP/1.1 200 "), f"a body sent in time: {reply[:200]!r}")
+
+
 def test_hangup_cancels():
     # A non-streaming client that hangs up while its answer is computed: the generation stops, and
     # the access log says 499 (client closed request), not 200.
