@@ -271,6 +271,18 @@ def test_refused(s, client):
                                        modalities=["text"])
     check(r.choices[0].message.tool_calls is None, "parallel_tool_calls without tools offers none")
     check(r.choices[0].finish_reason in ("length", "stop"), "ignored fields")
+    # verbosity: accepted and ignored (max_tokens is the length control).
+    r = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2, verbosity="low")
+    check(r.choices[0].finish_reason in ("length", "stop"), "verbosity")
+    # stream_options.include_obfuscation: accepted and ignored; no chunk carries an obfuscation field.
+    for chunks in (list(client.chat.completions.create(
+                       model=MODEL, messages=CHAT, max_tokens=3, stream=True,
+                       stream_options={"include_usage": True, "include_obfuscation": True})),
+                   list(client.completions.create(
+                       model=MODEL, prompt="Hello", max_tokens=3, stream=True,
+                       stream_options={"include_usage": True, "include_obfuscation": False}))):
+        check(chunks and chunks[-1].usage is not None, "include_obfuscation: the usage chunk")
+        check(all("obfuscation" not in (c.model_extra or {}) for c in chunks), "an obfuscation field")
 
 
 def test_tokenize(s, client):
