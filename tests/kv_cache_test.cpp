@@ -96,6 +96,28 @@ TEST(KvCachePrefix, AttachesThePublishedFullBlocksOfAMatchingPrefix) {
   EXPECT_EQ(c->attach_prefix(f, tokens_of(20, 1)), 0);
 }
 
+// A scheduler that prefills in chunks at fixed positions attaches whole chunks only: the match is
+// cut to a multiple of lcm(granule, page), and the blocks past the cut stay published for others.
+TEST(KvCachePrefix, AttachesWholeGranulesOnly) {
+  auto c = make_cache(64);            // 4-token blocks
+  const SeqId a = published(*c, 13);  // three full blocks published: positions 0..11
+  const auto longer = tokens_of(20);
+  const SeqId b = c->add_sequence();
+  EXPECT_EQ(c->attach_prefix(b, longer, 8), 8);
+  ASSERT_EQ(c->blocks(b).size(), 2u);
+  EXPECT_EQ(c->blocks(b)[1], c->blocks(a)[1]);
+  const SeqId d = c->add_sequence();
+  EXPECT_EQ(c->attach_prefix(d, longer, 6), 12);  // lcm(6, 4) = 12
+  const SeqId e = c->add_sequence();
+  EXPECT_EQ(c->attach_prefix(e, longer, 16), 0);
+  EXPECT_TRUE(c->blocks(e).empty());
+  c->remove(a);
+  c->remove(d);
+  // The third block, held by no sequence now, is still published: a whole-block attach finds it.
+  const SeqId f = c->add_sequence();
+  EXPECT_EQ(c->attach_prefix(f, longer), 12);
+}
+
 TEST(KvCachePrefix, ReleasedBlocksStayCachedAsFreeUntilThePoolNeedsThem) {
   auto c = make_cache(32);  // 8 blocks
   const auto t = tokens_of(12);

@@ -163,7 +163,8 @@ TEST(Scheduler, PrefixCacheReusesSharedPromptsAndKeepsTheText) {
       EXPECT_EQ(c.completion.cached_prompt_tokens, 0);
     }
   }
-  const std::int64_t page = e->cache().options().page_size;
+  // Whole prefill chunks (of 8) that are whole KV blocks.
+  const std::int64_t unit = std::lcm<std::int64_t>(e->cache().options().page_size, 8);
   Scheduler sched(*e, {.max_batch_tokens = 24, .prefill_chunk = 8});
   for (int i = 0; i < 4; ++i) {
     Collector c;
@@ -171,7 +172,7 @@ TEST(Scheduler, PrefixCacheReusesSharedPromptsAndKeepsTheText) {
     c.wait_done();
     EXPECT_EQ(c.text, uncached[i]) << "request " << i;
     // The first computes everything; the others find the shared whole blocks.
-    EXPECT_EQ(c.completion.cached_prompt_tokens, i == 0 ? 0 : 37 / page * page) << "request " << i;
+    EXPECT_EQ(c.completion.cached_prompt_tokens, i == 0 ? 0 : 37 / unit * unit) << "request " << i;
   }
   // Batched, all at once: whatever each finds cached, the texts stay the same.
   std::vector<Collector> batched(4);
@@ -182,7 +183,7 @@ TEST(Scheduler, PrefixCacheReusesSharedPromptsAndKeepsTheText) {
     EXPECT_GT(batched[i].completion.cached_prompt_tokens, 0);
   }
   const SchedulerStats st = sched.stats();
-  EXPECT_EQ(st.prompt_tokens_cached, static_cast<std::uint64_t>(7 * (37 / page * page)));
+  EXPECT_EQ(st.prompt_tokens_cached, static_cast<std::uint64_t>(7 * (37 / unit * unit)));
   EXPECT_EQ(st.kv_blocks_used, 0);
   EXPECT_GT(st.kv_blocks_cached, 0);
 }

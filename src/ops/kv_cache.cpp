@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <new>
+#include <numeric>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -151,12 +152,16 @@ void KvCache::copy_block(std::int32_t from, std::int32_t to) {
   }
 }
 
-std::int64_t KvCache::attach_prefix(SeqId seq, std::span<const std::int32_t> tokens) {
+std::int64_t KvCache::attach_prefix(SeqId seq, std::span<const std::int32_t> tokens, std::int64_t granule) {
   std::lock_guard lock(mu_);
   Sequence* s = find(seq);
   if (!s || !s->blocks.empty() || tokens.empty()) return 0;
   const auto page = static_cast<std::size_t>(options_.page_size);
   const std::size_t max_blocks = (tokens.size() - 1) / page;
+  // The chain of published blocks that matches, then as much of it as ends on a multiple of
+  // lcm(granule, page) positions.
+  std::vector<std::int32_t> matched;
+  std::vector<std::uint64_t> hashes;
   std::uint64_t parent = 0;
   for (std::size_t i = 0; i < max_blocks; ++i) {
     const auto block_tokens = tokens.subspan(i * page, page);
@@ -164,15 +169,22 @@ std::int64_t KvCache::attach_prefix(SeqId seq, std::span<const std::int32_t> tok
     auto it = index_.find(h);
     if (it == index_.end()) break;
     const std::int32_t b = it->second;
-    Published& p = published_[static_cast<std::size_t>(b)];
+    const Published& p = published_[static_cast<std::size_t>(b)];
     if (p.parent != parent || !std::equal(block_tokens.begin(), block_tokens.end(), p.tokens.begin(), p.tokens.end()))
       break;
-    if (refs_[static_cast<std::size_t>(b)]++ == 0) idle_.erase(p.idle_since);
-    s->blocks.push_back(b);
-    s->chain.push_back(h);
+    matched.push_back(b);
+    hashes.push_back(h);
     parent = h;
   }
-  return static_cast<std::int64_t>(s->blocks.size() * page);
+  const std::size_t unit = granule > 0 ? std::lcm(page, static_cast<std::size_t>(granule)) : page;
+  const std::size_t kept = matched.size() * page / unit * unit / page;
+  for (std::size_t i = 0; i < kept; ++i) {
+    const std::int32_t b = matched[i];
+    if (refs_[static_cast<std::size_t>(b)]++ == 0) idle_.erase(published_[static_cast<std::size_t>(b)].idle_since);
+    s->blocks.push_back(b);
+    s->chain.push_back(hashes[i]);
+  }
+  return static_cast<std::int64_t>(kept * page);
 }
 
 void KvCache::publish(SeqId seq, std::span<const std::int32_t> tokens) {

@@ -316,7 +316,9 @@ void Scheduler::admit() {
       active->followers.push_back({std::move(p->choices[i]), i, p->fork_blocks});
     }
     if (options_.prefix_cache) {
-      active->fed = active->cached = engine_.cache().attach_prefix(seq, active->request.prompt);
+      // Whole prefill chunks only: a cached block computed in the chunk this request would compute
+      // it in holds the same bits (include/kallpa/runtime/scheduler.h).
+      active->fed = active->cached = engine_.cache().attach_prefix(seq, active->request.prompt, options_.prefill_chunk);
       prompt_tokens_cached_ += static_cast<std::uint64_t>(active->cached);
     }
     running_.push_back(std::move(active));

@@ -68,9 +68,12 @@ class KvCache {
   Result<SeqId> fork(SeqId from, std::int64_t length);
 
   // For a sequence that holds no blocks yet: attaches the longest chain of published blocks whose
-  // tokens begin `tokens`, leaving at least one token to compute (its logits are wanted), and
-  // returns how many positions they hold (a multiple of page_size; 0 when nothing matches).
-  std::int64_t attach_prefix(SeqId seq, std::span<const std::int32_t> tokens);
+  // tokens begin `tokens` and that ends on a multiple of `granule` positions (and of page_size;
+  // granule <= 0: any block), leaving at least one token to compute (its logits are wanted), and
+  // returns how many positions they hold (0 when nothing matches). A scheduler that computes
+  // prompts in chunks at fixed positions passes its chunk, so that the blocks it attaches were
+  // computed in the chunks it would compute itself.
+  std::int64_t attach_prefix(SeqId seq, std::span<const std::int32_t> tokens, std::int64_t granule = 0);
   // Publishes the sequence's full blocks among positions [0, tokens.size()), which must all be
   // written (tokens[i] is the token at position i). Blocks already published are skipped, and a
   // block whose content another block already publishes stays private.

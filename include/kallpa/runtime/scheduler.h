@@ -23,19 +23,17 @@
 // the thread count (docs/cpu-flash.md), and the reference backend computes every row alone. A
 // backend that splits a sequence's keys by what else is in the call keeps the logits only up to
 // float reordering, and a draw near a boundary can then tip. tests/scheduler_test.cpp and
-// tests/server (SmolLM2 at temperature 0.8, 12 concurrent requests against each alone, with the
-// prefix cache and 16-token chunks) check it.
+// tests/server (SmolLM2 at temperature 0.8, 12 concurrent requests against each alone, the solo
+// runs attaching cached prompt chunks) check it.
 //
-// The prefix cache holds only prompt positions, the K/V of the same tokens at the same positions.
-// It keeps the bits when a request's cached blocks end on a prefill chunk boundary (always when
-// prefill_chunk divides the KV block size): the request then computes the chunks it would compute
-// from scratch, over K/V computed in those same chunks. Otherwise (the default 256-token chunks
-// over 16-token blocks) the request computes the rest of its prompt from where its cached blocks
-// end, so its next chunk holds other rows than from scratch, and attention's result for a prompt
-// row depends on the rows of its chunk (cpu-flash's path, tiles and splits follow the chunk's
-// length). There the logits match a run from scratch up to float reordering, and the same seed can
-// give another text; SchedulerOptions::prefix_cache = false (`--no-prefix-cache`) makes every
-// request compute its whole prompt.
+// The prefix cache holds only prompt positions, the K/V of the same tokens at the same positions,
+// and a request attaches them in whole prefill chunks only (KvCache::attach_prefix with the
+// chunk): the blocks it attaches were computed in the chunks it would compute itself, and it goes
+// on from a chunk boundary, so its logits are the bits of a run from scratch. (Attention's result
+// for a prompt row depends on the rows of its chunk: cpu-flash's path, tiles and splits follow the
+// chunk's length. Attaching up to any block boundary would start the rest of the prompt in a
+// chunk of another length.) A shared prompt shorter than one chunk is therefore computed by every
+// request; --prefill-chunk sets the granule.
 #pragma once
 
 #include <atomic>
