@@ -48,10 +48,11 @@ PREBUILT=${KALLPA_GPU_PREBUILT:-}
 PY=${KALLPA_PYTHON:-python3}
 if [[ -x .venv/bin/python3 ]] && .venv/bin/python3 -c "import torch" 2>/dev/null; then PY=.venv/bin/python3; fi
 
-# kallpa dlopens cuBLAS (libcublas.so.13) and cuDNN (libcudnn.so.9): where the loader does not know
-# them, look in the toolkit and in Python's site-packages (PyTorch's nvidia-* wheels bring both).
+# kallpa dlopens cuBLAS (libcublas.so.13), cuDNN (libcudnn.so.9) and, for the ring's nccl
+# transport, NCCL (libnccl.so.2): where the loader does not know them, look in the toolkit and in
+# Python's site-packages (PyTorch's nvidia-* wheels bring all three).
 python_sites=$(timeout 60 python3 -c "import site; print(' '.join(site.getsitepackages()))" 2>/dev/null)
-for lib in libcublas.so.13 libcudnn.so.9; do
+for lib in libcublas.so.13 libcudnn.so.9 libnccl.so.2; do
   if ! ldconfig -p | grep -q "$lib"; then
     # shellcheck disable=SC2086  # python_sites is a list of folders
     found=$(find /usr/local/cuda/lib64 /usr/local/cuda/targets $python_sites -name "$lib" -print -quit 2>/dev/null)

@@ -2,11 +2,14 @@
 // carries work across processes (ring, docs/scale-out.md) installs its group at load time; the
 // front ends use it through this interface to print once and to check that every rank was started
 // alike, and the model spreads one sequence over it (context parallelism), without naming the
-// transport.
+// transport. The same backend offers the transports a group can run over (MPI; NCCL on GPUs), which
+// a front end chooses by name.
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "kallpa/status.h"
 
@@ -18,7 +21,7 @@ class ProcessGroup {
 
   virtual int rank() const noexcept = 0;
   virtual int size() const noexcept = 0;
-  // The transport, for messages: "mpi".
+  // The transport, for messages: "mpi", "nccl".
   virtual std::string_view transport() const noexcept = 0;
 
   // Collective: every rank passes its own `text` (its command line, a model file's hash). Ok on
@@ -47,5 +50,18 @@ class ProcessGroup {
 ProcessGroup* process_group() noexcept;
 // Installs the group (a transport's registration does this once, at load time); nullptr removes it.
 void set_process_group(ProcessGroup* group) noexcept;
+
+// A transport's group for this process, or why it cannot run here (not built, no device). Opening
+// starts nothing that needs the other ranks: a group starts at its first collective call.
+using ProcessGroupOpener = Result<ProcessGroup*> (*)() noexcept;
+// Offers a transport by name; the backend that carries it calls this at load time. A second
+// transport of the same name replaces the first.
+void add_process_group_transport(std::string_view name, ProcessGroupOpener open);
+// The transports offered, in the order they were added.
+std::vector<std::string> process_group_transports();
+// Installs the named transport's group as process_group(). not_found when no transport has that
+// name (the message lists those there are); otherwise the transport's own error, and the group
+// installed before stays.
+Status use_process_group_transport(std::string_view name) noexcept;
 
 }  // namespace kallpa

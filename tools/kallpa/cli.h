@@ -34,6 +34,7 @@ struct GlobalOptions {
   std::string verify_rate;                   // --verify-rate RATE; empty: KALLPA_VERIFY_RATE or the default
   bool no_first_use_check = false;           // --no-first-use-check (also KALLPA_FIRST_USE_CHECK=0)
   std::string quarantine_journal;            // --quarantine-journal PATH|off; empty: the default path
+  std::string ring_transport;                // --ring-transport NAME; empty: the ring's default (mpi)
 };
 
 void add_global_options(CLI::App& app, GlobalOptions& options);
@@ -47,6 +48,11 @@ void configure_logging(const GlobalOptions& options);
 // --no-health-check, --pjrt-plugin and the quarantine journal (--quarantine-journal,
 // KALLPA_QUARANTINE_JOURNAL, or the default path). Call once, after configure_logging.
 void setup_backends(const GlobalOptions& options);
+
+// Installs the process group of --ring-transport (KALLPA_RING_TRANSPORT) when one is named: ok, or
+// why not (not_found: no such transport; unsupported: not built, no device). Call before the ranks'
+// first collective call.
+Status select_ring_transport(const GlobalOptions& options);
 
 // DispatchOptions::from_env(), then --attention / --strict on top. Every named backend must be
 // registered (not_found otherwise).

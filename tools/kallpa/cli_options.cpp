@@ -12,6 +12,7 @@
 #include "cli.h"
 #include "kallpa/health.h"
 #include "kallpa/plugin.h"
+#include "kallpa/process_group.h"
 
 namespace kallpa::cli {
 
@@ -60,10 +61,20 @@ void add_global_options(CLI::App& app, GlobalOptions& options) {
                  "build without a fuller check; 'off' disables it (also KALLPA_QUARANTINE_JOURNAL; "
                  "default $XDG_STATE_HOME/kallpa/quarantine.jsonl or ~/.local/state/kallpa/quarantine.jsonl)")
       ->type_name("PATH");
+  app.add_option("--ring-transport", options.ring_transport,
+                 "How the ranks of an MPI job exchange the context-parallel engine's data: mpi (the default) "
+                 "or nccl (through one CUDA device per rank; needs a build with NCCL)")
+      ->envname("KALLPA_RING_TRANSPORT")
+      ->type_name("NAME");
   app.add_option("--pjrt-plugin", options.pjrt_plugin,
                  "The PJRT plugin the pjrt backend drives (libtpu.so, XLA's CPU or GPU plugin; also "
                  "KALLPA_PJRT_PLUGIN)")
       ->type_name("PATH");
+}
+
+Status select_ring_transport(const GlobalOptions& options) {
+  if (options.ring_transport.empty()) return Status::ok();
+  return use_process_group_transport(options.ring_transport);
 }
 
 void setup_backends(const GlobalOptions& options) {

@@ -51,12 +51,19 @@ int main(int argc, char** argv) {
     }
 
     configure_logging(global);
+    if (kallpa::Status s = select_ring_transport(global); !s) {
+      print_error("--ring-transport", s);
+      return s.code() == kallpa::ErrorCode::not_found ? kExitUsage : kExitFailure;
+    }
     // Under `mpirun` every rank must run the same command, since collective calls pair up by their
-    // order: a rank started otherwise is named at once rather than left to hang or mix results.
+    // order: a rank started otherwise is named at once rather than left to hang or mix results. The
+    // transport is compared on its own, as KALLPA_RING_TRANSPORT can choose it outside the command line.
     if (kallpa::ProcessGroup* group = kallpa::process_group(); group != nullptr && group->size() > 1) {
       std::string line;
       for (int i = 1; i < argc; ++i) line.append(argv[i]).push_back('\0');
-      if (kallpa::Status s = group->agree("command line", line); !s) {
+      kallpa::Status s = group->agree("command line", line);
+      if (s) s = group->agree("transport", group->transport());
+      if (!s) {
         print_error("", s);
         return kExitUsage;
       }

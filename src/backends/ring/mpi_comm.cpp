@@ -5,10 +5,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "backends/ring/poll_pause.h"
 
 namespace kallpa::ring {
 namespace {
@@ -146,7 +147,7 @@ Status MpiComm::wait(MPI_Request* request, int peer, std::string_view what) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   const auto deadline = start + std::chrono::duration_cast<clock::duration>(timeout_);
-  auto pause = std::chrono::microseconds(5);
+  PollPause pause(start);
   for (;;) {
     int done = 0;
     const int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
@@ -161,17 +162,7 @@ Status MpiComm::wait(MPI_Request* request, int peer, std::string_view what) {
                          fmt::format("rank {}: no {} with rank {} within {} s: rank {} died or stalls", rank_, what,
                                      peer, timeout_.count(), peer)));
     }
-    // The first moments of a wait yield rather than sleep: a short message (a decode step's partial
-    // result) is usually a few microseconds away, and a sleep costs at least the timer slack. After
-    // that a rank sleeps, since one that spins would take the core its peers compute on when ranks
-    // share a machine; but never long, as MPI moves a large message's fragments only while some
-    // call (this MPI_Test) drives its progress.
-    if (now - start < std::chrono::microseconds(1000)) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(pause);
-      if (pause < std::chrono::microseconds(50)) pause *= 2;
-    }
+    pause(now);
   }
   wait_seconds_.store(wait_seconds() + std::chrono::duration<double>(clock::now() - start).count(),
                       std::memory_order_relaxed);

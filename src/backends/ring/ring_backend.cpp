@@ -13,6 +13,9 @@
 #include "backends/ring/mpi_comm.h"
 #include "kallpa/process_group.h"
 #include "kallpa/registry.h"
+#ifdef KALLPA_RING_NCCL
+#include "backends/ring/nccl_comm.h"
+#endif
 
 namespace kallpa::ring {
 namespace {
@@ -164,9 +167,40 @@ Status RingBackend::run_locked(const ValidatedProblem& vp) {
 
 namespace {
 
-// Registers the ring and its process group only in a job of more than one rank; MPI itself starts
-// at the first collective call, so a process that never makes one never starts it.
+Result<ProcessGroup*> open_mpi() noexcept {
+  try {
+    return &MpiComm::instance();
+  } catch (const std::bad_alloc&) {
+    return Status(ErrorCode::out_of_memory, "transport", "out of memory");
+  }
+}
+
+// NCCL's group starts over the MPI group of the same ranks. It lives as long as the process: its
+// destruction is an intra-node collective, which would hang a rank whose peers left on an error,
+// and the process's exit frees what it holds.
+Result<ProcessGroup*> open_nccl() noexcept {
+#ifdef KALLPA_RING_NCCL
+  if (Status s = NcclComm::usable(); !s) return s;
+  try {
+    MpiComm& mpi = MpiComm::instance();
+    static NcclComm* const comm = new NcclComm(mpi, mpi.timeout());
+    return comm;
+  } catch (const std::bad_alloc&) {
+    return Status(ErrorCode::out_of_memory, "transport", "out of memory");
+  }
+#else
+  return Status(ErrorCode::unsupported, "nccl",
+                "this kallpa was built without NCCL (it needs the CUDA toolkit, MPI and NCCL's header and "
+                "library at configure time: KALLPA_WITH_NCCL, docs/scale-out.md)");
+#endif
+}
+
+// Offers the transports in every process, so that asking for one says at once whether it can run
+// here; registers the ring and installs the MPI group only in a job of more than one rank. MPI
+// itself starts at the first collective call, so a process that never makes one never starts it.
 const bool g_registered = [] {
+  add_process_group_transport("mpi", open_mpi);
+  add_process_group_transport("nccl", open_nccl);
   if (MpiComm::launcher_size() < 2) return false;
   MpiComm& comm = MpiComm::instance();
   const char* local = std::getenv("KALLPA_RING_LOCAL");
