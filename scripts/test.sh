@@ -101,9 +101,12 @@ if [[ $sanitize == 1 ]]; then
   # own; the ring's arithmetic and the context-parallel engine run here in process, RingBlocks.* and
   # ContextParallel.*, and the 2-rank ring tests still run under mpirun); the conformance matrix
   # through XLA's CPU plugins (its time is XLA compiling each shape, not kallpa's code, which the
-  # other pjrt.* tests run here); and cpu-flash's default tier, whose quick tier runs below.
+  # other pjrt.* tests run here); cpu-flash's default tier, whose quick tier runs below; and the
+  # real model's seeded texts batched against alone (server.batching_real_model: thousands of the
+  # real model's tokens take minutes under ASan, and the invariance it checks is cpu-flash's and
+  # the scheduler's, which CpuFlash.BatchInvariant and Scheduler.* check here).
   if ((${#ctest_args[@]} == 0)); then
-    tree_ctest_args=(-E '^(bench\.|ring\.(cp_generate_np[24]|conformance_np4)$|pjrt\.conformance_quick\.|conformance\.full\.)')
+    tree_ctest_args=(-E '^(bench\.|ring\.(cp_generate_np[24]|conformance_np4)$|pjrt\.conformance_quick\.|conformance\.full\.|server\.batching_real_model$)')
   fi
   build_and_test build-san Sanitize "${sanitizer_tree_args[@]}"
   tree_ctest_args=()
