@@ -243,19 +243,26 @@ constexpr GemmaShape kGemmaShapes[] = {{1024, 640, GgmlType::q5_0}, {256, 640, G
                                        {640, 2048, GgmlType::q4_k}, {640, 2048, GgmlType::q6_k},
                                        {256, 640, GgmlType::q8_0},  {262144, 640, GgmlType::q8_0}};
 
+// w (rows x cols of type t) as the engine reads it: Q8_0/Q4_0/Q4_1 repacked into rows4 in
+// `packed`, as the model loader does; the other types as they are. nullopt (and the benchmark
+// skipped with an error) when repacking fails.
+std::optional<WeightMatrix> engine_layout(benchmark::State& state, GgmlType t, const std::vector<std::byte>& w,
+                                          std::int64_t rows, std::int64_t cols, std::vector<std::byte>& packed) {
+  const WeightMatrix wm{t, w.data(), rows, cols, row_size(t, cols)};
+  if (!can_repack_rows4(wm)) return wm;
+  return repacked_rows4(state, wm, w.size(), packed);
+}
+
 // Q8_0 in the engine's layout: repacked into rows4 at load, as the model loader does.
 void BM_GemmaMatmul(benchmark::State& state) {
   const std::int64_t rows = state.range(0), cols = state.range(1), batch = state.range(2);
   const auto t = static_cast<GgmlType>(state.range(3));
   const auto act = static_cast<MatmulOptions::Activations>(state.range(4));
   const auto w = block_weights(t, rows, cols);
-  WeightMatrix wm{t, w.data(), rows, cols, row_size(t, cols)};
   std::vector<std::byte> packed;
-  if (can_repack_rows4(wm)) {
-    auto r = repacked_rows4(state, wm, w.size(), packed);
-    if (!r) return;
-    wm = *r;
-  }
+  const auto engine = engine_layout(state, t, w, rows, cols, packed);
+  if (!engine) return;
+  const WeightMatrix wm = *engine;
   const auto x = synthetic_values(2, static_cast<std::size_t>(batch * cols), 1.0f);
   std::vector<float> y(static_cast<std::size_t>(batch * rows));
   MatmulOptions o;
@@ -290,13 +297,10 @@ void BM_GemmaDecodeStream(benchmark::State& state) {
   const std::int64_t rows = state.range(0), cols = state.range(1);
   const auto t = static_cast<GgmlType>(state.range(2));
   const auto w = block_weights(t, rows, cols);
-  WeightMatrix wm{t, w.data(), rows, cols, row_size(t, cols)};
   std::vector<std::byte> packed;
-  if (can_repack_rows4(wm)) {
-    auto r = repacked_rows4(state, wm, w.size(), packed);
-    if (!r) return;
-    wm = *r;
-  }
+  const auto engine = engine_layout(state, t, w, rows, cols, packed);
+  if (!engine) return;
+  const WeightMatrix wm = *engine;
   constexpr std::size_t kStreamBytes = std::size_t{128} << 20;
   const std::size_t copies = std::max<std::size_t>(2, (kStreamBytes + w.size() - 1) / w.size());
   // Pages as the engine has them (huge:1, its repacked copies in a HugeBuffer) or as a file's

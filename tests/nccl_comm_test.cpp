@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kallpa/process_group.h"
+#include "support/rank_bytes.h"
 #include "support/thread_group.h"
 
 #ifdef KALLPA_HAVE_NCCL
@@ -100,17 +101,6 @@ TEST(ProcessGroupTransports, NcclIsInstalledWhereItCanRunAndRefusedWithTheReason
 using ring::NcclComm;
 constexpr std::chrono::seconds kTimeout{60};
 
-// The bytes `rank` sends in round `round`: they differ by rank, round and position, so that a block
-// put at another rank's offset, a stale staging buffer or a short copy shows.
-std::vector<unsigned char> pattern(int rank, int round, std::size_t bytes) {
-  std::vector<unsigned char> v(bytes);
-  for (std::size_t i = 0; i < bytes; ++i) {
-    v[i] = static_cast<unsigned char>(
-        (i * 131 + static_cast<std::size_t>(rank) * 71 + static_cast<std::size_t>(round) * 29 + (i >> 8)) & 0xff);
-  }
-  return v;
-}
-
 // All-gathers and broadcasts from every root, over sizes from one byte to past the first staging
 // buffers (so they grow), each byte compared with what its rank sent.
 void round_trips(ProcessGroup& group) {
@@ -119,20 +109,21 @@ void round_trips(ProcessGroup& group) {
   for (std::size_t round = 0; round < sizes.size(); ++round) {
     const std::size_t bytes = sizes[round];
     const int k = static_cast<int>(round);
-    const std::vector<unsigned char> mine = pattern(r, k, bytes);
+    const std::vector<unsigned char> mine = testing::rank_bytes(r, k, bytes);
     std::vector<unsigned char> all(bytes * static_cast<std::size_t>(n), 0xee);
     const Status s = group.all_gather(mine.data(), bytes, all.data());
     ASSERT_TRUE(s) << "rank " << r << ": " << s.to_string();
     for (int from = 0; from < n; ++from) {
-      const std::vector<unsigned char> want = pattern(from, k, bytes);
+      const std::vector<unsigned char> want = testing::rank_bytes(from, k, bytes);
       EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin() + static_cast<std::ptrdiff_t>(from * bytes)))
           << "rank " << r << ": all-gather of " << bytes << " bytes: rank " << from << "'s block differs";
     }
     for (int root = 0; root < n; ++root) {
-      std::vector<unsigned char> data = r == root ? pattern(root, k + 100, bytes) : std::vector<unsigned char>(bytes);
+      std::vector<unsigned char> data =
+          r == root ? testing::rank_bytes(root, k + 100, bytes) : std::vector<unsigned char>(bytes);
       const Status b = group.broadcast(data.data(), bytes, root);
       ASSERT_TRUE(b) << "rank " << r << ": " << b.to_string();
-      EXPECT_EQ(data, pattern(root, k + 100, bytes))
+      EXPECT_EQ(data, testing::rank_bytes(root, k + 100, bytes))
           << "rank " << r << ": broadcast of " << bytes << " bytes from rank " << root << " differs";
     }
   }

@@ -19,21 +19,13 @@
 
 #include "kallpa/process_group.h"
 #include "kallpa/status.h"
+#include "support/rank_bytes.h"
 
 #ifdef KALLPA_HAVE_NCCL
 #include <cuda_runtime.h>
 #endif
 
 namespace {
-
-std::vector<unsigned char> pattern(int rank, int round, std::size_t bytes) {
-  std::vector<unsigned char> v(bytes);
-  for (std::size_t i = 0; i < bytes; ++i) {
-    v[i] = static_cast<unsigned char>(
-        (i * 131 + static_cast<std::size_t>(rank) * 71 + static_cast<std::size_t>(round) * 29 + (i >> 8)) & 0xff);
-  }
-  return v;
-}
 
 int fail(int rank, const std::string& what) {
   fmt::print(stderr, "rank {}: FAIL: {}\n", rank, what);
@@ -73,11 +65,11 @@ int main(int argc, char** argv) {
   for (std::size_t round = 0; round < sizes.size(); ++round) {
     const std::size_t bytes = sizes[round];
     const int k = static_cast<int>(round);
-    const std::vector<unsigned char> mine = pattern(r, k, bytes);
+    const std::vector<unsigned char> mine = kallpa::testing::rank_bytes(r, k, bytes);
     std::vector<unsigned char> all(bytes * static_cast<std::size_t>(n) + 1, 0xee);
     if (Status s = group.all_gather(mine.data(), bytes, all.data()); !s) return fail(r, s.to_string());
     for (int from = 0; from < n; ++from) {
-      const std::vector<unsigned char> want = pattern(from, k, bytes);
+      const std::vector<unsigned char> want = kallpa::testing::rank_bytes(from, k, bytes);
       if (!std::equal(want.begin(), want.end(), all.begin() + static_cast<std::ptrdiff_t>(from * bytes))) {
         return fail(r, fmt::format("all-gather of {} bytes: rank {}'s block differs", bytes, from));
       }
@@ -85,9 +77,10 @@ int main(int argc, char** argv) {
     if (all.back() != 0xee) return fail(r, fmt::format("all-gather of {} bytes wrote past its end", bytes));
     ++gathers;
     for (int root = 0; root < n; ++root) {
-      std::vector<unsigned char> data = r == root ? pattern(root, k + 100, bytes) : std::vector<unsigned char>(bytes);
+      std::vector<unsigned char> data =
+          r == root ? kallpa::testing::rank_bytes(root, k + 100, bytes) : std::vector<unsigned char>(bytes);
       if (Status s = group.broadcast(data.data(), bytes, root); !s) return fail(r, s.to_string());
-      if (data != pattern(root, k + 100, bytes)) {
+      if (data != kallpa::testing::rank_bytes(root, k + 100, bytes)) {
         return fail(r, fmt::format("broadcast of {} bytes from rank {} differs", bytes, root));
       }
       ++broadcasts;

@@ -199,19 +199,27 @@ struct NcclComm::State {
                                              timeout.count(), size == 2 ? peers : "one of them")));
   }
 
+  // The communicator's asynchronous state (a query that fails counts as its error).
+  ncclResult_t async_state() {
+    ncclResult_t state = ncclSuccess;
+    if (const ncclResult_t rc = nccl().CommGetAsyncError(comm, &state); rc != ncclSuccess) state = rc;
+    return state;
+  }
+
+  Status failed_with_peers(std::string_view what, ncclResult_t state) {
+    return abort_and_fail(Status(
+        ErrorCode::backend_lost, "nccl",
+        fmt::format("rank {}: {} with {} failed: {}", rank, what, others(rank, size), nccl_text("NCCL", state, comm))));
+  }
+
   // NCCL's state after a call on a non-blocking communicator: a call may return before its work is
   // enqueued (ncclInProgress), and nothing else may be called on the communicator until it is.
   Status settle(std::string_view what, clock::time_point deadline) {
     PollPause pause(clock::now());
     for (;;) {
-      ncclResult_t state = ncclSuccess;
-      if (const ncclResult_t rc = nccl().CommGetAsyncError(comm, &state); rc != ncclSuccess) state = rc;
+      const ncclResult_t state = async_state();
       if (state == ncclSuccess) return Status::ok();
-      if (state != ncclInProgress) {
-        return abort_and_fail(Status(ErrorCode::backend_lost, "nccl",
-                                     fmt::format("rank {}: {} with {} failed: {}", rank, what, others(rank, size),
-                                                 nccl_text("NCCL", state, comm))));
-      }
+      if (state != ncclInProgress) return failed_with_peers(what, state);
       const auto now = clock::now();
       if (now >= deadline) return timed_out(what);
       pause(now);
@@ -241,12 +249,8 @@ struct NcclComm::State {
       const cudaError_t q = cudaStreamQuery(stream);
       if (q == cudaSuccess) break;
       if (q != cudaErrorNotReady) return cuda_call("cudaStreamQuery", q);
-      ncclResult_t state = ncclSuccess;
-      if (const ncclResult_t rc = nccl().CommGetAsyncError(comm, &state); rc != ncclSuccess) state = rc;
-      if (state != ncclSuccess && state != ncclInProgress) {
-        return abort_and_fail(Status(ErrorCode::backend_lost, "nccl",
-                                     fmt::format("rank {}: {} with {} failed: {}", rank, what, others(rank, size),
-                                                 nccl_text("NCCL", state, comm))));
+      if (const ncclResult_t state = async_state(); state != ncclSuccess && state != ncclInProgress) {
+        return failed_with_peers(what, state);
       }
       const auto now = clock::now();
       if (now >= deadline) return timed_out(what);
