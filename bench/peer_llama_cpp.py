@@ -31,8 +31,8 @@ sources with their ne and nb, a name) and picks them out of the console output b
 with one thread: test-backend-ops gives its CPU backend half the hardware threads (one on two
 cores), and BM_GemmaMatmul's threads:1 cases run the kernels on the calling thread. llama.cpp
 quantises the activations of these types (Q8_K for the K-quants, Q8_0 for Q5_0/Q8_0); kallpa's
-batch-1 rows are shown with q16 activations (the engine's decode choice) and exact f32 ones; its
-batch-512 rows (a prompt) with f32 activations, the engine's prompt choice.
+rows, batch 1 (a decode step) and batch 512 (a prompt), are shown with q16 activations (the
+engine's choice for every row) and exact f32 ones.
 
 How the attention cases map: ggml's FLASH_ATTN_EXT(hsk, hsv, nh, nr23=[r2, r3], kv, nb, ...) is
 b=r3, sq=nb, skv=kv, hq=nh*r2, hkv=nh, d=hsk, dv=hsv, q f32 (as ggml's), K/V of type_K, softcap
@@ -383,7 +383,7 @@ def compare_matmul(a) -> list[dict]:
         peer_s = [r.get(name) for r in theirs]
         if any(p is None for p in peer_s):
             raise PeerError(f"test-backend-ops did not time {name} (does its CPU backend take {t}?)")
-        for act in ((2, 0) if n == 1 else (0,)):
+        for act in (2, 0):
             key = (GGML_TYPES[t][0], m, k, n, act)
             got = [o.get(key) for o in ours]
             if any(g is None for g in got):

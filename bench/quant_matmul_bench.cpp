@@ -230,10 +230,10 @@ BENCHMARK(BM_BlockTypeGemv)->Apply(block_type_shapes)->UseRealTime()->Unit(bench
 // Gemma-3-270M Q4_K_M's matrices (rows x cols, the file's type): Q5_0 1024x640 q, 256x640 k/v,
 // 2048x640 gate/up; Q4_K 640x1024 output, 640x2048 down; Q6_K 640x2048 down; Q8_0 256x640 v and
 // the 262144x640 output head (the tied embedding, 178 MB: decode's largest read; Q8_0 repacked
-// into rows4 as the engine loads it). Batch 1 with
-// q16 (the engine's decode rows) and f32 activations, batch 512 (a pp512 prompt) with f32 (the
-// engine's prompt rows). bench/peer_llama_cpp.py --matmul runs these beside llama.cpp's MUL_MAT on
-// the same shapes and types; figures in bench/results/gemma3-vs-llama-cpp.md.
+// into rows4 as the engine loads it). Batch 1 (a decode step) and batch 512 (a pp512 prompt), each
+// with q16 (the engine's activations for every row) and f32 (exact) activations.
+// bench/peer_llama_cpp.py --matmul runs these beside llama.cpp's MUL_MAT on the same shapes and
+// types; figures in bench/results/gemma3-vs-llama-cpp.md.
 struct GemmaShape {
   std::int64_t rows, cols;
   GgmlType type;
@@ -280,7 +280,10 @@ void gemma_shapes(benchmark::internal::Benchmark* b) {
       const auto id = static_cast<std::int64_t>(s.type);
       b->Args({s.rows, s.cols, 1, id, 2, threads});
       b->Args({s.rows, s.cols, 1, id, 0, threads});
-      if (s.rows < 100000) b->Args({s.rows, s.cols, 512, id, 0, threads});
+      if (s.rows < 100000) {
+        b->Args({s.rows, s.cols, 512, id, 2, threads});
+        b->Args({s.rows, s.cols, 512, id, 0, threads});
+      }
     }
   }
 }

@@ -378,41 +378,51 @@ TEST(KQuantQ16, WithinTheActivationBound) {
 }
 
 // The AVX2 and AVX-512 kernels against the scalar reference, called directly: batches past the kernel's sweep of
-// 64 activation rows, row tails of 1..3, and the largest integer halves (Q6_K's folded |wq| = 4096
-// against |x_q| = 32767 in every element: 16 * 4096 * 32767, just under 2^31).
+// 64 activation rows, row tails of 1..3, AVX-512's 16-row lanes groups (from kQ16UnitsLanesMinBatch
+// activation rows: one and two groups, with and without a tail, rows whole and in chunks of
+// blocks), and the largest integer halves (Q6_K's folded |wq| = 4096 against |x_q| = 32767 in every
+// element: 16 * 4096 * 32767, just under 2^31).
 TEST(KQuantQ16, SimdKernelsEqualScalarBitwise) {
   if (!kernels::avx2_available()) GTEST_SKIP() << "no AVX2 on this machine";
-  const std::int64_t cols = 512;
-  for (GgmlType t : kQ16UnitTypes) {
-    for (std::int64_t rows : {1, 2, 3, 4, 7}) {
-      auto wb = random_matrix(t, rows, cols, static_cast<unsigned>(40 + rows));
-      const std::size_t rb = row_size(t, cols);
-      for (std::int64_t nx : {1, 2, 5, 70}) {
-        std::vector<float> x(static_cast<std::size_t>(nx * cols));
-        std::mt19937 rng(static_cast<unsigned>(nx));
-        std::uniform_real_distribution<float> u(-3.0f, 3.0f);
-        for (auto& v : x) v = u(rng);
-        std::vector<BlockQ16x> xq(static_cast<std::size_t>(nx * cols / kQK));
-        for (std::int64_t i = 0; i < nx; ++i) {
-          kernels::quantize_row_q16x_scalar(x.data() + i * cols, xq.data() + i * cols / kQK, cols);
-        }
-        std::vector<float> want(static_cast<std::size_t>(nx * rows)), got(want.size());
-        const auto* w = reinterpret_cast<const std::byte*>(wb.data());
-        kernels::gemm_q16_scalar(t, WeightLayout::rows, w, rb, rows, xq.data(), nx, cols, want.data(), rows);
-        kernels::gemm_q16_units_avx2(t, w, rb, rows, xq.data(), nx, cols, got.data(), rows);
-        EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
-            << "avx2 " << ggml_type_name(t) << " rows " << rows << " batch " << nx;
-        if (kernels::avx512_vnni_available()) {
-          std::fill(got.begin(), got.end(), 0.0f);
-          kernels::gemm_q16_units_avx512(t, w, rb, rows, xq.data(), nx, cols, got.data(), rows);
+  for (std::int64_t cols : {512, 1024})
+    for (GgmlType t : kQ16UnitTypes) {
+      for (std::int64_t rows : {1, 2, 3, 4, 7, 16, 35}) {
+        auto wb = random_matrix(t, rows, cols, static_cast<unsigned>(40 + rows));
+        const std::size_t rb = row_size(t, cols);
+        for (std::int64_t nx : {1, 2, 5, 8, 70}) {
+          std::vector<float> x(static_cast<std::size_t>(nx * cols));
+          std::mt19937 rng(static_cast<unsigned>(nx));
+          std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+          for (auto& v : x) v = u(rng);
+          std::vector<BlockQ16x> xq(static_cast<std::size_t>(nx * cols / kQK));
+          for (std::int64_t i = 0; i < nx; ++i) {
+            kernels::quantize_row_q16x_scalar(x.data() + i * cols, xq.data() + i * cols / kQK, cols);
+          }
+          std::vector<float> want(static_cast<std::size_t>(nx * rows)), got(want.size());
+          const auto* w = reinterpret_cast<const std::byte*>(wb.data());
+          kernels::gemm_q16_scalar(t, WeightLayout::rows, w, rb, rows, xq.data(), nx, cols, want.data(), rows);
+          kernels::gemm_q16_units_avx2(t, w, rb, rows, xq.data(), nx, cols, got.data(), rows);
           EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
-              << "avx512 " << ggml_type_name(t) << " rows " << rows << " batch " << nx;
+              << "avx2 " << ggml_type_name(t) << " rows " << rows << " batch " << nx;
+          if (kernels::avx512_vnni_available()) {
+            std::fill(got.begin(), got.end(), 0.0f);
+            kernels::gemm_q16_units_avx512(t, w, rb, rows, xq.data(), nullptr, nx, cols, got.data(), rows);
+            EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+                << "avx512 " << ggml_type_name(t) << " rows " << rows << " batch " << nx << " cols " << cols;
+            std::vector<std::int32_t> pairs(static_cast<std::size_t>(nx * cols / kQK * 16));
+            kernels::pair_q16_activations_avx512(xq.data(), nx * cols / kQK, pairs.data());
+            std::fill(got.begin(), got.end(), 0.0f);
+            kernels::gemm_q16_units_avx512(t, w, rb, rows, xq.data(), pairs.data(), nx, cols, got.data(), rows);
+            EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+                << "avx512 lanes " << ggml_type_name(t) << " rows " << rows << " batch " << nx << " cols " << cols;
+          }
         }
       }
     }
-  }
-  // Q6_K at the integer limit: every scale -128, every quant 0 (q - 32 = -32), x all equal.
-  const std::int64_t rows = 4;
+  // Q6_K at the integer limit: every scale -128, every quant 0 (q - 32 = -32), x all equal; 16 rows,
+  // one lanes group, against 8 activation rows for the lanes kernel.
+  const std::int64_t cols = 512;
+  const std::int64_t rows = 16;
   std::vector<std::uint8_t> wb(static_cast<std::size_t>(rows * row_size(GgmlType::q6_k, cols)), 0);
   for (std::size_t u = 0; u < wb.size() / kQ6KBytes; ++u) {
     for (int s = 0; s < 16; ++s) wb[u * kQ6KBytes + 192 + static_cast<std::size_t>(s)] = 0x80;  // -128
@@ -429,8 +439,18 @@ TEST(KQuantQ16, SimdKernelsEqualScalarBitwise) {
   kernels::gemm_q16_units_avx2(GgmlType::q6_k, w, rb, rows, xq.data(), 1, cols, got.data(), rows);
   EXPECT_EQ(want, got);
   if (kernels::avx512_vnni_available()) {
-    kernels::gemm_q16_units_avx512(GgmlType::q6_k, w, rb, rows, xq.data(), 1, cols, got.data(), rows);
+    kernels::gemm_q16_units_avx512(GgmlType::q6_k, w, rb, rows, xq.data(), nullptr, 1, cols, got.data(), rows);
     EXPECT_EQ(want, got);
+    const std::int64_t nx = kernels::kQ16UnitsLanesMinBatch;
+    std::vector<BlockQ16x> xqn;
+    for (std::int64_t i = 0; i < nx; ++i) xqn.insert(xqn.end(), xq.begin(), xq.end());
+    std::vector<std::int32_t> pairs(xqn.size() * 16);
+    kernels::pair_q16_activations_avx512(xqn.data(), static_cast<std::int64_t>(xqn.size()), pairs.data());
+    std::vector<float> lanes(static_cast<std::size_t>(nx * rows));
+    kernels::gemm_q16_units_avx512(GgmlType::q6_k, w, rb, rows, xqn.data(), pairs.data(), nx, cols, lanes.data(), rows);
+    for (std::int64_t i = 0; i < nx; ++i) {
+      EXPECT_EQ(std::vector<float>(lanes.begin() + i * rows, lanes.begin() + (i + 1) * rows), want) << "row " << i;
+    }
   }
   // Each weight is -128 * -32 / 4096 = 1, each x 2: the dot is 2 * cols.
   for (float v : got) EXPECT_NEAR(v, 2.0 * cols, 1e-3 * cols);

@@ -111,12 +111,12 @@ class CpuOps final : public Ops {
     return std::shared_ptr<const void>(std::move(packed));
   }
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  // Activations of quantised matrix products (kallpa/ops/quant.h). By default prompt rows are
-  // exact (f32) and decode rows use 16-bit blocks, which is where the f32 path is bound by
-  // expanding weights to floats. KALLPA_MATMUL_ACTIVATIONS=f32 makes every row exact, =q8 puts
-  // every row through Q8 blocks (llama.cpp's choice; measurably changes greedy answers).
-  enum class Scheme { mixed, f32, q8 };
-  std::vector<MatmulJob> tail_jobs_;
+  // Activations of quantised matrix products (kallpa/ops/quant.h). By default every row, prompt
+  // and decode alike, goes through 16-bit blocks: the f32 path is bound by expanding weights to
+  // floats (decode) and by f32 FMAs (prompts), where vpdpwssd does twice the multiply-adds per
+  // instruction. KALLPA_MATMUL_ACTIVATIONS=f32 makes every row exact, =q8 puts every row through
+  // Q8 blocks (llama.cpp's choice; measurably changes greedy answers).
+  enum class Scheme { q16, f32, q8 };
   // Two tables, as Gemma 3's local and global layers alternate between two sets of frequencies;
   // a third set replaces the one used less recently.
   std::mutex rope_mu_;
@@ -125,7 +125,7 @@ class CpuOps final : public Ops {
   const Scheme scheme_ = [] {
     const char* e = std::getenv("KALLPA_MATMUL_ACTIVATIONS");
     const std::string_view v = e != nullptr ? e : "";
-    return v == "f32" ? Scheme::f32 : v == "q8" ? Scheme::q8 : Scheme::mixed;
+    return v == "f32" ? Scheme::f32 : v == "q8" ? Scheme::q8 : Scheme::q16;
   }();
 
   Status embedding(const WeightMatrix& table, std::span<const std::int32_t> ids, float* out) override {
@@ -158,26 +158,13 @@ class CpuOps final : public Ops {
     return matmul_group({&job, 1}, x, rows, decode_rows);
   }
 
-  Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_t rows,
-                      std::int64_t decode_rows) override {
+  // Prompt and decode rows take the same activations, so decode_rows changes nothing here.
+  Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_t rows, std::int64_t) override {
     using Act = MatmulOptions::Activations;
     if (jobs.empty()) return {};
-    const std::int64_t cols = jobs[0].w->cols;
     MatmulOptions o;
-    if (scheme_ != Scheme::mixed || decode_rows <= 0) {
-      o.activations = scheme_ == Scheme::q8 ? Act::q8 : Act::f32;
-      return ops::matmul_group(jobs, x, rows, cols, o);
-    }
-    decode_rows = std::min(decode_rows, rows);
-    const std::int64_t prompt_rows = rows - decode_rows;
-    if (prompt_rows > 0) {
-      o.activations = Act::f32;
-      if (Status s = ops::matmul_group(jobs, x, prompt_rows, cols, o); !s) return s;
-    }
-    tail_jobs_.assign(jobs.begin(), jobs.end());
-    for (MatmulJob& j : tail_jobs_) j.y += prompt_rows * j.ldy;
-    o.activations = Act::q16;
-    return ops::matmul_group(tail_jobs_, x + prompt_rows * cols, decode_rows, cols, o);
+    o.activations = scheme_ == Scheme::q8 ? Act::q8 : scheme_ == Scheme::f32 ? Act::f32 : Act::q16;
+    return ops::matmul_group(jobs, x, rows, jobs[0].w->cols, o);
   }
 
   Status rope(float* x, std::span<const std::int32_t> positions, std::int64_t heads, std::int64_t head_dim,

@@ -16,10 +16,11 @@
 #include <immintrin.h>
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))), \
+                             apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 // GCC 12's AVX-512 headers initialise their "undefined" vectors from themselves, which
 // -W(maybe-)uninitialized reports at every inlined intrinsic (GCC bug 105593, fixed in 13).
 #pragma GCC diagnostic push
@@ -27,7 +28,8 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
-// After the target pragma, at file scope: its templates compile for this file's ISA.
+// After the target pragma, at file scope: their templates compile for this file's ISA.
+#include "ops/q16_lanes_avx512.h"
 #include "ops/q16_units_tile.h"
 
 namespace kallpa::ops::kernels {
@@ -91,11 +93,82 @@ struct Avx512Widen {
   }
 };
 
+// A 16-row group's blocks [b0, b1) as q16_lanes_avx512.h's sweep wants them: each row's block c of
+// unit u widened (widen_unit_block512), its int16 elements paired (j, j + 16) into dwords, the 16
+// rows transposed into the lanes; d_c and m_c (zero for the types without a minimum) from
+// q16_unit_scales, the scalar reference's arithmetic, decoded once per unit.
+template <GgmlType T>
+void widen_units_group(const std::byte* group, std::size_t row_bytes, std::int64_t b0, std::int64_t b1,
+                       std::byte* wide) {
+  constexpr Q16Unit g = q16_unit(T);
+  alignas(64) static constexpr std::int16_t kPairs[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                          8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i pairs = _mm512_load_si512(kPairs);
+  alignas(64) float d[kMaxUnitBlocks][kGroupRows] = {};
+  alignas(64) float m[kMaxUnitBlocks][kGroupRows] = {};
+  std::int64_t scales_unit = -1;
+  for (std::int64_t b = b0; b < b1; ++b) {
+    const std::int64_t u = b / g.blocks;
+    const int c = static_cast<int>(b % g.blocks);
+    const std::byte* units[kGroupRows];
+    for (int r = 0; r < kGroupRows; ++r) {
+      units[r] = group + static_cast<std::size_t>(r) * row_bytes + static_cast<std::size_t>(u) * g.bytes;
+    }
+    if (u != scales_unit) {
+      for (int r = 0; r < kGroupRows; ++r) {
+        float dr[kMaxUnitBlocks], mr[kMaxUnitBlocks] = {};
+        q16_unit_scales(T, units[r], dr, mr);
+        for (int cc = 0; cc < g.blocks; ++cc) {
+          d[cc][r] = dr[cc];
+          m[cc][r] = g.has_m ? mr[cc] : 0.0f;
+        }
+      }
+      scales_unit = u;
+    }
+    __m512i v[kGroupRows];
+    for (int r = 0; r < kGroupRows; ++r) {
+      v[r] = _mm512_permutexvar_epi16(pairs, widen_unit_block512<T>(units[r], c));
+    }
+    transpose16x16(v);
+    std::byte* out = wide + (b - b0) * kWideBlockBytes;
+    for (int j = 0; j < kWideVectors; ++j) _mm512_store_si512(out + 64 * j, v[j]);
+    _mm512_store_ps(out + 64 * kWideVectors, _mm512_load_ps(d[c]));
+    _mm512_store_ps(out + 64 * kWideVectors + 64, _mm512_load_ps(m[c]));
+  }
+}
+
+template <GgmlType T>
+void lanes_units(const std::byte* w, std::size_t row_bytes, std::int64_t n_groups, const BlockQ16x* xq,
+                 const std::int32_t* xp, std::int64_t nx, std::int64_t nb, float* y, std::int64_t ldy) {
+  auto widen = [row_bytes](const std::byte* group, std::int64_t b0, std::int64_t b1, std::byte* wide) {
+    widen_units_group<T>(group, row_bytes, b0, b1, wide);
+  };
+  sweep_groups(widen, w, row_bytes, n_groups, xq, xp, nx, nb, y, ldy);
+}
+
 }  // namespace
 
 void gemm_q16_units_avx512(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
-                           const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
-  gemm_q16_units_with<Avx512Widen>(type, w, row_bytes, nw, xq, nx, k, y, ldy);
+                           const BlockQ16x* xq, const std::int32_t* x_pairs, std::int64_t nx, std::int64_t k, float* y,
+                           std::int64_t ldy) {
+  const std::int64_t n_groups = nx >= kQ16UnitsLanesMinBatch && x_pairs != nullptr ? nw / kGroupRows : 0;
+  const std::int64_t nb = k / kQK;
+  if (n_groups > 0) {
+    switch (type) {
+      case GgmlType::q5_0: lanes_units<GgmlType::q5_0>(w, row_bytes, n_groups, xq, x_pairs, nx, nb, y, ldy); break;
+      case GgmlType::q5_1: lanes_units<GgmlType::q5_1>(w, row_bytes, n_groups, xq, x_pairs, nx, nb, y, ldy); break;
+      case GgmlType::iq4_nl: lanes_units<GgmlType::iq4_nl>(w, row_bytes, n_groups, xq, x_pairs, nx, nb, y, ldy); break;
+      case GgmlType::q4_k: lanes_units<GgmlType::q4_k>(w, row_bytes, n_groups, xq, x_pairs, nx, nb, y, ldy); break;
+      case GgmlType::q5_k: lanes_units<GgmlType::q5_k>(w, row_bytes, n_groups, xq, x_pairs, nx, nb, y, ldy); break;
+      case GgmlType::q6_k: lanes_units<GgmlType::q6_k>(w, row_bytes, n_groups, xq, x_pairs, nx, nb, y, ldy); break;
+      default: return;
+    }
+  }
+  const std::int64_t done = n_groups * kGroupRows;
+  if (done < nw) {
+    gemm_q16_units_with<Avx512Widen>(type, w + static_cast<std::size_t>(done) * row_bytes, row_bytes, nw - done, xq, nx,
+                                     k, y + done, ldy);
+  }
 }
 
 }  // namespace kallpa::ops::kernels
@@ -112,7 +185,8 @@ void gemm_q16_units_avx512(GgmlType type, const std::byte* w, std::size_t row_by
 namespace kallpa::ops::kernels {
 
 void gemm_q16_units_avx512(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
-                           const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+                           const BlockQ16x* xq, const std::int32_t*, std::int64_t nx, std::int64_t k, float* y,
+                           std::int64_t ldy) {
   gemm_q16_scalar(type, WeightLayout::rows, w, row_bytes, nw, xq, nx, k, y, ldy);
 }
 

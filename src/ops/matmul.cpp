@@ -126,7 +126,7 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
   thread_local std::vector<BlockQ16x> xq16;
   thread_local std::vector<std::int32_t> xq16_pairs;  // the AVX-512 kernel's view of xq16
   const std::int64_t nb = k / kQK;
-  const bool pairs = q16 && any_quant && isa == KernelIsa::avx512 && batch >= kernels::kQ16Avx512MinBatch;
+  const bool pairs = q16 && isa == KernelIsa::avx512 && batch >= kernels::kQ16Avx512MinBatch;
   if (q8) xq8.resize(static_cast<std::size_t>(batch * nb));
   if (q16) xq16.resize(static_cast<std::size_t>(batch * nb));
   if (pairs) xq16_pairs.resize(static_cast<std::size_t>(batch * nb * 16));
@@ -185,7 +185,8 @@ Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_
     if (q16 && kernels::has_q16_unit_kernel(w.type)) {
       const BlockQ16x* xt = q16_data + b0 * nb;
       if (isa == KernelIsa::avx512) {
-        kernels::gemm_q16_units_avx512(w.type, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
+        const std::int32_t* pt = pairs ? pairs_data + b0 * nb * 16 : nullptr;
+        kernels::gemm_q16_units_avx512(w.type, wr, w.row_bytes, nr, xt, pt, nbt, k, yt, ldy);
       } else if (avx2) {
         kernels::gemm_q16_units_avx2(w.type, wr, w.row_bytes, nr, xt, nbt, k, yt, ldy);
       } else {

@@ -53,13 +53,12 @@ bool avx512_vnni_available() noexcept {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-namespace {
+}  // namespace kallpa::ops::kernels
+// After the target pragma, at file scope: its templates compile for this file's ISA.
+#include "ops/q16_lanes_avx512.h"
+namespace kallpa::ops::kernels {
 
-constexpr int kGroupRows = 16;
-// Per block of a widened group: 16 vectors of (row lanes x one element pair), then 16 d_w and 16
-// m_w as floats.
-constexpr std::int64_t kWideVectors = 16;
-constexpr std::int64_t kWideBlockBytes = kWideVectors * 64 + 2 * 64;
+namespace {
 
 // Row r's block as 16 dwords, lane j = (int16 element j) | (int16 element j + 16) << 16.
 template <GgmlType T>
@@ -74,35 +73,6 @@ inline __m512i row_pairs(const std::byte* qs) {
     // them in the low and high halves of the dword.
     const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
     return _mm512_and_si512(_mm512_or_si512(v, _mm512_slli_epi32(v, 12)), _mm512_set1_epi32(0x000f000f));
-  }
-}
-
-// In place: m[r] lane j -> m[j] lane r.
-inline void transpose16x16(__m512i (&m)[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(m[i], m[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(m[i], m[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    m[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    m[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    m[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    m[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  // Now m[4a + c] holds, in its 128-bit lane q, element 4q + c of rows 4a..4a+3; we want m[4q + c]
-  // to hold that in lane a: a 4 x 4 transpose of 128-bit lanes, two rounds of lane shuffles.
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_shuffle_i32x4(m[i], m[4 + i], 0x88);
-    t[4 + i] = _mm512_shuffle_i32x4(m[i], m[4 + i], 0xdd);
-    t[8 + i] = _mm512_shuffle_i32x4(m[8 + i], m[12 + i], 0x88);
-    t[12 + i] = _mm512_shuffle_i32x4(m[8 + i], m[12 + i], 0xdd);
-  }
-  for (int i = 0; i < 4; ++i) {
-    m[i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0x88);
-    m[8 + i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0xdd);
-    m[4 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0x88);
-    m[12 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0xdd);
   }
 }
 
@@ -281,113 +251,13 @@ void widen_group(const std::byte* w, std::size_t row_bytes, std::int64_t r0, std
   }
 }
 
-// The float accumulators of one activation row against a 16-row group, carried from one chunk of
-// blocks to the next.
-struct alignas(64) RowAcc {
-  __m512 e, o, m;
-};
-
-// NX activation rows against blocks [b0, b1) of a widened group (wide holds block b0 first): the
-// float steps of tile_q16_row per lane (= row). Each pair's weight vector is loaded once and
-// multiplied into every activation row's half. The accumulators start at zero for b0 = 0 (else
-// from acc) and end in y for b1 = nb (else in acc), so chunking changes no operation's order.
-template <int NX>
-void tile_group(const std::byte* wide, const std::int32_t* xp, const BlockQ16x* xq, std::int64_t nb, std::int64_t b0,
-                std::int64_t b1, RowAcc* acc, float* y, std::int64_t ldy) {
-  __m512 acc_e[NX], acc_o[NX], macc[NX];
-  for (int x = 0; x < NX; ++x) {
-    if (b0 == 0) {
-      acc_e[x] = acc_o[x] = macc[x] = _mm512_setzero_ps();
-    } else {
-      acc_e[x] = acc[x].e;
-      acc_o[x] = acc[x].o;
-      macc[x] = acc[x].m;
-    }
-  }
-  for (std::int64_t b = b0; b < b1; ++b) {
-    const std::byte* wb = wide + (b - b0) * kWideBlockBytes;
-    __m512i e[NX], o[NX];
-    for (int x = 0; x < NX; ++x) e[x] = o[x] = _mm512_setzero_si512();
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; j += 4) {  // j, j + 1 in E; j + 2, j + 3 in O
-#pragma GCC unroll 4
-      for (int p = 0; p < 4; ++p) {
-        const __m512i wv = _mm512_load_si512(wb + 64 * (j + p));
-        for (int x = 0; x < NX; ++x) {
-          const __m512i xv = _mm512_set1_epi32(xp[(x * nb + b) * 16 + j + p]);
-          if (p < 2) {
-            e[x] = _mm512_dpwssd_epi32(e[x], wv, xv);
-          } else {
-            o[x] = _mm512_dpwssd_epi32(o[x], wv, xv);
-          }
-        }
-      }
-    }
-    const __m512 dw = _mm512_load_ps(wb + 64 * kWideVectors);
-    const __m512 mw = _mm512_load_ps(wb + 64 * kWideVectors + 64);
-    for (int x = 0; x < NX; ++x) {
-      const BlockQ16x& blk = xq[x * nb + b];
-      const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(blk.d));
-      acc_e[x] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(e[x]), s, acc_e[x]);
-      acc_o[x] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(o[x]), s, acc_o[x]);
-      macc[x] = _mm512_fmadd_ps(mw, _mm512_set1_ps(blk.s), macc[x]);
-    }
-  }
-  for (int x = 0; x < NX; ++x) {
-    if (b1 == nb) {
-      _mm512_storeu_ps(y + x * ldy, _mm512_add_ps(_mm512_add_ps(acc_e[x], acc_o[x]), macc[x]));
-    } else {
-      acc[x] = RowAcc{acc_e[x], acc_o[x], macc[x]};
-    }
-  }
-}
-
-// Rows longer than kChunkMaxBlocks blocks are widened and swept kChunkBlocks at a time, so that a
-// chunk's widened weights (16 x 1152 bytes) and every activation row's pairs for it (16 x 64 bytes
-// each) stay in L1 while the batch's tiles sweep them; whole rows of SmolLM2's down projection
-// (k = 1536: 55 KB widened + 49 KB of pairs for 16 rows) would spill to L2 and slow its tiles
-// (bench/results/quant-matmul.md).
-constexpr std::int64_t kChunkBlocks = 16;
-constexpr std::int64_t kChunkMaxBlocks = 24;
-
 template <GgmlType T, WeightLayout L>
 void gemm_q16_groups(const std::byte* w, std::size_t row_bytes, std::int64_t n_groups, const BlockQ16x* xq,
                      const std::int32_t* xp, std::int64_t nx, std::int64_t nb, float* y, std::int64_t ldy) {
-  const std::int64_t chunk = nb > kChunkMaxBlocks ? kChunkBlocks : nb;
-  // Per-thread, reused across calls; plain pointers below (thread_local in a shared library costs
-  // a __tls_get_addr per access).
-  struct alignas(64) Line {
-    std::byte bytes[64];
+  auto widen = [row_bytes](const std::byte* group, std::int64_t b0, std::int64_t b1, std::byte* wide) {
+    widen_group<T, L>(group, row_bytes, 0, b0, b1, wide);
   };
-  thread_local std::vector<Line> wide_buf;
-  thread_local std::vector<RowAcc> acc_buf;
-  wide_buf.resize(static_cast<std::size_t>(chunk * kWideBlockBytes / 64));
-  acc_buf.resize(static_cast<std::size_t>(nx));
-  std::byte* const wide = reinterpret_cast<std::byte*>(wide_buf.data());
-  RowAcc* const acc = acc_buf.data();
-  // The rows4 widening asks for each next group while it widens one, but a task's first group has
-  // no predecessor, and without a prefetch its blocks miss one after another. The whole group at
-  // once, into L2, lets the misses overlap (bench/results/quant-matmul.md).
-  if (n_groups > 0) prefetch_lines<kPrefetchToL2>(w, kGroupRows * row_bytes);
-  for (std::int64_t g = 0; g < n_groups; ++g) {
-    float* yg = y + g * kGroupRows;
-    for (std::int64_t b0 = 0; b0 < nb; b0 += chunk) {
-      const std::int64_t b1 = std::min(nb, b0 + chunk);
-      widen_group<T, L>(w, row_bytes, g * kGroupRows, b0, b1, wide);
-      std::int64_t x = 0;
-      auto tile = [&](auto rows) {
-        constexpr int NX = decltype(rows)::value;
-        tile_group<NX>(wide, xp + x * nb * 16, xq + x * nb, nb, b0, b1, acc + x, yg + x * ldy, ldy);
-      };
-      for (; x + 4 <= nx; x += 4) tile(std::integral_constant<int, 4>());
-      switch (nx - x) {
-        case 3: tile(std::integral_constant<int, 3>()); break;
-        case 2: tile(std::integral_constant<int, 2>()); break;
-        case 1: tile(std::integral_constant<int, 1>()); break;
-        default: break;
-      }
-    }
-  }
+  sweep_groups(widen, w, row_bytes, n_groups, xq, xp, nx, nb, y, ldy);
 }
 
 template <GgmlType T>

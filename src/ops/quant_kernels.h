@@ -177,8 +177,14 @@ void gemm_f32_tile_avx512(const float* w, std::int64_t nr, std::int64_t k, const
 // gemm_q16_units_avx512.cpp: only call it when avx512_vnni_available()).
 void gemm_q16_units_avx2(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ16x* xq,
                          std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
+// From kQ16UnitsLanesMinBatch activation rows with x_pairs (pair_q16_activations_avx512's), each
+// whole group of 16 weight rows is widened once into the lanes of vectors and swept by the batch
+// with vpdpwssd (q16_lanes_avx512.h, as gemm_q16_avx512 does for Q8_0/Q4_0/Q4_1); other batches,
+// and the rows past the last group, take a block per register.
+constexpr std::int64_t kQ16UnitsLanesMinBatch = 8;
 void gemm_q16_units_avx512(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
-                           const BlockQ16x* xq, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy);
+                           const BlockQ16x* xq, const std::int32_t* x_pairs, std::int64_t nx, std::int64_t k, float* y,
+                           std::int64_t ldy);
 
 // --- AVX-512 (F, BW, VL, VNNI, VBMI) (quant_dot_avx512.cpp); only call when avx512_vnni_available() ---
 // gemm_q16 for batches of activation rows: 16 weight rows per vector (vpdpwssd), bit for bit the

@@ -498,8 +498,8 @@ bool Scheduler::step() {
   for (std::size_t i = 0; i < items.size(); ++i) {
     Active& a = *owners[i];
     a.fed += static_cast<std::int64_t>(items[i].tokens.size());
-    // Only prompt positions: their K/V come from exact prompt rows, which a later request's
-    // prompt would compute identically; generated positions were decode rows (ops/ops.h).
+    // Only prompt positions: their K/V come from prompt rows, which a later request's prompt
+    // would compute identically; generated positions were decode rows (ops/ops.h).
     if (options_.prefix_cache) {
       const auto written = static_cast<std::size_t>(std::min(a.fed, a.prompt_size()));
       engine_.cache().publish(a.seq, std::span<const std::int32_t>(a.request.prompt).first(written));

@@ -223,7 +223,7 @@ class WholeRuns(unittest.TestCase):
                       ("q4_K", 640, 2048), ("q6_K", 640, 2048), ("q8_0", 256, 640), ("q8_0", 262144, 640)]
             runs = []
             for t, rows, cols in shapes:
-                for b, act, us in ((1, 2, 50.0), (1, 0, 200.0), (512, 0, 1000.0)):
+                for b, act, us in ((1, 2, 50.0), (1, 0, 200.0), (512, 2, 800.0), (512, 0, 1000.0)):
                     name = f"BM_GemmaMatmul/rows:{rows}/cols:{cols}/b:{b}/type:{ids[t]}/act:{act}/threads:1/real_time"
                     runs.append({"name": name, "run_type": "iteration", "real_time": us, "time_unit": "us"})
             print(json.dumps({"benchmarks": runs}))
@@ -233,10 +233,11 @@ class WholeRuns(unittest.TestCase):
                            str(out))
         self.assertEqual(res.returncode, 0, res.stderr)
         rows = json.loads(out.read_text())["matmul"]
-        # 8 shapes at batch 1 (q16 and f32 each) and 7 at batch 512 (not the output head).
-        self.assertEqual(len(rows), 8 * 2 + 7)
+        # 8 shapes at batch 1 and 7 at batch 512 (not the output head), q16 and f32 each.
+        self.assertEqual(len(rows), (8 + 7) * 2)
         for r in rows:
-            want = {(1, "q16"): 100 / 50, (1, "f32"): 100 / 200, (512, "f32"): 4000 / 1000}[(r["n"], r["activations"])]
+            want = {(1, "q16"): 100 / 50, (1, "f32"): 100 / 200, (512, "q16"): 4000 / 800,
+                    (512, "f32"): 4000 / 1000}[(r["n"], r["activations"])]
             self.assertAlmostEqual(r["ratio"], want, msg=r)
             self.assertAlmostEqual(r["ratio_best"], want, msg=r)
         self.assertIn("kallpa_q4_K_m640_k2048_n512", [peer.mm_case_name(r["type"], r["m"], r["k"], r["n"])

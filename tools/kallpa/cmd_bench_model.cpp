@@ -6,8 +6,8 @@
 // aggregate rate can be set against one sequence's without HTTP, scheduling or sampling in the way.
 //
 // Each test also gives its matmul rate: 2 ops per weight per token over every projection and the
-// output head, against which `kallpa bench peak`'s f32 FMA (prompt rows) and int16 multiply-add
-// (decode rows) ceilings can be set.
+// output head, against which `kallpa bench peak`'s int16 multiply-add ceiling (the CPU's quantised
+// products, prompt and decode rows alike) can be set.
 //
 // Prompts are real text (a paragraph tiled to length) rather than random ids, so the tokens are
 // ones the model meets; generation is greedy and never stops early, so every run does the same work.

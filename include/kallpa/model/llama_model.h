@@ -32,10 +32,10 @@ struct ForwardItem {
   std::span<const std::int32_t> tokens;  // the chunk
   std::int64_t start_pos = 0;            // position of tokens[0]; the cache holds [0, start_pos)
   bool want_logits = true;               // logits of the chunk's last token
-  // Prompt rows take exact activations, decode steps cheaper ones (ops/ops.h). A chunk of
+  // A device may compute prompt rows and decode steps differently (ops/ops.h). A chunk of
   // several tokens is always prompt; a one-token chunk is a decode step unless this says it is
   // the last piece of a prompt, whose K/V must not depend on where the chunks fell (the prefix
-  // cache hands them to other requests as exact prompt rows).
+  // cache hands them to other requests as prompt rows).
   bool prompt = false;
   // With want_logits: the logits of every token of the chunk, in order, not only the last one
   // (scoring a text, comparing with another implementation). Costs the output projection for

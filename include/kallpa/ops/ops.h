@@ -87,9 +87,10 @@ class Ops {
                          std::int64_t dim) = 0;
   // y[rows, w.rows] = x[rows, w.cols] . W^T. The last `decode_rows` rows are single-token decode
   // steps, the rows before them prompt tokens. A device may compute the two kinds differently (the
-  // CPU ops quantise decode rows' activations to 16 bits, ops/quant.h, and keep prompt rows
-  // exact), but each row's result must depend only on the row and its kind, never on the rest of
-  // the batch: that is what makes a sequence's tokens the same alone and batched.
+  // CUDA ops run prompt rows through cuBLAS on dequantised weights and decode rows through their
+  // GEMV; the CPU ops quantise every row's activations to 16 bits, ops/quant.h), but each row's
+  // result must depend only on the row and its kind, never on the rest of the batch: that is what
+  // makes a sequence's tokens the same alone and batched.
   virtual Status matmul(const WeightMatrix& w, const float* x, std::int64_t rows, float* y,
                         std::int64_t decode_rows) = 0;
   // The products of several matrices with one x (a layer's q/k/v, gate/up), each y[rows, w.rows]

@@ -16,9 +16,8 @@
 // (sampler, seed, stop, limits) is its own, so the same seed gives the same text alone or batched.
 // Each floor keeps its part. The scheduler: prefill chunk boundaries are fixed positions
 // (multiples of prefill_chunk) whatever else is in the batch. The forward pass: every op but
-// attention is row-wise (quantised matmul whose numerics depend only on the row and its kind:
-// exact f32 activations for prompt rows, 16-bit activations for decode steps, ops/ops.h; norms,
-// RoPE). Attention: cpu-flash, the default CPU backend, plans each sequence from that sequence's
+// attention is row-wise (quantised matmul whose numerics depend only on the row and its kind,
+// ops/ops.h; norms, RoPE). Attention: cpu-flash, the default CPU backend, plans each sequence from that sequence's
 // own shape (its path, its key chunks and splits, its kernel), never from the other sequences or
 // the thread count (docs/cpu-flash.md), and the reference backend computes every row alone. A
 // backend that splits a sequence's keys by what else is in the call keeps the logits only up to

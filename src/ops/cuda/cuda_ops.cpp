@@ -6,8 +6,8 @@
 // (which runs on leased streams) reads what the ops wrote.
 //
 // Matrix products: decode rows through a warp-per-output GEMV that reads the GGUF blocks directly;
-// prompt rows through cuBLAS (SGEMM over the weights dequantised to f32, exact like the CPU's
-// prompt rows), loaded with dlopen so that kallpa loads where cuBLAS is absent, and the GEMV
+// prompt rows through cuBLAS (SGEMM over the weights dequantised to f32, exact activations),
+// loaded with dlopen so that kallpa loads where cuBLAS is absent, and the GEMV
 // serves every row then.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
