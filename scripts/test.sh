@@ -104,9 +104,13 @@ if [[ $sanitize == 1 ]]; then
   # other pjrt.* tests run here); cpu-flash's default tier, whose quick tier runs below; and the
   # real model's seeded texts batched against alone (server.batching_real_model: thousands of the
   # real model's tokens take minutes under ASan, and the invariance it checks is cpu-flash's and
-  # the scheduler's, which CpuFlash.BatchInvariant and Scheduler.* check here).
+  # the scheduler's, which CpuFlash.BatchInvariant and Scheduler.* check here); the openai client
+  # over every parameter and the structured-output answers, each ~100 real-model requests (about
+  # 4 minutes apiece under ASan; the server's parsing, streaming and error paths run here in
+  # server.api, server.transport and server.real_model); and the TPU ahead-of-time compiles
+  # (pjrt.tpu_aot.*: libtpu's compiler, not kallpa's code).
   if ((${#ctest_args[@]} == 0)); then
-    tree_ctest_args=(-E '^(bench\.|ring\.(cp_generate_np[24]|conformance_np4)$|pjrt\.conformance_quick\.|conformance\.full\.|server\.batching_real_model$)')
+    tree_ctest_args=(-E '^(bench\.|ring\.(cp_generate_np[24]|conformance_np4)$|pjrt\.conformance_quick\.|pjrt\.tpu_aot\.|conformance\.full\.|server\.(batching_real_model|openai_compat|structured_output)$)')
   fi
   build_and_test build-san Sanitize "${sanitizer_tree_args[@]}"
   tree_ctest_args=()
