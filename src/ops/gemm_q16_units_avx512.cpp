@@ -16,11 +16,11 @@
 #include <immintrin.h>
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))), \
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c"))), \
                              apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")
 // GCC 12's AVX-512 headers initialise their "undefined" vectors from themselves, which
 // -W(maybe-)uninitialized reports at every inlined intrinsic (GCC bug 105593, fixed in 13).
 #pragma GCC diagnostic push
@@ -137,11 +137,68 @@ void widen_units_group(const std::byte* group, std::size_t row_bytes, std::int64
   }
 }
 
+// Q5_0's groups with byte transposes instead of a row at a time: the 16 rows' quant bytes (element
+// j in the low nibble of byte j, j + 16 in the high one, as Q4_0's) go through
+// transpose_bytes16x16 and widen_rows4's zeroing permutes into (j, j + 16) pairs per lane, the high
+// bits come from the rows' qh words (one gather: lane r holds row r's) shifted into bits 4 and 20,
+// and 16 is taken from both halves: wq = q - 16, as ops/q16_units.h defines it. d comes from a
+// second gather, exact in f32 as the scalar reference's. Each group also asks for the next one's
+// bytes (the rows are contiguous, so the next group is the next 16 x row_bytes): a decode row reads
+// every weight once, from DRAM.
+void widen_q5_0_group(const std::byte* group, std::size_t row_bytes, std::int64_t b0, std::int64_t b1,
+                      std::byte* wide) {
+  static const ByteShuffles sh = make_byte_shuffles();
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
+  const __m512i sixteen = _mm512_set1_epi16(16);
+  const __m512i high_bits = _mm512_set1_epi32(0x00100010);
+  const __m512i row_offsets =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  const std::byte* next = group + kGroupRows * row_bytes;
+  for (std::int64_t b = b0; b < b1; ++b) {
+    const std::byte* blk = group + static_cast<std::size_t>(b) * kQ5_0Bytes;
+    prefetch_lines<kPrefetchToL1>(next + static_cast<std::size_t>(b) * kGroupRows * kQ5_0Bytes,
+                                  kGroupRows * kQ5_0Bytes);
+    __m512i in[4], t[4];
+    for (int i = 0; i < 4; ++i) {
+      const std::byte* qs = blk + static_cast<std::size_t>(4 * i) * row_bytes + 6;
+      auto load16 = [&](int r) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + r * row_bytes)); };
+      __m512i v = _mm512_castsi128_si512(load16(0));
+      v = _mm512_inserti32x4(v, load16(1), 1);
+      v = _mm512_inserti32x4(v, load16(2), 2);
+      in[i] = _mm512_inserti32x4(v, load16(3), 3);
+    }
+    transpose_bytes16x16(sh, in, t);
+    const __m512i qh = _mm512_i32gather_epi32(row_offsets, blk + 2, 1);
+    const __m512i d_bits = _mm512_i32gather_epi32(row_offsets, blk, 1);
+    std::byte* out = wide + (b - b0) * kWideBlockBytes;
+    for (int q = 0; q < 4; ++q) {
+      const __m512i lo = _mm512_and_si512(t[q], low_nibbles);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(t[q], 4), low_nibbles);
+      for (int c = 0; c < 4; ++c) {
+        const int j = 4 * q + c;
+        const __m512i nibbles = _mm512_maskz_permutex2var_epi8(0x5555555555555555ULL, lo, sh.w[c], hi);
+        // qh bit j to bit 4 (element j), bit j + 16 to bit 20 (element j + 16).
+        const __m512i h = j >= 4 ? _mm512_srli_epi32(qh, static_cast<unsigned>(j - 4))
+                                 : _mm512_slli_epi32(qh, static_cast<unsigned>(4 - j));
+        const __m512i q5 = _mm512_ternarylogic_epi32(nibbles, h, high_bits, 0xF8);  // nibbles | (h & bits)
+        _mm512_store_si512(out + 64 * j, _mm512_sub_epi16(q5, sixteen));
+      }
+    }
+    _mm512_store_ps(out + 64 * kWideVectors, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d_bits)));
+    _mm512_store_ps(out + 64 * kWideVectors + 64, _mm512_setzero_ps());
+  }
+}
+
 template <GgmlType T>
 void lanes_units(const std::byte* w, std::size_t row_bytes, std::int64_t n_groups, const BlockQ16x* xq,
                  const std::int32_t* xp, std::int64_t nx, std::int64_t nb, float* y, std::int64_t ldy) {
   auto widen = [row_bytes](const std::byte* group, std::int64_t b0, std::int64_t b1, std::byte* wide) {
-    widen_units_group<T>(group, row_bytes, b0, b1, wide);
+    if constexpr (T == GgmlType::q5_0) {
+      widen_q5_0_group(group, row_bytes, b0, b1, wide);
+    } else {
+      widen_units_group<T>(group, row_bytes, b0, b1, wide);
+    }
   };
   sweep_groups(widen, w, row_bytes, n_groups, xq, xp, nx, nb, y, ldy);
 }

@@ -117,59 +117,6 @@ inline void group_scales(const std::byte* w, std::size_t row_bytes, std::int64_t
   if constexpr (T == GgmlType::q8_0) m = _mm512_setzero_ps();
 }
 
-// Index vectors of the byte shuffles in widen_rows4, built once.
-struct ByteShuffles {
-  __m512i a_lo, a_hi, b01, b23, w[4], q8_lo, q8_hi;
-};
-inline ByteShuffles make_byte_shuffles() {
-  alignas(64) std::uint8_t a_lo[64], a_hi[64], b01[64], b23[64], wv[4][64], q8_lo[64], q8_hi[64];
-  for (int j = 0; j < 8; ++j) {
-    for (int r = 0; r < 8; ++r) {  // rows 0..7 (or 8..15) of the two sources: (r / 4) picks one
-      a_lo[8 * j + r] = static_cast<std::uint8_t>((r < 4 ? 0 : 64) + 16 * (r % 4) + j);
-      a_hi[8 * j + r] = static_cast<std::uint8_t>((r < 4 ? 0 : 64) + 16 * (r % 4) + j + 8);
-    }
-  }
-  for (int c = 0; c < 4; ++c) {
-    for (int r = 0; r < 16; ++r) {
-      b01[16 * c + r] = static_cast<std::uint8_t>((r < 8 ? 0 : 64) + 8 * c + r % 8);
-      b23[16 * c + r] = static_cast<std::uint8_t>((r < 8 ? 0 : 64) + 8 * (4 + c) + r % 8);
-      wv[c][4 * r] = static_cast<std::uint8_t>(16 * c + r);
-      wv[c][4 * r + 1] = 0;
-      wv[c][4 * r + 2] = static_cast<std::uint8_t>(64 + 16 * c + r);
-      wv[c][4 * r + 3] = 0;
-    }
-  }
-  for (int i = 0; i < 4; ++i) {  // Q8_0: row i's bytes 0..15 (lo) or 16..31 (hi) of 4 x 32
-    for (int j = 0; j < 16; ++j) {
-      q8_lo[16 * i + j] = static_cast<std::uint8_t>(32 * i + j);
-      q8_hi[16 * i + j] = static_cast<std::uint8_t>(32 * i + j + 16);
-    }
-  }
-  ByteShuffles s;
-  s.a_lo = _mm512_load_si512(a_lo);
-  s.a_hi = _mm512_load_si512(a_hi);
-  s.b01 = _mm512_load_si512(b01);
-  s.b23 = _mm512_load_si512(b23);
-  for (int c = 0; c < 4; ++c) s.w[c] = _mm512_load_si512(wv[c]);
-  s.q8_lo = _mm512_load_si512(q8_lo);
-  s.q8_hi = _mm512_load_si512(q8_hi);
-  return s;
-}
-
-// 16 rows x 16 bytes, in[g] holding rows 4g..4g+3 (row i's byte j at 16 i + j), transposed into
-// t[q] (byte 16 c + r: row r's byte 4 q + c) by two rounds of two-source byte permutes, 8 in all.
-inline void transpose_bytes16x16(const ByteShuffles& sh, const __m512i (&in)[4], __m512i (&t)[4]) {
-  // Byte 8 j + r: row r (of 0..7, or 8..15 for the b pair) at byte j (lo: j < 8; hi: j - 8).
-  const __m512i a_lo = _mm512_permutex2var_epi8(in[0], sh.a_lo, in[1]);
-  const __m512i a_hi = _mm512_permutex2var_epi8(in[0], sh.a_hi, in[1]);
-  const __m512i b_lo = _mm512_permutex2var_epi8(in[2], sh.a_lo, in[3]);
-  const __m512i b_hi = _mm512_permutex2var_epi8(in[2], sh.a_hi, in[3]);
-  t[0] = _mm512_permutex2var_epi8(a_lo, sh.b01, b_lo);
-  t[1] = _mm512_permutex2var_epi8(a_lo, sh.b23, b_lo);
-  t[2] = _mm512_permutex2var_epi8(a_hi, sh.b01, b_hi);
-  t[3] = _mm512_permutex2var_epi8(a_hi, sh.b23, b_hi);
-}
-
 // Weights in the rows4 layout, where a 4-row group's quants are contiguous: byte transposes
 // instead of row_pairs + transpose16x16 (~50-70 instructions per block instead of ~130-150).
 //   Q4: 64 bytes per group (row i's byte j at 16 i + j: element j in the low nibble, j + 16 in the
