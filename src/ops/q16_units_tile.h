@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "ops/avx2_common.h"
 #include "ops/q16_avx2.h"
@@ -113,11 +114,18 @@ void tile_units(const std::byte* w, std::size_t row_bytes, const BlockQ16x* xq, 
   constexpr bool one = One;  // a decode row: its own instantiation, no per-block branch
   __m256 acc1 = _mm256_setzero_ps();
   __m128 macc1 = _mm_setzero_ps();
-  __m256 acc[kSweepRows];
-  __m128 macc[kSweepRows];
-  for (std::int64_t i = 0; i < nx; ++i) {
-    acc[i] = _mm256_setzero_ps();
-    macc[i] = _mm_setzero_ps();
+  // The swept rows' accumulators, only in the batched instantiation.
+  struct Swept {
+    __m256 acc[kSweepRows];
+    __m128 macc[kSweepRows];
+  };
+  struct NoSwept {};
+  [[maybe_unused]] std::conditional_t<one, NoSwept, Swept> swept;
+  if constexpr (!one) {
+    for (std::int64_t i = 0; i < nx; ++i) {
+      swept.acc[i] = _mm256_setzero_ps();
+      swept.macc[i] = _mm_setzero_ps();
+    }
   }
   for (std::int64_t u = 0; u < nu; ++u) {
     if constexpr (one) {
@@ -147,8 +155,8 @@ void tile_units(const std::byte* w, std::size_t row_bytes, const BlockQ16x* xq, 
       } else {
         for (std::int64_t i = 0; i < nx; ++i) {
           const BlockQ16x& xb = xq[i * nb + b];
-          acc[i] = W::accumulate(wv, xb, d8, acc[i]);
-          if constexpr (g.has_m) macc[i] = _mm_fmadd_ps(m4[c], _mm_broadcast_ss(&xb.s), macc[i]);
+          swept.acc[i] = W::accumulate(wv, xb, d8, swept.acc[i]);
+          if constexpr (g.has_m) swept.macc[i] = _mm_fmadd_ps(m4[c], _mm_broadcast_ss(&xb.s), swept.macc[i]);
         }
       }
     }
@@ -156,7 +164,7 @@ void tile_units(const std::byte* w, std::size_t row_bytes, const BlockQ16x* xq, 
   if constexpr (one) {
     store_row_sums(acc1, macc1, NW, y);
   } else {
-    for (std::int64_t i = 0; i < nx; ++i) store_row_sums(acc[i], macc[i], NW, y + i * ldy);
+    for (std::int64_t i = 0; i < nx; ++i) store_row_sums(swept.acc[i], swept.macc[i], NW, y + i * ldy);
   }
 }
 
