@@ -116,16 +116,16 @@ class CpuOps final : public Ops {
   // floats (decode) and by f32 FMAs (prompts), where vpdpwssd does twice the multiply-adds per
   // instruction. KALLPA_MATMUL_ACTIVATIONS=f32 makes every row exact, =q8 puts every row through
   // Q8 blocks (llama.cpp's choice; measurably changes greedy answers).
-  enum class Scheme { q16, f32, q8 };
   // Two tables, as Gemma 3's local and global layers alternate between two sets of frequencies;
   // a third set replaces the one used less recently.
   std::mutex rope_mu_;
   RopeTable rope_tables_[2];
   int rope_last_ = 0;
-  const Scheme scheme_ = [] {
+  const MatmulOptions::Activations activations_ = [] {
+    using Act = MatmulOptions::Activations;
     const char* e = std::getenv("KALLPA_MATMUL_ACTIVATIONS");
     const std::string_view v = e != nullptr ? e : "";
-    return v == "f32" ? Scheme::f32 : v == "q8" ? Scheme::q8 : Scheme::q16;
+    return v == "f32" ? Act::f32 : v == "q8" ? Act::q8 : Act::q16;
   }();
 
   Status embedding(const WeightMatrix& table, std::span<const std::int32_t> ids, float* out) override {
@@ -160,10 +160,9 @@ class CpuOps final : public Ops {
 
   // Prompt and decode rows take the same activations, so decode_rows changes nothing here.
   Status matmul_group(std::span<const MatmulJob> jobs, const float* x, std::int64_t rows, std::int64_t) override {
-    using Act = MatmulOptions::Activations;
     if (jobs.empty()) return {};
     MatmulOptions o;
-    o.activations = scheme_ == Scheme::q8 ? Act::q8 : scheme_ == Scheme::f32 ? Act::f32 : Act::q16;
+    o.activations = activations_;
     return ops::matmul_group(jobs, x, rows, jobs[0].w->cols, o);
   }
 

@@ -101,9 +101,6 @@ template <GgmlType T>
 void widen_units_group(const std::byte* group, std::size_t row_bytes, std::int64_t b0, std::int64_t b1,
                        std::byte* wide) {
   constexpr Q16Unit g = q16_unit(T);
-  alignas(64) static constexpr std::int16_t kPairs[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                                          8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i pairs = _mm512_load_si512(kPairs);
   alignas(64) float d[kMaxUnitBlocks][kGroupRows] = {};
   alignas(64) float m[kMaxUnitBlocks][kGroupRows] = {};
   std::int64_t scales_unit = -1;
@@ -116,18 +113,18 @@ void widen_units_group(const std::byte* group, std::size_t row_bytes, std::int64
     }
     if (u != scales_unit) {
       for (int r = 0; r < kGroupRows; ++r) {
-        float dr[kMaxUnitBlocks], mr[kMaxUnitBlocks] = {};
+        float dr[kMaxUnitBlocks], mr[kMaxUnitBlocks] = {};  // mr stays zero for the types without m
         q16_unit_scales(T, units[r], dr, mr);
         for (int cc = 0; cc < g.blocks; ++cc) {
           d[cc][r] = dr[cc];
-          m[cc][r] = g.has_m ? mr[cc] : 0.0f;
+          m[cc][r] = mr[cc];
         }
       }
       scales_unit = u;
     }
     __m512i v[kGroupRows];
     for (int r = 0; r < kGroupRows; ++r) {
-      v[r] = _mm512_permutexvar_epi16(pairs, widen_unit_block512<T>(units[r], c));
+      v[r] = pair_halves(widen_unit_block512<T>(units[r], c));
     }
     transpose16x16(v);
     std::byte* out = wide + (b - b0) * kWideBlockBytes;
@@ -143,12 +140,11 @@ void widen_units_group(const std::byte* group, std::size_t row_bytes, std::int64
 // bits come from the rows' qh words (one gather: lane r holds row r's) shifted into bits 4 and 20,
 // and 16 is taken from both halves: wq = q - 16, as ops/q16_units.h defines it. d comes from a
 // second gather, exact in f32 as the scalar reference's. Each group also asks for the next one's
-// bytes (the rows are contiguous, so the next group is the next 16 x row_bytes): a decode row reads
-// every weight once, from DRAM.
+// bytes (the rows are contiguous, so the next group is the next 16 x row_bytes): a server's batch of
+// decode rows reads every weight once per step, from DRAM.
 void widen_q5_0_group(const std::byte* group, std::size_t row_bytes, std::int64_t b0, std::int64_t b1,
                       std::byte* wide) {
   static const ByteShuffles sh = make_byte_shuffles();
-  const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
   const __m512i sixteen = _mm512_set1_epi16(16);
   const __m512i high_bits = _mm512_set1_epi32(0x00100010);
   const __m512i row_offsets =
@@ -159,7 +155,7 @@ void widen_q5_0_group(const std::byte* group, std::size_t row_bytes, std::int64_
     const std::byte* blk = group + static_cast<std::size_t>(b) * kQ5_0Bytes;
     prefetch_lines<kPrefetchToL1>(next + static_cast<std::size_t>(b) * kGroupRows * kQ5_0Bytes,
                                   kGroupRows * kQ5_0Bytes);
-    __m512i in[4], t[4];
+    __m512i in[4], t[4], pairs[16];
     for (int i = 0; i < 4; ++i) {
       const std::byte* qs = blk + static_cast<std::size_t>(4 * i) * row_bytes + 6;
       auto load16 = [&](int r) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + r * row_bytes)); };
@@ -169,38 +165,43 @@ void widen_q5_0_group(const std::byte* group, std::size_t row_bytes, std::int64_
       in[i] = _mm512_inserti32x4(v, load16(3), 3);
     }
     transpose_bytes16x16(sh, in, t);
+    nibble_pairs(sh, t, pairs);
     const __m512i qh = _mm512_i32gather_epi32(row_offsets, blk + 2, 1);
     const __m512i d_bits = _mm512_i32gather_epi32(row_offsets, blk, 1);
     std::byte* out = wide + (b - b0) * kWideBlockBytes;
-    for (int q = 0; q < 4; ++q) {
-      const __m512i lo = _mm512_and_si512(t[q], low_nibbles);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(t[q], 4), low_nibbles);
-      for (int c = 0; c < 4; ++c) {
-        const int j = 4 * q + c;
-        const __m512i nibbles = _mm512_maskz_permutex2var_epi8(0x5555555555555555ULL, lo, sh.w[c], hi);
-        // qh bit j to bit 4 (element j), bit j + 16 to bit 20 (element j + 16).
-        const __m512i h = j >= 4 ? _mm512_srli_epi32(qh, static_cast<unsigned>(j - 4))
-                                 : _mm512_slli_epi32(qh, static_cast<unsigned>(4 - j));
-        const __m512i q5 = _mm512_ternarylogic_epi32(nibbles, h, high_bits, 0xF8);  // nibbles | (h & bits)
-        _mm512_store_si512(out + 64 * j, _mm512_sub_epi16(q5, sixteen));
-      }
+    for (int j = 0; j < 16; ++j) {
+      // qh bit j to bit 4 (element j), bit j + 16 to bit 20 (element j + 16).
+      const __m512i h = j >= 4 ? _mm512_srli_epi32(qh, static_cast<unsigned>(j - 4))
+                               : _mm512_slli_epi32(qh, static_cast<unsigned>(4 - j));
+      const __m512i q5 = _mm512_ternarylogic_epi32(pairs[j], h, high_bits, 0xF8);  // pairs | (h & bits)
+      _mm512_store_si512(out + 64 * j, _mm512_sub_epi16(q5, sixteen));
     }
     _mm512_store_ps(out + 64 * kWideVectors, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d_bits)));
     _mm512_store_ps(out + 64 * kWideVectors + 64, _mm512_setzero_ps());
   }
 }
 
+// Whole 16-row groups through the lanes tile (from kQ16UnitsLanesMinBatch activation rows with
+// their pairs), the rest a block per register.
 template <GgmlType T>
-void lanes_units(const std::byte* w, std::size_t row_bytes, std::int64_t n_groups, const BlockQ16x* xq,
-                 const std::int32_t* xp, std::int64_t nx, std::int64_t nb, float* y, std::int64_t ldy) {
-  auto widen = [row_bytes](const std::byte* group, std::int64_t b0, std::int64_t b1, std::byte* wide) {
-    if constexpr (T == GgmlType::q5_0) {
-      widen_q5_0_group(group, row_bytes, b0, b1, wide);
-    } else {
-      widen_units_group<T>(group, row_bytes, b0, b1, wide);
-    }
-  };
-  sweep_groups(widen, w, row_bytes, n_groups, xq, xp, nx, nb, y, ldy);
+void gemm_units_avx512(const std::byte* w, std::size_t row_bytes, std::int64_t nw, const BlockQ16x* xq,
+                       const std::int32_t* xp, std::int64_t nx, std::int64_t k, float* y, std::int64_t ldy) {
+  const std::int64_t n_groups = nx >= kQ16UnitsLanesMinBatch && xp != nullptr ? nw / kGroupRows : 0;
+  if (n_groups > 0) {
+    auto widen = [row_bytes](const std::byte* group, std::int64_t b0, std::int64_t b1, std::byte* wide) {
+      if constexpr (T == GgmlType::q5_0) {
+        widen_q5_0_group(group, row_bytes, b0, b1, wide);
+      } else {
+        widen_units_group<T>(group, row_bytes, b0, b1, wide);
+      }
+    };
+    sweep_groups(widen, w, row_bytes, n_groups, xq, xp, nx, k / kQK, y, ldy);
+  }
+  const std::int64_t done = n_groups * kGroupRows;
+  if (done < nw) {
+    gemm_units<Avx512Widen, T>(w + static_cast<std::size_t>(done) * row_bytes, row_bytes, nw - done, xq, nx, k,
+                               y + done, ldy);
+  }
 }
 
 }  // namespace
@@ -208,23 +209,14 @@ void lanes_units(const std::byte* w, std::size_t row_bytes, std::int64_t n_group
 void gemm_q16_units_avx512(GgmlType type, const std::byte* w, std::size_t row_bytes, std::int64_t nw,
                            const BlockQ16x* xq, const std::int32_t* x_pairs, std::int64_t nx, std::int64_t k, float* y,
                            std::int64_t ldy) {
-  const std::int64_t n_groups = nx >= kQ16UnitsLanesMinBatch && x_pairs != nullptr ? nw / kGroupRows : 0;
-  const std::int64_t nb = k / kQK;
-  if (n_groups > 0) {
-    switch (type) {
-      case GgmlType::q5_0: lanes_units<GgmlType::q5_0>(w, row_bytes, n_groups, xq, x_pairs, nx, nb, y, ldy); break;
-      case GgmlType::q5_1: lanes_units<GgmlType::q5_1>(w, row_bytes, n_groups, xq, x_pairs, nx, nb, y, ldy); break;
-      case GgmlType::iq4_nl: lanes_units<GgmlType::iq4_nl>(w, row_bytes, n_groups, xq, x_pairs, nx, nb, y, ldy); break;
-      case GgmlType::q4_k: lanes_units<GgmlType::q4_k>(w, row_bytes, n_groups, xq, x_pairs, nx, nb, y, ldy); break;
-      case GgmlType::q5_k: lanes_units<GgmlType::q5_k>(w, row_bytes, n_groups, xq, x_pairs, nx, nb, y, ldy); break;
-      case GgmlType::q6_k: lanes_units<GgmlType::q6_k>(w, row_bytes, n_groups, xq, x_pairs, nx, nb, y, ldy); break;
-      default: return;
-    }
-  }
-  const std::int64_t done = n_groups * kGroupRows;
-  if (done < nw) {
-    gemm_q16_units_with<Avx512Widen>(type, w + static_cast<std::size_t>(done) * row_bytes, row_bytes, nw - done, xq, nx,
-                                     k, y + done, ldy);
+  switch (type) {
+    case GgmlType::q5_0: return gemm_units_avx512<GgmlType::q5_0>(w, row_bytes, nw, xq, x_pairs, nx, k, y, ldy);
+    case GgmlType::q5_1: return gemm_units_avx512<GgmlType::q5_1>(w, row_bytes, nw, xq, x_pairs, nx, k, y, ldy);
+    case GgmlType::iq4_nl: return gemm_units_avx512<GgmlType::iq4_nl>(w, row_bytes, nw, xq, x_pairs, nx, k, y, ldy);
+    case GgmlType::q4_k: return gemm_units_avx512<GgmlType::q4_k>(w, row_bytes, nw, xq, x_pairs, nx, k, y, ldy);
+    case GgmlType::q5_k: return gemm_units_avx512<GgmlType::q5_k>(w, row_bytes, nw, xq, x_pairs, nx, k, y, ldy);
+    case GgmlType::q6_k: return gemm_units_avx512<GgmlType::q6_k>(w, row_bytes, nw, xq, x_pairs, nx, k, y, ldy);
+    default: return;
   }
 }
 

@@ -112,6 +112,28 @@ inline void transpose_bytes16x16(const ByteShuffles& sh, const __m512i (&in)[4],
   t[3] = _mm512_permutex2var_epi8(a_hi, sh.b23, b_hi);
 }
 
+// 32 int16 elements as 16 dwords, lane j = (element j) | (element j + 16) << 16: the pairing of
+// the lanes tile, for an activation block (pair_q16_activations_avx512) and a widened weight row's.
+inline __m512i pair_halves(__m512i elements) {
+  alignas(64) static constexpr std::int16_t kPairs[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                          8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kPairs), elements);
+}
+
+// The 16 pair vectors of 16 rows' Q4-style quant bytes (byte j: element j in its low nibble,
+// j + 16 in its high one) as transpose_bytes16x16 leaves them: pairs[4 q + c], lane r = row r's
+// element (4 q + c) | element (4 q + c + 16) << 16, each a nibble.
+inline void nibble_pairs(const ByteShuffles& sh, const __m512i (&t)[4], __m512i (&pairs)[16]) {
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
+  for (int q = 0; q < 4; ++q) {
+    const __m512i lo = _mm512_and_si512(t[q], low_nibbles);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(t[q], 4), low_nibbles);
+    for (int c = 0; c < 4; ++c) {
+      pairs[4 * q + c] = _mm512_maskz_permutex2var_epi8(0x5555555555555555ULL, lo, sh.w[c], hi);
+    }
+  }
+}
+
 // The float accumulators of one activation row against a 16-row group, carried from one chunk of
 // blocks to the next.
 struct alignas(64) RowAcc {

@@ -132,7 +132,6 @@ void widen_rows4(const std::byte* w, std::size_t row_bytes, std::int64_t r0, std
   constexpr BlockGeom g = block_geom(T);
   constexpr std::size_t qs_offset = g.has_m ? 16 : 8;
   static const ByteShuffles sh = make_byte_shuffles();
-  const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
   const std::byte* group = w + static_cast<std::size_t>(r0) * row_bytes;
   const std::byte* next = group + kGroupRows * row_bytes;
   for (std::int64_t b = b0; b < b1; ++b) {
@@ -157,17 +156,11 @@ void widen_rows4(const std::byte* w, std::size_t row_bytes, std::int64_t r0, std
         }
       }
     } else {
-      __m512i in[4], t[4];
+      __m512i in[4], t[4], pairs[16];
       for (int i = 0; i < 4; ++i) in[i] = _mm512_loadu_si512(blk[i] + qs_offset);
       transpose_bytes16x16(sh, in, t);
-      for (int q = 0; q < 4; ++q) {
-        const __m512i lo = _mm512_and_si512(t[q], low_nibbles);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(t[q], 4), low_nibbles);
-        for (int c = 0; c < 4; ++c) {
-          _mm512_store_si512(out + 64 * (4 * q + c),
-                             _mm512_maskz_permutex2var_epi8(0x5555555555555555ULL, lo, sh.w[c], hi));
-        }
-      }
+      nibble_pairs(sh, t, pairs);
+      for (int j = 0; j < 16; ++j) _mm512_store_si512(out + 64 * j, pairs[j]);
     }
     __m512 d, m;
     group_scales<T, WeightLayout::rows4>(w, row_bytes, r0, b, d, m);
@@ -221,13 +214,7 @@ void by_layout(WeightLayout layout, const std::byte* w, std::size_t row_bytes, s
 }  // namespace
 
 void pair_q16_activations_avx512(const BlockQ16x* xq, std::int64_t nb, std::int32_t* out) {
-  alignas(64) static constexpr std::int16_t kIdx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                                        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i idx = _mm512_load_si512(kIdx);
-  for (std::int64_t b = 0; b < nb; ++b) {
-    const __m512i q = _mm512_loadu_si512(xq[b].qs);
-    _mm512_storeu_si512(out + 16 * b, _mm512_permutexvar_epi16(idx, q));
-  }
+  for (std::int64_t b = 0; b < nb; ++b) _mm512_storeu_si512(out + 16 * b, pair_halves(_mm512_loadu_si512(xq[b].qs)));
 }
 
 void gemm_q16_avx512(GgmlType type, WeightLayout layout, const std::byte* w, std::size_t row_bytes, std::int64_t nw,

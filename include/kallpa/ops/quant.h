@@ -20,9 +20,9 @@
 //   - Activations::q16: the same with 16-bit blocks (BlockQ16x: one f32 scale per 32, |q| <= 32767,
 //     round-to-nearest-even), so the activation error is max|x_block| / 65534 per element, 256x
 //     below q8's, and the products are exact int32 sums (two halves per block). About as fast as
-//     q8 for decode GEMVs, where the f32 path is bound by expanding weights to floats, and about
-//     1.5x the f32 path for prompts on AVX-512 VNNI (vpdpwssd: twice the multiply-adds of an f32
-//     FMA); the CPU ops use it for every row (see ops/ops.h).
+//     q8 for decode GEMVs, where the f32 path is bound by expanding weights to floats, and faster
+//     than the f32 path for prompts on AVX-512 VNNI (vpdpwssd: twice the multiply-adds of an f32
+//     FMA; bench/results/quant-matmul.md); the CPU ops use it for every row (see ops/ops.h).
 // Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K and Q6_K take f32 or q16 activations (q8 means f32 for them):
 // with q16 each block of 32 weights is read as integers times one scale (plus a constant for the
 // types with a minimum; Q6_K's 16-element scales are folded into the integers), and the products

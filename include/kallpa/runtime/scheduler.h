@@ -17,11 +17,11 @@
 // Each floor keeps its part. The scheduler: prefill chunk boundaries are fixed positions
 // (multiples of prefill_chunk) whatever else is in the batch. The forward pass: every op but
 // attention is row-wise (quantised matmul whose numerics depend only on the row and its kind,
-// ops/ops.h; norms, RoPE). Attention: cpu-flash, the default CPU backend, plans each sequence from that sequence's
-// own shape (its path, its key chunks and splits, its kernel), never from the other sequences or
-// the thread count (docs/cpu-flash.md), and the reference backend computes every row alone. A
-// backend that splits a sequence's keys by what else is in the call keeps the logits only up to
-// float reordering, and a draw near a boundary can then tip. tests/scheduler_test.cpp and
+// ops/ops.h; norms, RoPE). Attention: cpu-flash, the default CPU backend, plans each sequence from
+// that sequence's own shape (its path, its key chunks and splits, its kernel), never from the
+// other sequences or the thread count (docs/cpu-flash.md), and the reference backend computes
+// every row alone. A backend that splits a sequence's keys by what else is in the call keeps the
+// logits only up to float reordering, and a draw near a boundary can then tip. tests/scheduler_test.cpp and
 // tests/server (SmolLM2 at temperature 0.8, 12 concurrent requests against each alone, the solo
 // runs attaching cached prompt chunks) check it.
 //
